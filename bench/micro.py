@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""bench/micro.py - runner of the micro benchmark (bench/micro.c): shardmm against its peers.
+
+Runs <build-dir>/bench/micro-<alloc> (one binary per allocator, built from bench/micro.c) once per
+(row, allocator) as a separate process, --runs times, interleaved so that slow drifts of a noisy
+machine hit every allocator alike:
+
+    for run in runs:  for row in rows:  for alloc in allocs:  micro-<alloc> <row> -scale <scale>
+
+Each process prints "row ns_per_pair"; the runner keeps the median of the runs per (row, alloc) and
+prints a markdown table on stdout: ns per malloc/free pair for each allocator, then peer/shard for
+each peer (above 1 means shardmm is faster). Progress goes to stderr. A binary that exits non-zero
+or prints something unexpected stops the whole run with an error.
+
+Standard library only.
+"""
+
+import argparse
+import datetime
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+
+# The rows of bench/micro.c, in its order (keep in sync with its row table).
+ROWS = ["fixed-32", "mixed-lifo", "mixed-fifo", "lifo-1000", "fifo-1000",
+        "random-replace", "foreign-free"]
+DEFAULT_ALLOCS = ["shard", "mimalloc", "jemalloc", "system"]
+OPTIONAL_ALLOCS = ["tcmalloc"]  # added to the default when its binary exists
+BASELINE = "shard"
+TIMEOUT_S = 600  # per process; a hung binary is an error too
+
+
+def fail(message):
+    sys.exit("micro.py: error: " + message)
+
+
+def comma_list(text):
+    return [item for item in text.split(",") if item]
+
+
+def binary_path(build_dir, alloc):
+    return os.path.join(build_dir, "bench", "micro-" + alloc)
+
+
+def run_one(binary, row, scale):
+    """Runs one row of one binary; returns its ns per pair, or stops the runner with an error."""
+    command = [binary, row, "-scale", repr(scale)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        fail(f"{shlex.join(command)} did not finish within {TIMEOUT_S} s")
+    except OSError as e:
+        fail(f"cannot run {binary}: {e}")
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        fail(f"{shlex.join(command)} exited with status {done.returncode}")
+    fields = done.stdout.split()
+    if len(fields) != 2 or fields[0] != row:
+        sys.stderr.write(done.stderr)
+        fail(f"{shlex.join(command)} printed {done.stdout!r}, expected '{row} <ns_per_pair>'")
+    try:
+        return float(fields[1])
+    except ValueError:
+        fail(f"{shlex.join(command)} printed a non-number: {done.stdout!r}")
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(
+        description="Run the shardmm micro benchmark against other allocators.")
+    parser.add_argument("--build-dir", default="build",
+                        help="directory holding bench/micro-<alloc> (default: build)")
+    parser.add_argument("--runs", type=int, default=5,
+                        help="runs per (row, allocator); the median is reported (default: 5)")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiplier of the iteration counts (default: 1.0)")
+    parser.add_argument("--rows", type=comma_list, default=None,
+                        help="comma-separated rows (default: all: " + ",".join(ROWS) + ")")
+    parser.add_argument("--allocs", type=comma_list, default=None,
+                        help="comma-separated allocators (default: " + ",".join(DEFAULT_ALLOCS)
+                             + ", plus tcmalloc when its binary exists)")
+    args = parser.parse_args()
+
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    if not args.scale > 0:
+        parser.error("--scale must be positive")
+    if args.rows is None:
+        args.rows = list(ROWS)
+    unknown = [row for row in args.rows if row not in ROWS]
+    if unknown or not args.rows:
+        parser.error(f"unknown rows {unknown}; known: {','.join(ROWS)}")
+    if args.allocs is None:
+        args.allocs = DEFAULT_ALLOCS + [a for a in OPTIONAL_ALLOCS
+                                        if os.path.exists(binary_path(args.build_dir, a))]
+    if not args.allocs or len(set(args.allocs)) != len(args.allocs):
+        parser.error("--allocs must name each allocator once")
+    return args
+
+
+def main():
+    args = parse_args()
+    started = datetime.datetime.now().astimezone()
+    binaries = {a: binary_path(args.build_dir, a) for a in args.allocs}
+    missing = [path for path in binaries.values() if not os.access(path, os.X_OK)]
+    if missing:
+        fail("missing binaries (build them first): " + " ".join(missing))
+
+    samples = {(row, a): [] for row in args.rows for a in args.allocs}
+    for run in range(1, args.runs + 1):
+        for row in args.rows:
+            for alloc in args.allocs:
+                ns = run_one(binaries[alloc], row, args.scale)
+                samples[(row, alloc)].append(ns)
+                print(f"[run {run}/{args.runs}] {row:<15} {alloc:<9} {ns:9.2f} ns/pair",
+                      file=sys.stderr, flush=True)
+
+    median = {key: statistics.median(values) for key, values in samples.items()}
+    peers = [a for a in args.allocs if a != BASELINE] if BASELINE in args.allocs else []
+    if BASELINE not in args.allocs:
+        print(f"micro.py: note: {BASELINE} not measured, so no ratio columns", file=sys.stderr)
+
+    command = shlex.join(["bench/micro.py"] + sys.argv[1:])
+    ratio_note = f", ratio = peer/{BASELINE} (>1: {BASELINE} faster)" if peers else ""
+    print(f"`{command}`: median of {args.runs} runs, scale {args.scale:g}, "
+          f"{started.strftime('%Y-%m-%d %H:%M %Z')}, ns per malloc/free pair{ratio_note}")
+    print()
+    header = ["row"] + args.allocs + [f"{p}/{BASELINE}" for p in peers]
+    print("| " + " | ".join(header) + " |")
+    print("|---" + "|--:" * (len(header) - 1) + "|")
+    for row in args.rows:
+        cells = [row] + [f"{median[(row, a)]:.2f}" for a in args.allocs]
+        cells += [f"{median[(row, p)] / median[(row, BASELINE)]:.2f}" for p in peers]
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+/* shardmm.h - the public API of the shardmm memory allocator.
+ *
+ * A heap per thread, small blocks (up to 16 KB) in 64 KB pages with sharded free lists, medium and large
+ * blocks above that. Every block is 16-byte aligned. Out of memory and impossible sizes give NULL, never
+ * an exception or an abort. A pointer that is not a live block of ours, given to shard_free or
+ * shard_realloc, goes to the error hook (by default a one-line message on stderr, then abort).
+ *
+ * Only the names declared here are exported from the shared library.
+ */
+#ifndef SHARDMM_H
+#define SHARDMM_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(SHARD_BUILD_DLL)
+#define SHARD_API __declspec(dllexport)
+#elif defined(_WIN32) && defined(SHARD_USE_DLL)
+#define SHARD_API __declspec(dllimport)
+#elif defined(__GNUC__)
+#define SHARD_API __attribute__((visibility("default")))
+#else
+#define SHARD_API
+#endif
+
+/* Allocation. shard_malloc(0) returns a unique block of 16 bytes. */
+SHARD_API void *shard_malloc(size_t size);
+/* Zeroed allocation; NULL when count * size overflows. */
+SHARD_API void *shard_calloc(size_t count, size_t size);
+/* Resize. NULL p allocates; size 0 frees p and returns NULL (as glibc does). On failure NULL is returned
+ * and p stays valid with its contents. A small block stays in place while the new size is within its
+ * class and not below a quarter of the class size; when it must grow it moves with headroom. */
+SHARD_API void *shard_realloc(void *p, size_t size);
+/* Free; NULL is fine. */
+SHARD_API void shard_free(void *p);
+/* The bytes usable in a live block (its size class for small blocks); 0 for NULL. */
+SHARD_API size_t shard_usable_size(const void *p);
+
+/* Error hook: called for a pointer that is not a live block of ours. When the hook returns, the
+ * operation does nothing (shard_realloc returns NULL) and the allocator keeps working. */
+enum shard_error {
+    SHARD_ERROR_INVALID_FREE = 1,    /* shard_free of a pointer that is not a live block of ours */
+    SHARD_ERROR_INVALID_REALLOC = 2, /* shard_realloc of such a pointer */
+    SHARD_ERROR_INVALID_SIZE_QUERY = 3 /* shard_usable_size of such a pointer */
+};
+typedef void (*shard_error_fn)(void *arg, int error, void *ptr);
+/* Install a hook (NULL restores the default: a one-line message, then abort). Returns the previous hook. */
+SHARD_API shard_error_fn shard_set_error_hook(shard_error_fn hook, void *arg);
+
+/* Statistics of the whole process. Counts of live blocks are exact when no other thread allocates or
+ * frees during the call. */
+typedef struct shard_stats {
+    size_t reserved;         /* address space reserved from the OS, bytes */
+    size_t committed;        /* memory committed (readable and writable), bytes */
+    size_t committed_peak;   /* highest value of committed so far */
+    size_t live_small;       /* live blocks up to 16 KB */
+    size_t live_medium;      /* live blocks above 16 KB up to 1 MB */
+    size_t live_large;       /* live blocks above 1 MB */
+    size_t heaps;            /* thread heaps ever created */
+    size_t small_pages_used; /* small-block pages serving a size class */
+    size_t small_pages_free; /* free small-block pages still committed */
+    size_t small_pages_decommitted; /* pages whose memory went back to the OS (or never came) */
+    size_t small_pages_retired;     /* times a page became free (all items back), since start */
+    size_t os_calls;         /* reserve, commit, decommit and release calls, since start */
+} shard_stats;
+SHARD_API void shard_get_stats(shard_stats *out);
+
+/* Consistency check of the calling thread's heap: every page's lists and counts. Returns the number of
+ * problems found (each is also reported through the fatal-message channel without aborting). Meant for
+ * tests; safe to call at any time from the owner thread. */
+SHARD_API int shard_check(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

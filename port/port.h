@@ -1,0 +1,71 @@
+/* port.h - the operating-system contract, in allocator terms.
+ *
+ * Everything shardmm needs from an OS is here: address space (reserve, commit, decommit, release),
+ * the thread's heap slot, a hook at thread exit, a coarse monotonic clock, waiting, and a way to
+ * report a fatal error. One file per OS implements it (port/linux.c, later port/win64.c). The
+ * functions hold no policy: no retries, no accounting, no messages; the callers in src/ decide.
+ *
+ * The model is Windows': a reservation is address space only; commit makes a range readable and
+ * writable and reading fresh memory gives zeros; decommit gives the memory back and keeps the
+ * addresses; only whole reservations are released. Sizes and addresses are multiples of
+ * PORT_PAGE (4 KB); reservations are aligned to PORT_RESERVE_ALIGN (64 KB).
+ *
+ * The heap slot is read on every allocation, so it is an inline function here, chosen per OS;
+ * this is the one place outside the port's .c files that knows which OS it is built for.
+ */
+#ifndef SHARD_PORT_H
+#define SHARD_PORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PORT_PAGE ((size_t)4096)
+#define PORT_RESERVE_ALIGN ((size_t)65536)
+
+/* Reserve size bytes of address space (size a multiple of PORT_RESERVE_ALIGN). Returns the start,
+ * aligned to PORT_RESERVE_ALIGN, or NULL when the OS refuses. Nothing is readable yet. */
+void *port_reserve(size_t size);
+
+/* Make [addr, addr+size) of a reservation readable and writable; fresh memory reads zero.
+ * addr and size are multiples of PORT_PAGE. Returns 0, or -1 when the OS refuses (out of memory);
+ * on -1 the range is left as it was. Committing a committed range is allowed and keeps its contents. */
+int port_commit(void *addr, size_t size);
+
+/* Give the memory of [addr, addr+size) back; the addresses stay reserved and no longer readable.
+ * addr and size are multiples of PORT_PAGE. Returns 0 or -1. */
+int port_decommit(void *addr, size_t size);
+
+/* Release a whole reservation: addr and size exactly as port_reserve gave and took them. 0 or -1. */
+int port_release(void *addr, size_t size);
+
+/* Register fn to be called at the exit of every thread that has set its heap slot to non-NULL, with
+ * the slot's value; called once per process, before the first port_heap_slot_set. 0 or -1. */
+int port_thread_exit_hook(void (*fn)(void *heap));
+
+/* Store heap in the calling thread's slot (and arm the thread-exit hook for it). 0 or -1. */
+int port_heap_slot_set(void *heap);
+
+/* Milliseconds from an arbitrary start, monotonic, with a resolution of some 1-16 ms. */
+uint64_t port_clock_ms(void);
+
+/* Give the processor to another thread (after spinning with pause has not helped). */
+void port_yield(void);
+
+/* Write a message to the standard error channel; nothing is allocated. */
+void port_write_error(const char *msg, size_t len);
+
+/* End the process abnormally (after port_write_error). Does not return. */
+_Noreturn void port_abort(void);
+
+/* The thread's heap slot: NULL until port_heap_slot_set stored a heap. */
+static inline void *port_heap_slot(void);
+
+#if defined(__linux__) && defined(__x86_64__)
+/* Initial-exec TLS: one fs-relative load. Defined in port/linux.c. */
+extern __thread void *port_linux_heap_slot __attribute__((tls_model("initial-exec")));
+static inline void *port_heap_slot(void) { return port_linux_heap_slot; }
+#else
+#error "shardmm: no port for this platform (port/linux.c is the only one so far)"
+#endif
+
+#endif

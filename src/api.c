@@ -1,0 +1,272 @@
+/* api.c - the public entry points: the C fast paths, dispatch by size and by segment kind, the error
+ * hook and the statistics.
+ *
+ * Fast paths (the NASM versions of the asm issue replace the first three in the default library):
+ * - shard_malloc, sizes up to 2 KB: heap slot, direct[(size + 15) >> 4], the page's `free` item, its
+ *   link, `used` + 1; about a dozen instructions and one test that fails rarely (no free item, or no
+ *   heap yet). 2-16 KB go through the class table first. Everything else is malloc_generic().
+ * - shard_free of a small block of the own thread: segment map (two loads), the owner in descriptor 0
+ *   against the heap slot, push onto `local_free`, `used` - 1; one test for the rare case (the page
+ *   became empty or was full). No atomic operation. Blocks of other threads: one CAS (small.c).
+ * - shard_realloc of a small block within its class and not below a quarter of it returns the block,
+ *   whichever thread owns it.
+ */
+#include "../include/shardmm.h"
+#include "../port/port.h"
+#include "heap.h"
+#include "large.h"
+#include "libc.h"
+
+/* ---- errors -------------------------------------------------------------------------------------- */
+
+static struct {
+    shard_error_fn fn;
+    void *arg;
+} error_hook;
+
+static void default_error(int error, void *p)
+{
+    static const char *const what[] = {"", "invalid pointer passed to shard_free:",
+                                       "invalid pointer passed to shard_realloc:",
+                                       "invalid pointer passed to shard_usable_size:"};
+    report_error(what[error], (uintptr_t)p);
+    port_abort();
+}
+
+static __attribute__((noinline, cold)) void invalid_pointer(int error, void *p)
+{
+    shard_error_fn fn = load_acquire(&error_hook.fn);
+    if (fn == NULL)
+        default_error(error, p);
+    fn(load_relaxed(&error_hook.arg), error, p);
+}
+
+shard_error_fn shard_set_error_hook(shard_error_fn hook, void *arg)
+{
+    store_relaxed(&error_hook.arg, arg);
+    return __atomic_exchange_n(&error_hook.fn, hook, __ATOMIC_ACQ_REL);
+}
+
+/* ---- malloc -------------------------------------------------------------------------------------- */
+
+static inline void *page_pop(page *pg)
+{
+    block *b = pg->free;
+    pg->free = b->next;
+    pg->used++;
+    prefetch_write(pg->free);
+    return b;
+}
+
+static __attribute__((noinline)) void *malloc_generic(size_t size)
+{
+    if (size > SHARD_SMALL_MAX)
+        return large_alloc(size);
+    heap *h = heap_get_or_create();
+    if (h == NULL)
+        return NULL;
+    unsigned cls = class_by_size16[(size + 15) >> 4];
+    page *pg = h->classes[cls].first;
+    if (pg != NULL && pg->free != NULL)
+        return page_pop(pg);
+    return small_alloc_slow(h, cls);
+}
+
+void *shard_malloc(size_t size)
+{
+    heap *h = port_heap_slot();
+    if (likely(size <= SHARD_DIRECT_MAX && h != NULL)) {
+        page *pg = h->direct[(size + 15) >> 4];
+        if (likely(pg->free != NULL))
+            return page_pop(pg);
+    }
+    return malloc_generic(size);
+}
+
+void *shard_calloc(size_t count, size_t size)
+{
+    size_t total;
+    if (__builtin_mul_overflow(count, size, &total))
+        return NULL;
+    void *p = shard_malloc(total);
+    if (p != NULL && total <= SHARD_SMALL_MAX)
+        mem_zero(p, total); /* the temporary large path hands out freshly committed, zero memory */
+    return p;
+}
+
+/* ---- free ---------------------------------------------------------------------------------------- */
+
+static __attribute__((noinline)) void free_generic(void *p, unsigned kind)
+{
+    if (p == NULL)
+        return;
+    if (kind == SEG_SMALL) {
+        page *pg = page_of(p);
+        if (small_valid(pg, p))
+            small_free_foreign(pg, p);
+        else
+            invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
+        return;
+    }
+    if (kind != SEG_LARGE || large_free(p) != 0)
+        invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
+}
+
+void shard_free(void *p)
+{
+    unsigned kind = segmap_kind((uintptr_t)p);
+    if (likely(kind == SEG_SMALL)) {
+        heap *h = port_heap_slot();
+        if (likely(segment_of(p)->owner == h)) {
+            page *pg = page_of(p);
+            block *b = p;
+            b->next = pg->local_free;
+            pg->local_free = b;
+            if (unlikely(--pg->used <= 0))
+                small_free_local_slow(h, pg);
+            return;
+        }
+    }
+    free_generic(p, kind);
+}
+
+/* ---- realloc ------------------------------------------------------------------------------------- */
+
+/* The usable size of a live block; 0 (after the hook) if p is not one. */
+static size_t usable_or_report(const void *p, int error)
+{
+    unsigned kind = segmap_kind((uintptr_t)p);
+    if (kind == SEG_SMALL && small_valid(page_of(p), p))
+        return page_of(p)->block_size;
+    size_t n = kind == SEG_LARGE ? large_usable(p) : 0;
+    if (n == 0)
+        invalid_pointer(error, (void *)p);
+    return n;
+}
+
+static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
+{
+    if (p == NULL)
+        return shard_malloc(size);
+    size_t old = usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
+    if (old == 0)
+        return NULL;
+    if (size == 0) {
+        shard_free(p);
+        return NULL;
+    }
+    void *q = large_resize_in_place(p, size);
+    if (q != NULL)
+        return q;
+    size_t target = size;
+    if (size > old && size <= SHARD_SMALL_MAX) {
+        /* Growth headroom for small blocks: half plus 32 bytes (without the 32, a short string appended
+         * a character at a time would move on every class step), but never out of the small range. */
+        target = size + size / 2 + 32;
+        if (target > SHARD_SMALL_MAX)
+            target = SHARD_SMALL_MAX;
+    }
+    q = shard_malloc(target);
+    if (q == NULL)
+        return NULL;
+    mem_copy(q, p, old < size ? old : size);
+    shard_free(p);
+    return q;
+}
+
+void *shard_realloc(void *p, size_t size)
+{
+    if (likely(segmap_kind((uintptr_t)p) == SEG_SMALL)) {
+        size_t bsize = page_of(p)->block_size;
+        /* In place while bsize/4 <= size <= bsize: one unsigned compare. */
+        if (likely(size - (bsize >> 2) <= bsize - (bsize >> 2)))
+            return p;
+    }
+    return realloc_generic(p, size);
+}
+
+size_t shard_usable_size(const void *p)
+{
+    if (p == NULL)
+        return 0;
+    return usable_or_report(p, SHARD_ERROR_INVALID_SIZE_QUERY);
+}
+
+/* ---- statistics and checks ----------------------------------------------------------------------- */
+
+void shard_get_stats(shard_stats *out)
+{
+    os_totals t;
+    os_get_totals(&t);
+    mem_zero(out, sizeof *out);
+    out->reserved = t.reserved;
+    out->committed = t.committed;
+    out->committed_peak = t.committed_peak;
+    out->os_calls = t.calls;
+    large_live_counts(&out->live_medium, &out->live_large);
+    for (heap *h = heap_all(); h != NULL; h = h->next_all) {
+        out->heaps++;
+        out->small_pages_retired += load_relaxed(&h->pages_retired);
+        for (segment *s = load_acquire(&h->segments); s != NULL; s = s->next) {
+            for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
+                const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
+                unsigned state = load_relaxed(&pg->state);
+                if (state == PAGE_IN_USE) {
+                    long used = load_relaxed(&pg->used);
+                    if (used < 0)
+                        used += PAGE_FULL_BIAS;
+                    uint64_t w = load_relaxed(&pg->thread_free);
+                    out->small_pages_used++;
+                    out->live_small += (size_t)used - (size_t)(w >> 32);
+                } else if (state == PAGE_FREE) {
+                    out->small_pages_free++;
+                } else {
+                    out->small_pages_decommitted++;
+                }
+            }
+        }
+    }
+}
+
+int shard_check(void)
+{
+    heap *h = port_heap_slot();
+    if (h == NULL)
+        return 0;
+    int problems = 0;
+    for (segment *s = h->segments; s != NULL; s = s->next) {
+        if (s->owner != h || segmap_kind((uintptr_t)s) != SEG_SMALL) {
+            report_error("segment with a wrong owner or map entry:", (uintptr_t)s);
+            problems++;
+        }
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
+            problems += small_check_page((const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE));
+    }
+    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
+        for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next) {
+            if (pg->state != PAGE_IN_USE || pg->cls != cls || pg->used < 0 || segment_of(pg)->owner != h) {
+                report_error("page in the wrong class list:", (uintptr_t)pg);
+                problems++;
+            }
+        }
+    }
+    for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++) {
+        const page *first = h->classes[class_by_size16[i]].first;
+        if (h->direct[i] != (first ? first : &small_empty_page)) {
+            report_error("page-per-size entry differs from its class's first page, size index", i);
+            problems++;
+        }
+    }
+    unsigned free_pages = 0;
+    for (const page *pg = h->free_pages.first; pg != NULL; pg = pg->next, free_pages++) {
+        if (pg->state != PAGE_FREE) {
+            report_error("page in the free pages that is not free:", (uintptr_t)pg);
+            problems++;
+        }
+    }
+    if (free_pages != h->free_count) {
+        report_error("free page count differs from the list:", h->free_count);
+        problems++;
+    }
+    return problems;
+}

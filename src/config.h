@@ -1,0 +1,41 @@
+/* config.h - every build knob of the core, with its default and the reason for it. Test builds are
+ * the same source with other defines (build.ninja). */
+#ifndef SHARD_CONFIG_H
+#define SHARD_CONFIG_H
+
+/* Debug level: 0 release; 1 assertions with their reason and a page check after every slow-path
+ * change of a page. The debug library is built with 1. */
+#ifndef SHARD_DEBUG
+#define SHARD_DEBUG 0
+#endif
+#if SHARD_DEBUG < 0 || SHARD_DEBUG > 1
+#error "SHARD_DEBUG must be 0 or 1"
+#endif
+
+/* Free small pages a heap keeps committed whatever their age (the seed: 16 pages, 1 MB). */
+#ifndef SHARD_KEEP_FREE_PAGES
+#define SHARD_KEEP_FREE_PAGES 16
+#endif
+
+/* How long a free page beyond those stays committed, ms. Without the delay a "free everything, allocate
+ * again" cycle pays a decommit, a commit and 16 page faults per page (8-13 % slower in the seed). */
+#ifndef SHARD_DECOMMIT_DELAY_MS
+#define SHARD_DECOMMIT_DELAY_MS 1000
+#endif
+
+/* Items carved from a page's untouched part at a time: a batch, not the whole page, so a page used
+ * for a few items never links all of its memory (and touches no more of it than needed). */
+#ifndef SHARD_CARVE_BATCH
+#define SHARD_CARVE_BATCH 64
+#endif
+
+/* pause instructions before a waiting lock yields the processor (in the order of thousands). */
+#ifndef SHARD_SPIN_PAUSES
+#define SHARD_SPIN_PAUSES 4000
+#endif
+
+#if SHARD_CARVE_BATCH < 1 || SHARD_KEEP_FREE_PAGES < 0
+#error "invalid shardmm configuration"
+#endif
+
+#endif

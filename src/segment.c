@@ -1,0 +1,141 @@
+/* segment.c - segments, the segment map, OS accounting and the metadata allocator (see segment.h). */
+#include "segment.h"
+
+#include "../port/port.h"
+#include "libc.h"
+
+uint8_t *segmap_top[(size_t)1 << SEGMAP_TOP_BITS];
+
+static os_totals totals; /* changed with atomics: one per OS call, never on a fast path */
+
+static void count_call(void) { fetch_add_relaxed(&totals.calls, 1); }
+
+static void count_commit(size_t size)
+{
+    size_t now = __atomic_add_fetch(&totals.committed, size, __ATOMIC_RELAXED);
+    size_t peak = load_relaxed(&totals.committed_peak);
+    while (now > peak && !__atomic_compare_exchange_n(&totals.committed_peak, &peak, now, true,
+                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+void *os_reserve(size_t size)
+{
+    count_call();
+    void *p = port_reserve(size);
+    if (p)
+        fetch_add_relaxed(&totals.reserved, size);
+    return p;
+}
+
+int os_commit(void *addr, size_t size)
+{
+    count_call();
+    if (port_commit(addr, size) != 0)
+        return -1;
+    count_commit(size);
+    return 0;
+}
+
+int os_decommit(void *addr, size_t size)
+{
+    count_call();
+    if (port_decommit(addr, size) != 0)
+        return -1;
+    fetch_add_relaxed(&totals.committed, -size);
+    return 0;
+}
+
+int os_release(void *addr, size_t size)
+{
+    count_call();
+    if (port_release(addr, size) != 0)
+        return -1;
+    fetch_add_relaxed(&totals.reserved, -size);
+    return 0;
+}
+
+void os_get_totals(os_totals *out)
+{
+    out->reserved = load_relaxed(&totals.reserved);
+    out->committed = load_relaxed(&totals.committed);
+    out->committed_peak = load_relaxed(&totals.committed_peak);
+    out->calls = load_relaxed(&totals.calls);
+}
+
+/* The metadata allocator: a bump pointer through 4 MB reservations committed 64 KB at a time, under a
+ * spin lock (it runs when a thread creates its heap or a new 4 GB range is first mapped). */
+#define META_RESERVE ((size_t)4 << 20)
+#define META_COMMIT ((size_t)64 << 10)
+
+static struct {
+    spinlock lock;
+    uint8_t *cursor, *committed_end, *reserved_end;
+} meta;
+
+void *meta_alloc(size_t size)
+{
+    size = (size + 63) & ~(size_t)63;
+    shard_assert(size <= META_COMMIT, "metadata blocks are small");
+    void *result = NULL;
+    spin_lock(&meta.lock);
+    if (meta.cursor == NULL || (size_t)(meta.reserved_end - meta.cursor) < size) {
+        uint8_t *r = os_reserve(META_RESERVE);
+        if (r == NULL)
+            goto out;
+        meta.cursor = meta.committed_end = r;
+        meta.reserved_end = r + META_RESERVE;
+    }
+    while ((size_t)(meta.committed_end - meta.cursor) < size) {
+        if (os_commit(meta.committed_end, META_COMMIT) != 0)
+            goto out;
+        meta.committed_end += META_COMMIT;
+    }
+    result = meta.cursor;
+    meta.cursor += size;
+out:
+    spin_unlock(&meta.lock);
+    return result;
+}
+
+int segmap_set(uintptr_t start, size_t size, unsigned first, unsigned rest)
+{
+    shard_assert((start & SEGMENT_MASK) == 0 && (size & SEGMENT_MASK) == 0 && size > 0, "4 MB granules");
+    for (uintptr_t a = start; a < start + size; a += SEGMENT_SIZE) {
+        uintptr_t hi = a >> 32;
+        if (hi >= ((uintptr_t)1 << SEGMAP_TOP_BITS))
+            return -1;
+        uint8_t *leaf = load_acquire(&segmap_top[hi]);
+        if (leaf == NULL) {
+            uint8_t *fresh = meta_alloc(SEGMAP_LEAF_BYTES);
+            if (fresh == NULL)
+                return -1;
+            /* Two threads may race for the same 4 GB; the loser's table is left unused. */
+            uint8_t *expected = NULL;
+            leaf = cas_acq_rel(&segmap_top[hi], &expected, fresh) ? fresh : expected;
+        }
+        store_release(&leaf[(a >> SEGMENT_SHIFT) & (SEGMAP_LEAF_BYTES - 1)], (uint8_t)(a == start ? first : rest));
+    }
+    return 0;
+}
+
+segment *segment_create(struct heap *owner)
+{
+    uint8_t *r = os_reserve(2 * SEGMENT_SIZE);
+    if (r == NULL)
+        return NULL;
+    segment *seg = (segment *)(((uintptr_t)r + SEGMENT_MASK) & ~(uintptr_t)SEGMENT_MASK);
+    if (os_commit(seg, SEGMENT_DESC_BYTES) != 0) {
+        os_release(r, 2 * SEGMENT_SIZE);
+        return NULL;
+    }
+    seg->owner = owner;
+    seg->reservation = r;
+    if (segmap_set((uintptr_t)seg, SEGMENT_SIZE, SEG_SMALL, SEG_SMALL) != 0) {
+        os_release(r, 2 * SEGMENT_SIZE);
+        return NULL;
+    }
+    return seg;
+}
+
+void spin_wait_yield(void) { port_yield(); }

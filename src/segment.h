@@ -1,0 +1,95 @@
+/* segment.h - 4 MB segments, the segment map, the OS accounting and the metadata allocator.
+ *
+ * A segment is 4 MB aligned to 4 MB (8 MB are reserved to get the alignment; the addresses are never
+ * released, their memory is). It is cut into 64 pages of 64 KB; page 0 holds the descriptors of all
+ * pages, 128 bytes each, and descriptor 0 is the segment header:
+ *
+ *   segment + 0        header (owner heap, kind, links)        descriptor 0
+ *   segment + 128 * i  descriptor of page i (i = 1..63)        see small.h
+ *   segment + 8 KB     unused rest of page 0
+ *   segment + 64K * i  the items of page i
+ *
+ * The segment map answers "what is at this address" in two loads: address bits 32..46 index a top
+ * table of pointers to one table per 4 GB, which holds one kind byte per 4 MB. Anything we never
+ * mapped, and any address above 47 bits, answers SEG_NONE.
+ *
+ * Depends on: port.h, sync.h, libc.h.
+ */
+#ifndef SHARD_SEGMENT_H
+#define SHARD_SEGMENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sync.h"
+
+#define SEGMENT_SHIFT 22
+#define SEGMENT_SIZE ((size_t)1 << SEGMENT_SHIFT)
+#define SEGMENT_MASK (SEGMENT_SIZE - 1)
+#define PAGE_SHIFT 16
+#define PAGE_SIZE ((size_t)1 << PAGE_SHIFT)
+#define SEGMENT_PAGES (SEGMENT_SIZE / PAGE_SIZE)
+#define PAGE_DESC_SIZE 128
+#define SEGMENT_DESC_BYTES (SEGMENT_PAGES * PAGE_DESC_SIZE) /* committed with the segment */
+
+/* Kinds in the segment map, one byte per 4 MB of address space. */
+enum seg_kind {
+    SEG_NONE = 0,       /* not ours */
+    SEG_SMALL = 1,      /* a segment of small-block pages */
+    SEG_LARGE = 2,      /* the first 4 MB of a block above 16 KB (temporary path, see large.c) */
+    SEG_LARGE_TAIL = 3  /* the rest of such a block */
+};
+
+struct heap;
+
+/* Descriptor 0. The owner is written once, at creation: the "is this block mine" test of a free reads
+ * this line, which nobody writes afterwards. */
+typedef struct segment {
+    struct heap *owner;
+    struct segment *next;   /* the owner's segments */
+    void *reservation;      /* what port_reserve returned, 8 MB */
+    uint8_t pad[PAGE_DESC_SIZE - 3 * sizeof(void *)];
+} segment;
+_Static_assert(sizeof(segment) == PAGE_DESC_SIZE, "the header is descriptor 0");
+
+#define SEGMAP_TOP_BITS 15      /* address bits 32..46 */
+#define SEGMAP_LEAF_BYTES 1024  /* 4 GB / 4 MB */
+
+extern uint8_t *segmap_top[(size_t)1 << SEGMAP_TOP_BITS];
+
+/* The kind of the 4 MB that holds address a. */
+static inline unsigned segmap_kind(uintptr_t a)
+{
+    uintptr_t hi = a >> 32;
+    if (unlikely(hi >= ((uintptr_t)1 << SEGMAP_TOP_BITS)))
+        return SEG_NONE;
+    const uint8_t *leaf = load_relaxed(&segmap_top[hi]);
+    if (unlikely(leaf == NULL))
+        return SEG_NONE;
+    return load_relaxed(&leaf[(a >> SEGMENT_SHIFT) & (SEGMAP_LEAF_BYTES - 1)]);
+}
+
+static inline segment *segment_of(const void *p) { return (segment *)((uintptr_t)p & ~(uintptr_t)SEGMENT_MASK); }
+
+/* Mark [start, start+size) (4 MB aligned) as first / rest in the map. 0, or -1 out of memory. */
+int segmap_set(uintptr_t start, size_t size, unsigned first, unsigned rest);
+
+/* A new small segment owned by heap, its descriptors committed and zero; NULL out of memory. */
+segment *segment_create(struct heap *owner);
+
+/* The OS calls with the process's accounting (stats). */
+void *os_reserve(size_t size);
+int os_commit(void *addr, size_t size);
+int os_decommit(void *addr, size_t size);
+int os_release(void *addr, size_t size);
+
+typedef struct os_totals {
+    size_t reserved, committed, committed_peak, calls;
+} os_totals;
+void os_get_totals(os_totals *out);
+
+/* Zeroed memory for the allocator's own structures (heaps, map tables); never freed. NULL when out of
+ * memory. size <= 64 KB; the result is aligned to 64 bytes. */
+void *meta_alloc(size_t size);
+
+#endif

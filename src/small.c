@@ -1,0 +1,402 @@
+/* small.c - the slow paths of small blocks: carving, class lists, foreign frees, free and cold pages.
+ *
+ * The fast paths (api.c, later asm/) pop from `free` of the first page of a class and push onto
+ * `local_free`; everything else happens here:
+ * - A class list holds the pages of a class that may have free items. When its first page has no
+ *   `free` item, the slow path takes the page's `local_free`, else carves up to 64 more items from the
+ *   untouched part in ascending address order, else takes the page out of the list as full (and
+ *   biases `used`, see small.h) and looks at the next page. With no page left it takes a page: the most
+ *   recently freed committed one, else a cold one (committing it), else a new segment.
+ * - A page that gets items back after being full goes to the tail of its list, so that by the time
+ *   allocation reaches it more than one item has gathered. Only a brand-new page goes to the head.
+ * - Foreign frees are drained lazily, when an allocation found its page dry: the heap's `delayed`
+ *   list is taken with one exchange and every page on it has its thread_free word exchanged for 0.
+ * - A page whose items are all back goes to the heap's free pages. Up to SHARD_KEEP_FREE_PAGES stay
+ *   committed; the memory of the others goes back once they have been free for SHARD_DECOMMIT_DELAY_MS.
+ *   The clock is read only when there are more free pages than that (pages freed while there were
+ *   fewer are stamped when the trim first sees them: they stay a little longer, never shorter).
+ * - The page-per-size array `direct` is written only by sync_direct(), when a class's first page changes.
+ */
+#include "small.h"
+
+#include "../port/port.h"
+#include "heap.h"
+#include "libc.h"
+
+page small_empty_page;
+
+#define THREAD_FREE_HEAD(w) ((uint32_t)(w)&0xffffu)
+#define THREAD_FREE_TAIL(w) ((uint32_t)((w) >> 16) & 0xffffu)
+#define THREAD_FREE_COUNT(w) ((uint32_t)((w) >> 32))
+#define THREAD_FREE_WORD(head, tail, count) \
+    ((uint64_t)(head) | ((uint64_t)(tail) << 16) | ((uint64_t)(count) << 32))
+
+/* ---- page lists ---------------------------------------------------------------------------------- */
+
+static void list_push_front(page_list *l, page *pg)
+{
+    pg->prev = NULL;
+    pg->next = l->first;
+    if (l->first)
+        l->first->prev = pg;
+    else
+        l->last = pg;
+    l->first = pg;
+}
+
+static void list_append(page_list *l, page *pg)
+{
+    pg->next = NULL;
+    pg->prev = l->last;
+    if (l->last)
+        l->last->next = pg;
+    else
+        l->first = pg;
+    l->last = pg;
+}
+
+static void list_remove(page_list *l, page *pg)
+{
+    if (pg->prev)
+        pg->prev->next = pg->next;
+    else
+        l->first = pg->next;
+    if (pg->next)
+        pg->next->prev = pg->prev;
+    else
+        l->last = pg->prev;
+    pg->next = pg->prev = NULL;
+}
+
+/* Point the page-per-size entries of class cls at its first page (or the empty page). */
+static void sync_direct(heap *h, unsigned cls)
+{
+    if (class_size[cls] > SHARD_DIRECT_MAX)
+        return;
+    page *first = h->classes[cls].first ? h->classes[cls].first : &small_empty_page;
+    unsigned lo = cls == 0 ? 0 : class_size[cls - 1] / 16u + 1, hi = class_size[cls] / 16u;
+    for (unsigned i = lo; i <= hi; i++)
+        h->direct[i] = first;
+}
+
+static void class_push_front(heap *h, page *pg)
+{
+    list_push_front(&h->classes[pg->cls], pg);
+    sync_direct(h, pg->cls);
+}
+
+static void class_append(heap *h, page *pg)
+{
+    page *before = h->classes[pg->cls].first;
+    list_append(&h->classes[pg->cls], pg);
+    if (before == NULL)
+        sync_direct(h, pg->cls);
+}
+
+static void class_remove(heap *h, page *pg)
+{
+    int was_first = h->classes[pg->cls].first == pg;
+    list_remove(&h->classes[pg->cls], pg);
+    if (was_first)
+        sync_direct(h, pg->cls);
+}
+
+/* ---- pages --------------------------------------------------------------------------------------- */
+
+static void page_init(page *pg, unsigned cls)
+{
+    uint32_t size = class_size[cls];
+    uint32_t reciprocal = (uint32_t)((((uint64_t)1 << 32) + size - 1) / size);
+    pg->free = pg->local_free = NULL;
+    pg->used = 0;
+    pg->capacity = class_capacity[cls];
+    pg->carved = 0;
+    pg->block_size = size;
+    pg->reciprocal = reciprocal;
+    pg->cls = (uint8_t)cls;
+    pg->state = PAGE_IN_USE;
+    store_relaxed(&pg->shared_reciprocal, reciprocal);
+    store_relaxed(&pg->shared_block_size, size);
+}
+
+/* Link up to SHARD_CARVE_BATCH untouched items into `free`, in ascending address order. The loop
+ * keeps the cursor, the size and the end in registers. */
+static void page_carve(page *pg)
+{
+    unsigned n = (unsigned)pg->capacity - pg->carved;
+    if (n > SHARD_CARVE_BATCH)
+        n = SHARD_CARVE_BATCH;
+    size_t size = pg->block_size;
+    uint8_t *first = pg->start + (size_t)pg->carved * size;
+    uint8_t *last = first + (size_t)(n - 1) * size;
+    for (uint8_t *p = first; p < last; p += size)
+        ((block *)p)->next = (block *)(p + size);
+    ((block *)last)->next = pg->free;
+    pg->free = (block *)first;
+    pg->carved = (uint16_t)(pg->carved + n);
+}
+
+static void trim_at(heap *h, uint64_t now)
+{
+    page *pg = h->free_pages.first;
+    while (pg != NULL && h->free_count > SHARD_KEEP_FREE_PAGES) {
+        page *next = pg->next;
+        if (pg->freed_at == 0) {
+            pg->freed_at = now;
+        } else if (now - pg->freed_at >= SHARD_DECOMMIT_DELAY_MS) {
+            if (os_decommit(pg->start, PAGE_SIZE) != 0)
+                return;
+            list_remove(&h->free_pages, pg);
+            h->free_count--;
+            pg->state = PAGE_COLD;
+            pg->next = h->cold_pages;
+            h->cold_pages = pg;
+        } else {
+            return;
+        }
+        pg = next;
+    }
+}
+
+void small_trim(heap *h)
+{
+    if (h->free_count > SHARD_KEEP_FREE_PAGES)
+        trim_at(h, port_clock_ms());
+}
+
+/* All items of pg are back: it leaves its class (and its list, if in one) for the free pages. */
+static void page_retire(heap *h, page *pg, int in_list)
+{
+    shard_assert(pg->used == 0 && load_relaxed(&pg->thread_free) == 0, "a retired page has no item out");
+    if (in_list)
+        class_remove(h, pg);
+    store_relaxed(&pg->shared_block_size, 0u);
+    pg->state = PAGE_FREE;
+    pg->free = pg->local_free = NULL;
+    pg->carved = 0;
+    uint64_t now = h->free_count >= SHARD_KEEP_FREE_PAGES ? port_clock_ms() : 0;
+    pg->freed_at = now;
+    list_append(&h->free_pages, pg);
+    h->free_count++;
+    h->pages_retired++;
+    if (h->free_count > SHARD_KEEP_FREE_PAGES)
+        trim_at(h, now);
+}
+
+/* All items of pg are back. The only page of its class stays in it, so that a thread that frees and
+ * allocates one block at a time does not give its page away and take it back on every pair (the seed:
+ * every thread keeps one page per class it uses); any other page is retired. */
+static void page_emptied(heap *h, page *pg, int in_list)
+{
+    page_list *l = &h->classes[pg->cls];
+    if (in_list ? (l->first == pg && l->last == pg) : l->first == NULL) {
+        if (!in_list)
+            class_append(h, pg);
+        return;
+    }
+    page_retire(h, pg, in_list);
+}
+
+/* A page to serve a class: the most recently freed committed one, else a cold one, else a new segment's. */
+static page *page_acquire(heap *h)
+{
+    page *pg = h->free_pages.last;
+    if (pg != NULL) {
+        list_remove(&h->free_pages, pg);
+        h->free_count--;
+        return pg;
+    }
+    if (h->cold_pages == NULL) {
+        segment *seg = segment_create(h);
+        if (seg == NULL)
+            return NULL;
+        seg->next = h->segments;
+        h->segments = seg;
+        for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
+            page *p = (page *)((uint8_t *)seg + i * PAGE_DESC_SIZE);
+            p->start = (uint8_t *)seg + i * PAGE_SIZE;
+            p->state = PAGE_COLD;
+            p->next = h->cold_pages;
+            h->cold_pages = p;
+        }
+    }
+    pg = h->cold_pages;
+    if (os_commit(pg->start, PAGE_SIZE) != 0)
+        return NULL;
+    h->cold_pages = pg->next;
+    pg->next = NULL;
+    return pg;
+}
+
+/* ---- allocation and free ------------------------------------------------------------------------- */
+
+void *small_alloc_slow(heap *h, unsigned cls)
+{
+    if (load_relaxed(&h->delayed) != NULL)
+        small_drain_delayed(h);
+    page *pg;
+    for (;;) {
+        pg = h->classes[cls].first;
+        if (pg == NULL)
+            break;
+        if (pg->free != NULL)
+            goto take;
+        if (pg->local_free != NULL) {
+            pg->free = pg->local_free;
+            pg->local_free = NULL;
+            goto take;
+        }
+        if (pg->carved < pg->capacity) {
+            page_carve(pg);
+            goto take;
+        }
+        class_remove(h, pg); /* full: out of the list until an item comes back */
+        pg->used -= PAGE_FULL_BIAS;
+    }
+    small_trim(h);
+    pg = page_acquire(h);
+    if (pg == NULL)
+        return NULL;
+    page_init(pg, cls);
+    class_push_front(h, pg);
+    page_carve(pg);
+take:;
+    block *b = pg->free;
+    pg->free = b->next;
+    pg->used++;
+    prefetch_write(pg->free);
+#if SHARD_DEBUG
+    if (small_check_page(pg) != 0)
+        assert_failed(__FILE__, __LINE__, "page inconsistent after allocation slow path");
+#endif
+    return b;
+}
+
+void small_free_local_slow(heap *h, page *pg)
+{
+    if (pg->used == 0) {
+        page_emptied(h, pg, 1);
+        return;
+    }
+    shard_assert(pg->used < 0, "the free fast path calls here at used <= 0 only");
+    pg->used += PAGE_FULL_BIAS; /* a full page got an item back: to the tail of its class */
+    if (pg->used == 0)
+        page_emptied(h, pg, 0);
+    else
+        class_append(h, pg);
+}
+
+void small_free_foreign(page *pg, block *b)
+{
+    uint8_t *start = (uint8_t *)((uintptr_t)b & ~(uintptr_t)(PAGE_SIZE - 1));
+    uint32_t off = (uint32_t)(((uint8_t *)b - start) >> 4);
+    uint64_t old = load_relaxed(&pg->thread_free), word;
+    do {
+        if (old == 0) {
+            b->next = NULL;
+            word = THREAD_FREE_WORD(off, off, 1);
+        } else {
+            b->next = (block *)(start + ((size_t)THREAD_FREE_HEAD(old) << 4));
+            word = THREAD_FREE_WORD(off, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + 1);
+        }
+    } while (!cas_release(&pg->thread_free, &old, word));
+    if (old != 0)
+        return;
+    /* First item since the owner's last drain: queue the page at its owner, exactly once. */
+    heap *owner = segment_of(pg)->owner;
+    page *head = load_relaxed(&owner->delayed);
+    do {
+        pg->next_delayed = head;
+    } while (!cas_release(&owner->delayed, &head, pg));
+}
+
+int small_valid(const page *pg, const void *p)
+{
+    uint32_t size = load_relaxed(&pg->shared_block_size);
+    uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
+    if (size == 0 || ((uintptr_t)p >> PAGE_SHIFT & (SEGMENT_PAGES - 1)) == 0)
+        return 0;
+    uint32_t index = (uint32_t)(((uint64_t)off * load_relaxed(&pg->shared_reciprocal)) >> 32);
+    return index * size == off && off + size <= PAGE_SIZE;
+}
+
+void small_drain_delayed(heap *h)
+{
+    page *pg = exchange_acq_rel(&h->delayed, NULL);
+    while (pg != NULL) {
+        page *next = pg->next_delayed; /* before the exchange: then the page may be queued again */
+        uint64_t w = exchange_acq_rel(&pg->thread_free, 0);
+        shard_assert(w != 0, "a queued page has items in thread_free");
+        block *head = (block *)(pg->start + ((size_t)THREAD_FREE_HEAD(w) << 4));
+        block *tail = (block *)(pg->start + ((size_t)THREAD_FREE_TAIL(w) << 4));
+        tail->next = pg->local_free;
+        pg->local_free = head;
+        int was_full = pg->used < 0;
+        pg->used -= (int32_t)THREAD_FREE_COUNT(w);
+        if (was_full) {
+            pg->used += PAGE_FULL_BIAS;
+            if (pg->used == 0)
+                page_emptied(h, pg, 0);
+            else
+                class_append(h, pg);
+        } else if (pg->used == 0) {
+            page_emptied(h, pg, 1);
+        }
+        pg = next;
+    }
+}
+
+/* ---- checker ------------------------------------------------------------------------------------- */
+
+/* Length of a free list whose items must lie in pg at class offsets below `carved`; -1 if not. */
+static long list_length(const page *pg, const block *b, long limit)
+{
+    long n = 0;
+    for (; b != NULL; b = b->next) {
+        uintptr_t off = (uintptr_t)((const uint8_t *)b - pg->start);
+        if ((const uint8_t *)b < pg->start || off % pg->block_size != 0 || off / pg->block_size >= pg->carved ||
+            ++n > limit)
+            return -1;
+    }
+    return n;
+}
+
+int small_check_page(const page *pg)
+{
+    int problems = 0;
+    if (pg->state != PAGE_IN_USE) {
+        if (pg->state != PAGE_FREE && pg->state != PAGE_COLD) {
+            report_error("page with an unknown state:", (uintptr_t)pg);
+            problems++;
+        }
+        return problems;
+    }
+    long cap = pg->capacity;
+    long nfree = list_length(pg, pg->free, cap), nlocal = list_length(pg, pg->local_free, cap);
+    long used = pg->used < 0 ? (long)pg->used + PAGE_FULL_BIAS : pg->used;
+    uint64_t w = load_acquire(&pg->thread_free);
+    long nthread = 0;
+    if (w != 0) {
+        const block *b = (const block *)(pg->start + ((size_t)THREAD_FREE_HEAD(w) << 4));
+        const block *tail = (const block *)(pg->start + ((size_t)THREAD_FREE_TAIL(w) << 4));
+        for (nthread = 1; b != tail && nthread <= cap; nthread++)
+            b = b->next;
+        if (nthread != (long)THREAD_FREE_COUNT(w)) {
+            report_error("thread_free count differs from its list in page", (uintptr_t)pg);
+            problems++;
+        }
+    }
+    if (nfree < 0 || nlocal < 0) {
+        report_error("free item outside its page or class offset in page", (uintptr_t)pg);
+        problems++;
+    } else if (nfree + nlocal + used != pg->carved) {
+        report_error("free + local_free + used != carved in page", (uintptr_t)pg);
+        problems++;
+    }
+    if (nthread > used || pg->carved > pg->capacity || pg->block_size != class_size[pg->cls] ||
+        load_relaxed(&pg->shared_block_size) != pg->block_size) {
+        report_error("counts or sizes inconsistent in page", (uintptr_t)pg);
+        problems++;
+    }
+    return problems;
+}

@@ -1,0 +1,105 @@
+/* small.h - small blocks (up to 16 KB): pages, size classes and the three free lists.
+ *
+ * A page of 64 KB serves one size class while it has items in use and may take another class when it
+ * is empty. Items have no header; they are linked through their first word while free. A page has
+ * three free lists:
+ *   free        the owner allocates from it
+ *   local_free  the owner puts its frees here (no atomic operation on either)
+ *   thread_free other threads push their frees here with one CAS
+ * thread_free is one word, not a pointer (layout below): the owner takes the whole list with one
+ * exchange, splices it into local_free by its tail and subtracts the count from `used` without walking
+ * the items, which other cores have just written. A push computes the new word from the old one alone,
+ * so a CAS that succeeds describes the list as it is: no ABA, since nobody pops single items.
+ *
+ *   thread_free: bits 0..15 head item offset / 16, bits 16..31 tail offset / 16, bits 32..63 count
+ *
+ * A non-zero word means "queued at the owner": the push that finds 0 puts the page on its heap's
+ * `delayed` list, once until the owner exchanges the word for 0 again (after taking the page from
+ * that list). So a page is free only with used == 0 and thread_free == 0.
+ *
+ * `used` counts items handed out, including those waiting in thread_free. A page with no free item
+ * left is taken out of its class list and `used` gets PAGE_FULL_BIAS subtracted, so that the owner's
+ * free fast path tests one thing: the decremented `used` is <= 0 when the page became empty (0) or was
+ * full (negative) and has to go back into its class list.
+ *
+ * The descriptor is laid out by cache lines: the first line holds what the owner reads and writes on
+ * every operation, the second what other threads write, so a foreign free does not take the owner's
+ * line away from it.
+ *
+ * Depends on: segment.h, classes.h (generated), sync.h.
+ */
+#ifndef SHARD_SMALL_H
+#define SHARD_SMALL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "classes.h"
+#include "segment.h"
+
+typedef struct block {
+    struct block *next;
+} block;
+
+enum page_state {
+    PAGE_COLD = 0,   /* memory not committed (never, or decommitted) */
+    PAGE_FREE = 1,   /* committed, no class, in the heap's free pages */
+    PAGE_IN_USE = 2  /* serves class `cls` */
+};
+
+#define PAGE_FULL_BIAS 0x40000000
+
+typedef struct page {
+    /* line 0: the owner's */
+    block *free;
+    block *local_free;
+    int32_t used;            /* items out; minus PAGE_FULL_BIAS while the page is out of its list */
+    uint16_t capacity;       /* items that fit */
+    uint16_t carved;         /* items carved so far, in ascending address order */
+    uint32_t block_size;
+    uint32_t reciprocal;     /* ceil(2^32 / block_size): offset / size by a multiply, exact in 64 KB */
+    uint8_t *start;          /* the page's first item */
+    struct page *next, *prev; /* class list, free pages or cold pages */
+    uint8_t cls;
+    uint8_t state;
+    uint8_t pad0[6];
+    /* line 1: what other threads write, and copies of what they read, so that a foreign free does
+     * not touch line 0 at all (item offsets come from the address: a page's items start at its
+     * 64 KB boundary) */
+    uint64_t thread_free __attribute__((aligned(64)));
+    struct page *next_delayed; /* link in the owner heap's `delayed` list while queued */
+    uint32_t shared_block_size; /* block_size while the page is in use, 0 otherwise */
+    uint32_t shared_reciprocal;
+    uint64_t freed_at;         /* ms when the page became free; 0 = not yet stamped (rarely read) */
+    uint8_t pad1[32];
+} page;
+_Static_assert(sizeof(page) == PAGE_DESC_SIZE, "page descriptors are two cache lines");
+
+/* The shared empty page: the page-per-size array points here for a class without pages, so the fast
+ * path needs no NULL test; its free list is always empty. */
+extern page small_empty_page;
+
+static inline page *page_of(const void *p)
+{
+    return (page *)((uintptr_t)segment_of(p) + (((uintptr_t)p >> PAGE_SHIFT) & (SEGMENT_PAGES - 1)) * PAGE_DESC_SIZE);
+}
+
+struct heap;
+
+/* Allocation of class cls when the first page of the class had no free item (or there was none). */
+void *small_alloc_slow(struct heap *h, unsigned cls);
+/* The owner freed an item and `used` dropped to <= 0. */
+void small_free_local_slow(struct heap *h, page *pg);
+/* A free of an item of a segment the calling thread does not own. */
+void small_free_foreign(page *pg, block *b);
+/* Is p a live-looking item of an in-use page (right offset, carved)? Used to reject bad pointers on
+ * the paths where that is cheap enough. */
+int small_valid(const page *pg, const void *p);
+/* Take the thread-free lists of every page other threads queued at h. */
+void small_drain_delayed(struct heap *h);
+/* Decommit the free pages beyond SHARD_KEEP_FREE_PAGES that are older than the delay. */
+void small_trim(struct heap *h);
+/* Problems in one page's lists and counts (reported through report_error); 0 when it is consistent. */
+int small_check_page(const page *pg);
+
+#endif
