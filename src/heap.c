@@ -17,10 +17,19 @@ static pair128 free_stack;       /* ptr: heap *, count: changes */
 static heap *all_heaps;          /* pushed with a CAS, never popped */
 static uint32_t init_state;      /* 0 not started, 1 running, 2 done, 3 failed */
 
+/* The top as two plain loads: a torn pair only makes the following cmpxchg16b fail and retry. */
+static pair128 read_top(void)
+{
+    pair128 top;
+    top.count = load_relaxed(&free_stack.count);
+    top.ptr = load_relaxed(&free_stack.ptr);
+    return top;
+}
+
 static void on_thread_exit(void *arg)
 {
     heap *h = arg;
-    pair128 old = free_stack, desired;
+    pair128 old = read_top(), desired;
     do {
         h->next_free = old.ptr;
         desired.ptr = h;
@@ -30,7 +39,7 @@ static void on_thread_exit(void *arg)
 
 static heap *pop_free_heap(void)
 {
-    pair128 old = free_stack, desired;
+    pair128 old = read_top(), desired;
     do {
         if (old.ptr == NULL)
             return NULL;

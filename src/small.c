@@ -211,7 +211,7 @@ static page *page_acquire(heap *h)
         if (seg == NULL)
             return NULL;
         seg->next = h->segments;
-        h->segments = seg;
+        store_release(&h->segments, seg); /* the statistics walk this list from other threads */
         for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
             page *p = (page *)((uint8_t *)seg + i * PAGE_DESC_SIZE);
             p->start = (uint8_t *)seg + i * PAGE_SIZE;

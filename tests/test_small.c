@@ -1,0 +1,1122 @@
+/* test_small.c - deterministic tests of shardmm's small blocks (up to 16 KB).
+ *
+ * Fixed sizes in a fixed order, each test one documented behaviour. Every block is filled with the
+ * pattern of its own seed and checked later, so overlapping live blocks, a byte lost on a move and a
+ * stray write show up as a mismatch.
+ *
+ * Built with -DTEST_SYSTEM_MALLOC the same file runs on the system malloc: the checks of shardmm's own
+ * rules (exact class sizes, the in-place rule of realloc, statistics, the error hook, shard_check) are
+ * left out and the tests made only of them report "skip"; the contents are still checked. That is a
+ * check of the tests themselves.
+ *
+ * Build: gcc -O1 -g -std=c11 -D_GNU_SOURCE -Iinclude -Itests tests/test_small.c -o build/test-small
+ *            -Lbuild -lshardmm -Wl,-rpath,$ORIGIN -pthread
+ * Run:   build/test-small [test names]
+ */
+#define HARNESS_MAIN
+#include "harness.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef TEST_SYSTEM_MALLOC
+/* The system malloc behind the names of shardmm, through functions the compiler does not see into
+ * (so it neither folds malloc/free pairs nor warns about the checks after a failed realloc). */
+#include <malloc.h>
+#define SHARD_RULES 0
+#define SYSTEM_WRAPPER __attribute__((noinline, unused)) static
+SYSTEM_WRAPPER void *system_malloc(size_t n) { return malloc(n); }
+SYSTEM_WRAPPER void *system_calloc(size_t c, size_t n) { return calloc(c, n); }
+SYSTEM_WRAPPER void *system_realloc(void *p, size_t n) { return realloc(p, n); }
+SYSTEM_WRAPPER void system_free(void *p) { free(p); }
+SYSTEM_WRAPPER size_t system_usable_size(const void *p) { return p ? malloc_usable_size((void *)p) : 0; }
+#define shard_malloc(n) system_malloc(n)
+#define shard_calloc(c, n) system_calloc(c, n)
+#define shard_realloc(p, n) system_realloc(p, n)
+#define shard_free(p) system_free(p)
+#define shard_usable_size(p) system_usable_size(p)
+#else
+#include "shardmm.h"
+#define SHARD_RULES 1
+#endif
+
+#include "realloc_pairs.h"
+
+/* ---- the rules, written out independently of the allocator ---- */
+
+#define SMALL_MAX 16384
+#define PAGE_SIZE 65536
+#define CLASS_COUNT 43
+
+/* The size classes (gen/sizeclasses.py): 16, 32, 64 .. 128, four steps per power of two up to 2 KB,
+ * eight up to 8 KB, four up to 16 KB. */
+static const size_t test_classes[CLASS_COUNT] = {
+    16, 32, 64, 80, 96, 112, 128,
+    160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048,
+    2304, 2560, 2816, 3072, 3328, 3584, 3840, 4096, 4608, 5120, 5632, 6144, 6656, 7168, 7680, 8192,
+    10240, 12288, 14336, 16384,
+};
+
+/* The class size of a request of n bytes, 0 <= n <= SMALL_MAX (0 takes the first class). */
+static size_t expected_class(size_t n)
+{
+    int i;
+    for (i = 0; i < CLASS_COUNT; i++)
+        if (test_classes[i] >= n)
+            return test_classes[i];
+    return 0;
+}
+
+/* Whether shard_realloc of a small block of class cs to n bytes keeps its place. */
+__attribute__((unused)) static int stays_in_place(size_t cs, size_t n)
+{
+    return n > 0 && n <= cs && n >= cs / 4;
+}
+
+/* The bytes a moving realloc of a small block of class cs to n bytes allocates. */
+__attribute__((unused)) static size_t realloc_target(size_t cs, size_t n)
+{
+    if (n > cs) {
+        size_t t = n + n / 2 + 32;
+        if (n <= SMALL_MAX && t > SMALL_MAX)
+            t = SMALL_MAX;
+        return t;
+    }
+    return n;
+}
+
+/* Checks the usable size of a block that received `request` bytes: exactly the class for a small
+ * request under shardmm, at least the request otherwise. */
+static void check_usable(const void *p, size_t request, const char *what)
+{
+    size_t usable = shard_usable_size(p);
+#if SHARD_RULES
+    if (request <= SMALL_MAX) {
+        CHECKF(usable == expected_class(request), "%s: usable size %zu of a %zu-byte request, class %zu",
+               what, usable, request, expected_class(request));
+        return;
+    }
+#endif
+    CHECKF(usable >= request, "%s: usable size %zu of a %zu-byte request", what, usable, request);
+}
+
+static int aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15) == 0;
+}
+
+static uintptr_t page_of(const void *p)
+{
+    return (uintptr_t)p / PAGE_SIZE;
+}
+
+static void run_thread(void *(*fn)(void *), void *arg)
+{
+    pthread_t t;
+    int rc = pthread_create(&t, NULL, fn, arg);
+    CHECKF(rc == 0, "pthread_create: %d", rc);
+    if (rc == 0)
+        pthread_join(t, NULL);
+}
+
+__attribute__((unused)) static void sleep_ms(long ms)
+{
+    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+static int compare_ptr(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Whether p is among the n sorted addresses. */
+static int in_sorted(const uintptr_t *sorted, size_t n, const void *p)
+{
+    uintptr_t key = (uintptr_t)p;
+    return bsearch(&key, sorted, n, sizeof *sorted, compare_ptr) != NULL;
+}
+
+#if SHARD_RULES
+static shard_stats stats_now(void)
+{
+    shard_stats s;
+    memset(&s, 0, sizeof s);
+    shard_get_stats(&s);
+    return s;
+}
+#endif
+
+/* Checks the pattern of a block and names the first wrong byte. */
+#define CHECK_PATTERN(p, n, seed, what)                                                            \
+    do {                                                                                           \
+        size_t n_ = (n), bad_ = pattern_mismatch((p), n_, (seed));                                 \
+        CHECKF(bad_ == n_, "%s: byte %zu of %zu differs from the pattern", (what), bad_, n_);      \
+    } while (0)
+
+/* ---- tests ---- */
+
+TEST(class_table_of_the_test_is_the_documented_one)
+{
+    int i;
+    CHECK_EQ(test_classes[0], 16);
+    CHECK_EQ(test_classes[CLASS_COUNT - 1], SMALL_MAX);
+    for (i = 0; i < CLASS_COUNT; i++) {
+        CHECKF(test_classes[i] % 16 == 0, "class %zu", test_classes[i]);
+        CHECKF(test_classes[i] != 48, "class 48 must not exist");
+        if (i > 0)
+            CHECKF(test_classes[i] > test_classes[i - 1], "class %zu after %zu", test_classes[i],
+                   test_classes[i - 1]);
+    }
+    CHECK_EQ(expected_class(0), 16);
+    CHECK_EQ(expected_class(33), 64);
+    CHECK_EQ(expected_class(112), 112);
+    CHECK_EQ(expected_class(113), 128);
+    CHECK_EQ(expected_class(2100), 2304);
+    CHECK_EQ(expected_class(9000), 10240);
+    CHECK_EQ(REALLOC_PAIR_COUNT, REALLOC_SIZE_COUNT * (REALLOC_SIZE_COUNT - 1));
+}
+
+/* One live block of every size from 1 byte to 16 KB at once: each 16-byte aligned, of its class,
+ * its whole usable size filled with its own pattern and checked once all are allocated. */
+TEST(every_size_1_to_16384_live_at_once_aligned_of_its_class_and_intact)
+{
+    void **blocks = calloc(SMALL_MAX + 1, sizeof *blocks);
+    size_t *usable = calloc(SMALL_MAX + 1, sizeof *usable);
+    size_t n;
+#if SHARD_RULES
+    shard_stats s0 = stats_now(), s1, s2;
+#endif
+    if (!blocks || !usable) {
+        CHECK(!"test bookkeeping allocation failed");
+        free(blocks);
+        free(usable);
+        return;
+    }
+    for (n = 1; n <= SMALL_MAX; n++) {
+        void *p = shard_malloc(n);
+        blocks[n] = p;
+        CHECKF(p != NULL, "shard_malloc(%zu) returned NULL", n);
+        if (!p)
+            continue;
+        CHECKF(aligned16(p), "shard_malloc(%zu) = %p is not 16-byte aligned", n, p);
+        check_usable(p, n, "shard_malloc");
+        usable[n] = shard_usable_size(p);
+        fill(p, usable[n], n);
+    }
+#if SHARD_RULES
+    s1 = stats_now();
+    CHECKF(s1.live_small == s0.live_small + SMALL_MAX, "live_small %zu, expected %zu + %d", s1.live_small,
+           s0.live_small, SMALL_MAX);
+    CHECK_EQ(shard_check(), 0);
+#endif
+    for (n = 1; n <= SMALL_MAX; n++) {
+        char what[64];
+        if (!blocks[n])
+            continue;
+        snprintf(what, sizeof what, "block of %zu bytes", n);
+        CHECK_PATTERN(blocks[n], usable[n], n, what);
+        CHECKF(shard_usable_size(blocks[n]) == usable[n], "usable size of the %zu-byte block changed", n);
+    }
+    /* Free the odd sizes first, then the even ones, checking the even ones again in between. */
+    for (n = 1; n <= SMALL_MAX; n += 2)
+        shard_free(blocks[n]);
+    for (n = 2; n <= SMALL_MAX; n += 2) {
+        if (!blocks[n])
+            continue;
+        CHECK_PATTERN(blocks[n], usable[n], n, "block after the odd sizes were freed");
+        shard_free(blocks[n]);
+    }
+#if SHARD_RULES
+    s2 = stats_now();
+    CHECK_EQ(s2.live_small, s0.live_small);
+    CHECK_EQ(shard_check(), 0);
+#endif
+    free(blocks);
+    free(usable);
+}
+
+/* shard_malloc(0) gives a unique, usable 16-byte block. */
+TEST(malloc_zero_gives_unique_usable_block)
+{
+    void *p = shard_malloc(0), *q = shard_malloc(0);
+    size_t np, nq;
+    CHECK(p != NULL);
+    CHECK(q != NULL);
+    CHECK(p != q);
+    if (!p || !q) {
+        shard_free(p);
+        shard_free(q);
+        return;
+    }
+    CHECK(aligned16(p));
+    CHECK(aligned16(q));
+    np = shard_usable_size(p);
+    nq = shard_usable_size(q);
+#if SHARD_RULES
+    CHECK_EQ(np, 16);
+    CHECK_EQ(nq, 16);
+#endif
+    CHECK(np >= 1 && nq >= 1);
+    fill(p, np, 101);
+    fill(q, nq, 102);
+    CHECK_PATTERN(p, np, 101, "first malloc(0) block");
+    CHECK_PATTERN(q, nq, 102, "second malloc(0) block");
+    shard_free(p);
+    shard_free(q);
+#if SHARD_RULES
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
+/* Sizes beyond the address space give NULL, and a block that was to grow to one keeps its place and
+ * its contents. */
+TEST(huge_sizes_give_null_and_keep_the_block)
+{
+    static const size_t huge[] = { SIZE_MAX, SIZE_MAX - 4096, (size_t)1 << 62, SIZE_MAX / 2 + 1 };
+    size_t i;
+    void *keep = shard_malloc(1000);
+    CHECK(keep != NULL);
+    if (keep)
+        fill(keep, 1000, 201);
+    for (i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        volatile size_t n = huge[i];
+        void *p = shard_malloc(n);
+        CHECKF(p == NULL, "shard_malloc(%zu) = %p", (size_t)n, p);
+        p = shard_calloc(1, n);
+        CHECKF(p == NULL, "shard_calloc(1, %zu) = %p", (size_t)n, p);
+        if (keep) {
+            p = shard_realloc(keep, n);
+            CHECKF(p == NULL, "shard_realloc(p, %zu) = %p", (size_t)n, p);
+            CHECK_PATTERN(keep, 1000, 201, "block after a failed realloc");
+        }
+    }
+    if (keep) {
+        check_usable(keep, 1000, "block after a failed realloc");
+        shard_free(keep);
+    }
+    keep = shard_malloc(5000);
+    CHECK(keep != NULL);
+    if (keep) {
+        fill(keep, 5000, 202);
+        CHECK_PATTERN(keep, 5000, 202, "block allocated after the failures");
+        shard_free(keep);
+    }
+#if SHARD_RULES
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
+/* Items of every class are made dirty (0xAA) and freed; calloc of the same size then hands them out
+ * again (one block of each page is kept so the freed items stay on their page) and they are zero. */
+TEST(calloc_zeroes_dirty_reused_items_of_every_class)
+{
+    int k;
+    for (k = 0; k < CLASS_COUNT; k++) {
+        size_t c = test_classes[k];
+        size_t count = 2 * (PAGE_SIZE / c), i, j, freed = 0, reused = 0;
+        void **blocks = calloc(count, sizeof *blocks);
+        void **again = calloc(count, sizeof *again);
+        unsigned char *anchor = calloc(count, 1);
+        uintptr_t *freed_at = calloc(count, sizeof *freed_at);
+        if (!blocks || !again || !anchor || !freed_at) {
+            CHECK(!"test bookkeeping allocation failed");
+            free(blocks);
+            free(again);
+            free(anchor);
+            free(freed_at);
+            return;
+        }
+        for (i = 0; i < count; i++) {
+            blocks[i] = shard_malloc(c);
+            CHECKF(blocks[i] != NULL, "shard_malloc(%zu)", c);
+            if (blocks[i])
+                memset(blocks[i], 0xAA, c);
+        }
+        /* The first block of every page stays live. */
+        for (i = 0; i < count; i++) {
+            if (!blocks[i])
+                continue;
+            anchor[i] = 1;
+            for (j = 0; j < i; j++)
+                if (blocks[j] && page_of(blocks[j]) == page_of(blocks[i])) {
+                    anchor[i] = 0;
+                    break;
+                }
+        }
+        for (i = 0; i < count; i++)
+            if (blocks[i] && !anchor[i]) {
+                freed_at[freed++] = (uintptr_t)blocks[i];
+                shard_free(blocks[i]);
+            }
+        qsort(freed_at, freed, sizeof *freed_at, compare_ptr);
+        for (i = 0; i < freed; i++) {
+            void *p = (i & 1) ? shard_calloc(c, 1) : shard_calloc(1, c);
+            size_t bad;
+            again[i] = p;
+            CHECKF(p != NULL, "shard_calloc of %zu bytes", c);
+            if (!p)
+                continue;
+            CHECKF(aligned16(p), "shard_calloc(%zu) = %p", c, p);
+            bad = bytes_not_equal(p, c, 0);
+            CHECKF(bad == c, "calloc of class %zu: byte %zu of %zu is not zero", c, bad, c);
+            if (in_sorted(freed_at, freed, p))
+                reused++;
+            memset(p, 0xAA, c);   /* dirty again for the classes that come after */
+        }
+#if SHARD_RULES
+        CHECKF(reused * 2 >= freed, "class %zu: only %zu of %zu freed items came back through calloc", c,
+               reused, freed);
+#endif
+        for (i = 0; i < freed; i++)
+            shard_free(again[i]);
+        for (i = 0; i < count; i++)
+            if (blocks[i] && anchor[i]) {
+                size_t bad = bytes_not_equal(blocks[i], c, 0xAA);
+                CHECKF(bad == c, "class %zu: kept block changed at byte %zu", c, bad);
+                shard_free(blocks[i]);
+            }
+        free(blocks);
+        free(again);
+        free(anchor);
+        free(freed_at);
+    }
+#if SHARD_RULES
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
+/* count * size overflowing size_t gives NULL. */
+TEST(calloc_overflow_gives_null)
+{
+    static const size_t pairs[][2] = {
+        { SIZE_MAX / 2 + 1, 2 },
+        { 2, SIZE_MAX / 2 + 1 },
+        { SIZE_MAX, SIZE_MAX },
+        { (size_t)1 << 32, (size_t)1 << 32 },
+        { SIZE_MAX / 16 + 1, 16 },
+    };
+    size_t i;
+    for (i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        volatile size_t count = pairs[i][0], size = pairs[i][1];
+        void *p = shard_calloc(count, size);
+        CHECKF(p == NULL, "shard_calloc(%zu, %zu) = %p", (size_t)count, (size_t)size, p);
+    }
+    {
+        void *p = shard_calloc(100, 10);
+        CHECK(p != NULL);
+        if (p) {
+            CHECK_EQ(bytes_not_equal(p, 1000, 0), 1000);
+            shard_free(p);
+        }
+    }
+}
+
+/* Every pair of sizes at the class boundaries (tests/realloc_pairs.h): the contents up to the smaller
+ * size survive, the new block is usable for the new size, and a small block stays in place exactly
+ * when the rule says so and otherwise gets the documented size (growth: n + n/2 + 32, up to 16 KB
+ * when n fits in 16 KB; shrinking below a quarter: n). The results stay live for a while in a ring
+ * and are checked again before they are freed. */
+TEST(realloc_every_pair_at_class_boundaries_keeps_contents_and_the_in_place_rule)
+{
+    enum { RING = 16 };
+    struct live { void *p; size_t n; uint64_t seed; } ring[RING];
+    size_t k, r;
+    memset(ring, 0, sizeof ring);
+    for (k = 0; k < REALLOC_PAIR_COUNT; k++) {
+        size_t from = realloc_pairs[k][0], to = realloc_pairs[k][1];
+        size_t keep = from < to ? from : to, bad;
+        uint64_t seed = 0x10000 + k;
+        uintptr_t old;
+        void *p = shard_malloc(from), *q;
+        struct live *slot = &ring[k % RING];
+        CHECKF(p != NULL, "shard_malloc(%zu)", from);
+        if (!p)
+            continue;
+        check_usable(p, from, "block before realloc");
+        fill(p, from, seed);
+        old = (uintptr_t)p;
+        q = shard_realloc(p, to);
+        CHECKF(q != NULL, "shard_realloc(%zu -> %zu) returned NULL", from, to);
+        if (!q) {
+            shard_free(p);
+            continue;
+        }
+        CHECKF(aligned16(q), "shard_realloc(%zu -> %zu) = %p", from, to, q);
+        bad = pattern_mismatch(q, keep, seed);
+        CHECKF(bad == keep, "shard_realloc(%zu -> %zu): byte %zu of %zu lost (%s)", from, to, bad, keep,
+               (uintptr_t)q == old ? "in place" : "moved");
+        CHECKF(shard_usable_size(q) >= to, "shard_realloc(%zu -> %zu): usable size %zu", from, to,
+               shard_usable_size(q));
+#if SHARD_RULES
+        if (from <= SMALL_MAX) {
+            size_t cs = expected_class(from), usable = shard_usable_size(q);
+            int in_place = stays_in_place(cs, to);
+            CHECKF(((uintptr_t)q == old) == in_place, "shard_realloc(%zu -> %zu), class %zu: %s, expected %s",
+                   from, to, cs, (uintptr_t)q == old ? "in place" : "moved", in_place ? "in place" : "a move");
+            if (in_place) {
+                CHECKF(usable == cs, "shard_realloc(%zu -> %zu) in place: usable %zu, class %zu", from, to,
+                       usable, cs);
+            } else {
+                size_t target = realloc_target(cs, to);
+                /* (The headroom of a move out of the small range has a test of its own, below.) */
+                if (target <= SMALL_MAX)
+                    CHECKF(usable == expected_class(target),
+                           "shard_realloc(%zu -> %zu) moved: usable %zu, expected the class of %zu (%zu)",
+                           from, to, usable, target, expected_class(target));
+            }
+        }
+#endif
+        /* The block serves the new size: fill all of it and keep it live for RING more pairs. */
+        fill(q, to, seed);
+        if (slot->p) {
+            CHECK_PATTERN(slot->p, slot->n, slot->seed, "realloc result kept live");
+            shard_free(slot->p);
+        }
+        slot->p = q;
+        slot->n = to;
+        slot->seed = seed;
+    }
+    for (r = 0; r < RING; r++)
+        if (ring[r].p) {
+            CHECK_PATTERN(ring[r].p, ring[r].n, ring[r].seed, "realloc result kept live");
+            shard_free(ring[r].p);
+        }
+#if SHARD_RULES
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
+/* A block grown one byte at a time from 1 to 20000 bytes and shrunk by halves keeps its contents; it
+ * moves exactly when the rule says so. */
+TEST(realloc_growing_by_one_byte_and_shrinking_by_halves_keeps_contents)
+{
+    enum { TOP = 20000 };
+    const uint64_t seed = 301;
+    unsigned char *p = shard_malloc(1);
+    size_t n, moves = 0;
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    fill(p, 1, seed);
+    for (n = 2; n <= TOP; n++) {
+        size_t before = shard_usable_size(p);
+        uintptr_t old = (uintptr_t)p;
+        unsigned char *q = shard_realloc(p, n);
+        CHECKF(q != NULL, "shard_realloc(%zu -> %zu)", n - 1, n);
+        if (!q) {
+            shard_free(p);
+            return;
+        }
+        p = q;
+        if ((uintptr_t)q != old) {
+            if (before <= SMALL_MAX)
+                moves++;
+            CHECK_PATTERN(q, n - 1, seed, "block grown by one byte, moved");
+        }
+#if SHARD_RULES
+        if (before <= SMALL_MAX) {
+            int in_place = stays_in_place(before, n);
+            CHECKF(((uintptr_t)q == old) == in_place, "grow %zu -> %zu in class %zu: %s", n - 1, n, before,
+                   (uintptr_t)q == old ? "stayed" : "moved");
+            if (!in_place) {
+                size_t target = realloc_target(before, n);
+                if (target <= SMALL_MAX)
+                    CHECK_EQ(shard_usable_size(q), expected_class(target));
+            }
+        }
+#else
+        (void)before;
+#endif
+        CHECK(shard_usable_size(q) >= n);
+        q[n - 1] = pattern_byte(seed, n - 1);
+    }
+    CHECK_PATTERN(p, TOP, seed, "block grown to 20000 bytes");
+#if SHARD_RULES
+    /* Growth with headroom: 14 moves of small blocks under the rule, at 2 and 3 (below a quarter of 16),
+     * 17, 65, 161, 321, 641, 1025, 1793, 2817, 4609, 7169, 12289 and 16385. */
+    CHECK_EQ(moves, 14);
+#else
+    (void)moves;
+#endif
+    for (n = TOP / 2; n >= 1; n /= 2) {
+        size_t before = shard_usable_size(p);
+        uintptr_t old = (uintptr_t)p;
+        unsigned char *q = shard_realloc(p, n);
+        CHECKF(q != NULL, "shard_realloc(.. -> %zu)", n);
+        if (!q) {
+            shard_free(p);
+            return;
+        }
+        p = q;
+        CHECK_PATTERN(q, n, seed, "block shrunk by half");
+#if SHARD_RULES
+        if (before <= SMALL_MAX) {
+            int in_place = stays_in_place(before, n);
+            CHECKF(((uintptr_t)q == old) == in_place, "shrink to %zu in class %zu: %s", n, before,
+                   (uintptr_t)q == old ? "stayed" : "moved");
+            if (!in_place)
+                CHECK_EQ(shard_usable_size(q), expected_class(n));
+        }
+#else
+        (void)before;
+        (void)old;
+#endif
+    }
+    shard_free(p);
+#if SHARD_RULES
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
+/* A small block that grows beyond 16 KB moves to a block that holds the new size, with its contents.
+ * The headroom of such a move (a quarter for medium blocks, 1/16 for large) comes with the medium and
+ * large issues; the temporary path above 16 KB gives what was asked. */
+TEST(realloc_of_a_small_block_beyond_16384_moves_and_keeps_contents)
+{
+    static const size_t from_sizes[] = { 1, 100, 2048, 4096, 10000, 16383, 16384 };
+    static const size_t to_sizes[] = { 16385, 16400, 20000, 40000, 100000 };
+    size_t i, j;
+    for (i = 0; i < sizeof from_sizes / sizeof from_sizes[0]; i++)
+        for (j = 0; j < sizeof to_sizes / sizeof to_sizes[0]; j++) {
+            size_t from = from_sizes[i], to = to_sizes[j];
+            uint64_t seed = 350 + 10 * i + j;
+            void *p = shard_malloc(from), *q;
+            CHECK(p != NULL);
+            if (!p)
+                continue;
+            fill(p, from, seed);
+            q = shard_realloc(p, to);
+            CHECKF(q != NULL, "shard_realloc(%zu -> %zu)", from, to);
+            if (!q) {
+                shard_free(p);
+                continue;
+            }
+            CHECK(aligned16(q));
+            CHECK_PATTERN(q, from, seed, "block grown beyond 16 KB");
+            CHECK(shard_usable_size(q) >= to);
+            fill(q, to, seed);
+            CHECK_PATTERN(q, to, seed, "block grown beyond 16 KB, filled");
+            shard_free(q);
+        }
+#if SHARD_RULES
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
+/* shard_realloc(p, 0) frees p and returns NULL; shard_realloc(NULL, n) allocates. */
+TEST(realloc_to_zero_frees_and_realloc_of_null_allocates)
+{
+    static const size_t sizes[] = { 1, 100, 4096, 16384, 16385, 40000 };
+    size_t i;
+    for (i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        size_t n = sizes[i];
+        void *p = shard_realloc(NULL, n), *q;
+#if SHARD_RULES
+        shard_stats s0, s1;
+#endif
+        CHECKF(p != NULL, "shard_realloc(NULL, %zu)", n);
+        if (!p)
+            continue;
+        CHECK(aligned16(p));
+        check_usable(p, n, "shard_realloc(NULL, n)");
+        fill(p, n, 400 + n);
+        CHECK_PATTERN(p, n, 400 + n, "block from shard_realloc(NULL, n)");
+#if SHARD_RULES
+        s0 = stats_now();
+#endif
+        q = shard_realloc(p, 0);
+        CHECKF(q == NULL, "shard_realloc(p, 0) of a %zu-byte block = %p", n, q);
+#if SHARD_RULES
+        s1 = stats_now();
+        if (n <= SMALL_MAX)
+            CHECKF(s1.live_small + 1 == s0.live_small, "live_small %zu -> %zu after shard_realloc(p, 0)",
+                   s0.live_small, s1.live_small);
+#endif
+        if (q)
+            shard_free(q);
+    }
+#if SHARD_RULES
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
+/* Free pages beyond the 16 a heap keeps go back to the system once they have been free for a second:
+ * the check runs in the allocation slow path. */
+TEST(free_pages_return_to_the_system_after_the_delay)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    enum { PAGES = 48, SIZE = 8192, PER_PAGE = PAGE_SIZE / SIZE, COUNT = PAGES * PER_PAGE, LATE = 5,
+           LATE_SIZE = 14336 };
+    static void *blocks[COUNT];
+    void *late[LATE];
+    shard_stats s0, s1, s2;
+    size_t i, dropped;
+    s0 = stats_now();
+    for (i = 0; i < COUNT; i++) {
+        blocks[i] = shard_malloc(SIZE);
+        CHECK(blocks[i] != NULL);
+        if (blocks[i])
+            fill(blocks[i], SIZE, 500 + i);
+    }
+    for (i = 0; i < COUNT; i++)
+        if (blocks[i]) {
+            CHECK_PATTERN(blocks[i], SIZE, 500 + i, "8 KB block");
+            shard_free(blocks[i]);
+        }
+    s1 = stats_now();
+    CHECKF(s1.small_pages_retired >= s0.small_pages_retired + PAGES - 2,
+           "small_pages_retired %zu -> %zu after freeing %d pages", s0.small_pages_retired,
+           s1.small_pages_retired, PAGES);
+    CHECKF(s1.small_pages_free >= PAGES - 2, "small_pages_free %zu after freeing %d pages", s1.small_pages_free,
+           PAGES);
+    sleep_ms(1100);
+    /* Capacity + 1 blocks of one class pass the allocation slow path at least once. */
+    for (i = 0; i < LATE; i++) {
+        late[i] = shard_malloc(LATE_SIZE);
+        CHECK(late[i] != NULL);
+        if (late[i])
+            fill(late[i], LATE_SIZE, 600 + i);
+    }
+    s2 = stats_now();
+    CHECKF(s2.small_pages_free <= 16 * s2.heaps, "small_pages_free %zu (%zu before the delay), heaps %zu",
+           s2.small_pages_free, s1.small_pages_free, s2.heaps);
+    CHECKF(s2.small_pages_decommitted > s1.small_pages_decommitted, "small_pages_decommitted %zu -> %zu",
+           s1.small_pages_decommitted, s2.small_pages_decommitted);
+    CHECKF(s2.committed < s1.committed, "committed %zu -> %zu", s1.committed, s2.committed);
+    /* Every page that left the free pages went back to the system, but for the few the new blocks took. */
+    dropped = s1.small_pages_free > s2.small_pages_free ? s1.small_pages_free - s2.small_pages_free : 0;
+    CHECKF(dropped + 16 * s2.heaps >= PAGES - 2, "only %zu free pages left the free state", dropped);
+    if (dropped > 4) {
+        CHECKF(s2.small_pages_decommitted >= s1.small_pages_decommitted + dropped - 4,
+               "small_pages_decommitted %zu -> %zu while %zu pages left the free state",
+               s1.small_pages_decommitted, s2.small_pages_decommitted, dropped);
+        CHECKF(s1.committed - s2.committed >= (dropped - 4) * (size_t)PAGE_SIZE,
+               "committed %zu -> %zu while %zu pages left the free state", s1.committed, s2.committed, dropped);
+    }
+    CHECK(s2.committed_peak >= s1.committed);
+    /* The memory comes back when it is needed again. */
+    for (i = 0; i < COUNT; i++) {
+        blocks[i] = shard_malloc(SIZE);
+        CHECK(blocks[i] != NULL);
+        if (blocks[i])
+            fill(blocks[i], SIZE, 700 + i);
+    }
+    for (i = 0; i < COUNT; i++)
+        if (blocks[i]) {
+            CHECK_PATTERN(blocks[i], SIZE, 700 + i, "8 KB block on a page committed again");
+            shard_free(blocks[i]);
+        }
+    for (i = 0; i < LATE; i++)
+        if (late[i]) {
+            CHECK_PATTERN(late[i], LATE_SIZE, 600 + i, "14 KB block");
+            shard_free(late[i]);
+        }
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
+#if SHARD_RULES
+static struct {
+    int calls;
+    int error;
+    void *ptr;
+    void *arg;
+} hook_record;
+
+static void recording_hook(void *arg, int error, void *ptr)
+{
+    hook_record.calls++;
+    hook_record.error = error;
+    hook_record.ptr = ptr;
+    hook_record.arg = arg;
+}
+
+static void hook_reset(void)
+{
+    memset(&hook_record, 0, sizeof hook_record);
+}
+
+static unsigned char static_block[256] __attribute__((aligned(16)));
+
+struct bad_pointer {
+    const char *what;
+    void *p;
+};
+
+/* The invalid pointers: a stack address, a static variable, interior pointers of a block above 16 KB
+ * and a block of the system malloc. */
+static size_t bad_pointers(struct bad_pointer *out, unsigned char *stack, unsigned char *big,
+                           unsigned char *sys)
+{
+    size_t n = 0;
+    out[n].what = "stack address";
+    out[n++].p = stack;
+    out[n].what = "static variable";
+    out[n++].p = static_block;
+    if (big) {
+        out[n].what = "block above 16 KB + 16";
+        out[n++].p = big + 16;
+        out[n].what = "block above 16 KB + 4096";
+        out[n++].p = big + 4096;
+    }
+    if (sys) {
+        out[n].what = "block of the system malloc";
+        out[n++].p = sys;
+    }
+    return n;
+}
+#endif
+
+/* shard_free and shard_realloc of pointers that are not live blocks of shardmm go to the error hook
+ * with the right code and pointer; then free does nothing, realloc returns NULL, the memory behind the
+ * pointers is untouched and the allocator keeps working. */
+TEST(bad_pointers_reach_the_error_hook_from_free_and_realloc)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    enum { BIG = 40000 };
+    unsigned char stack_block[256] __attribute__((aligned(16)));
+    int cookie = 0;
+    struct bad_pointer bad[8];
+    unsigned char *big = shard_malloc(BIG);
+    unsigned char *sys = malloc(256);
+    size_t i, count;
+    void *p;
+    shard_error_fn previous = shard_set_error_hook(recording_hook, &cookie);
+    CHECK(big != NULL);
+    CHECK(sys != NULL);
+    fill(stack_block, sizeof stack_block, 801);
+    fill(static_block, sizeof static_block, 802);
+    if (big)
+        fill(big, BIG, 803);
+    if (sys)
+        fill(sys, 256, 804);
+    count = bad_pointers(bad, stack_block, big, sys);
+    for (i = 0; i < count; i++) {
+        static const size_t realloc_sizes[] = { 64, 40000 };
+        size_t j;
+        hook_reset();
+        shard_free(bad[i].p);
+        CHECKF(hook_record.calls == 1, "shard_free(%s): hook called %d times", bad[i].what, hook_record.calls);
+        CHECKF(hook_record.error == SHARD_ERROR_INVALID_FREE, "shard_free(%s): error %d", bad[i].what,
+               hook_record.error);
+        CHECKF(hook_record.ptr == bad[i].p, "shard_free(%s): hook got %p, not %p", bad[i].what, hook_record.ptr,
+               bad[i].p);
+        CHECKF(hook_record.arg == &cookie, "shard_free(%s): hook argument %p", bad[i].what, hook_record.arg);
+        for (j = 0; j < sizeof realloc_sizes / sizeof realloc_sizes[0]; j++) {
+            hook_reset();
+            p = shard_realloc(bad[i].p, realloc_sizes[j]);
+            CHECKF(p == NULL, "shard_realloc(%s, %zu) = %p", bad[i].what, realloc_sizes[j], p);
+            CHECKF(hook_record.calls == 1, "shard_realloc(%s, %zu): hook called %d times", bad[i].what,
+                   realloc_sizes[j], hook_record.calls);
+            CHECKF(hook_record.error == SHARD_ERROR_INVALID_REALLOC, "shard_realloc(%s, %zu): error %d",
+                   bad[i].what, realloc_sizes[j], hook_record.error);
+            CHECKF(hook_record.ptr == bad[i].p, "shard_realloc(%s, %zu): hook got %p, not %p", bad[i].what,
+                   realloc_sizes[j], hook_record.ptr, bad[i].p);
+            CHECKF(hook_record.arg == &cookie, "shard_realloc(%s): hook argument %p", bad[i].what,
+                   hook_record.arg);
+        }
+    }
+    CHECK_PATTERN(stack_block, sizeof stack_block, 801, "stack block after the bad calls");
+    CHECK_PATTERN(static_block, sizeof static_block, 802, "static block after the bad calls");
+    if (sys)
+        CHECK_PATTERN(sys, 256, 804, "system malloc block after the bad calls");
+    /* The valid operations around do not call the hook, and the allocator keeps working. */
+    hook_reset();
+    shard_free(NULL);
+    CHECK_EQ(shard_usable_size(NULL), 0);
+    if (big) {
+        CHECK_PATTERN(big, BIG, 803, "block above 16 KB after the bad calls");
+        CHECK(shard_usable_size(big) >= BIG);
+        shard_free(big);
+    }
+    p = shard_malloc(100);
+    CHECK(p != NULL);
+    if (p) {
+        fill(p, 100, 805);
+        p = shard_realloc(p, 3000);
+        CHECK(p != NULL);
+        if (p) {
+            CHECK_PATTERN(p, 100, 805, "block allocated after the bad calls");
+            shard_free(p);
+        }
+    }
+    CHECKF(hook_record.calls == 0, "valid calls reached the hook %d times", hook_record.calls);
+    CHECK_EQ(shard_check(), 0);
+    CHECK(shard_set_error_hook(previous, NULL) == recording_hook);
+    free(sys);
+#endif
+}
+
+/* shard_usable_size of such a pointer goes to the error hook with its own code. */
+TEST(bad_pointers_reach_the_error_hook_from_usable_size)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    enum { BIG = 40000 };
+    unsigned char stack_block[256] __attribute__((aligned(16)));
+    int cookie = 0;
+    struct bad_pointer bad[8];
+    unsigned char *big = shard_malloc(BIG);
+    unsigned char *sys = malloc(256);
+    size_t i, count;
+    shard_error_fn previous = shard_set_error_hook(recording_hook, &cookie);
+    CHECK(big != NULL);
+    CHECK(sys != NULL);
+    count = bad_pointers(bad, stack_block, big, sys);
+    for (i = 0; i < count; i++) {
+        hook_reset();
+        (void)shard_usable_size(bad[i].p);
+        CHECKF(hook_record.calls == 1, "shard_usable_size(%s): hook called %d times", bad[i].what,
+               hook_record.calls);
+        CHECKF(hook_record.error == SHARD_ERROR_INVALID_SIZE_QUERY, "shard_usable_size(%s): error %d",
+               bad[i].what, hook_record.error);
+        CHECKF(hook_record.ptr == bad[i].p, "shard_usable_size(%s): hook got %p, not %p", bad[i].what,
+               hook_record.ptr, bad[i].p);
+    }
+    hook_reset();
+    if (big) {
+        CHECK(shard_usable_size(big) >= BIG);
+        shard_free(big);
+    }
+    CHECKF(hook_record.calls == 0, "valid calls reached the hook %d times", hook_record.calls);
+    CHECK_EQ(shard_check(), 0);
+    CHECK(shard_set_error_hook(previous, NULL) == recording_hook);
+    free(sys);
+#endif
+}
+
+/* Blocks handed to another thread: it checks their contents and frees them. */
+struct handover {
+    void **blocks;
+    const uint64_t *seeds;
+    size_t count;
+    size_t size;
+};
+
+static void *check_and_free_handed_blocks(void *arg)
+{
+    struct handover *h = (struct handover *)arg;
+    size_t i;
+    for (i = 0; i < h->count; i++) {
+        CHECK_PATTERN(h->blocks[i], h->size, h->seeds[i], "block handed to another thread");
+        shard_free(h->blocks[i]);
+    }
+    return NULL;
+}
+
+/* Owner of the foreign-free reuse test: allocates blocks of one class, hands all but one block per
+ * page to another thread, which checks and frees them; allocating the same number again takes (most
+ * of) those items back. */
+static void *foreign_reuse_owner(void *unused)
+{
+    enum { TOTAL = 1000, SIZE = 256 };
+    static void *all[TOTAL], *handed[TOTAL], *again[TOTAL];
+    static uint64_t seeds[TOTAL];
+    static uintptr_t freed_at[TOTAL];
+    static unsigned char anchor[TOTAL];
+    struct handover h;
+    size_t i, j, n = 0, reused = 0;
+    (void)unused;
+    for (i = 0; i < TOTAL; i++) {
+        all[i] = shard_malloc(SIZE);
+        CHECK(all[i] != NULL);
+        if (all[i])
+            fill(all[i], SIZE, 900 + i);
+    }
+    for (i = 0; i < TOTAL; i++) {
+        if (!all[i])
+            continue;
+        anchor[i] = 1;
+        for (j = 0; j < i; j++)
+            if (all[j] && page_of(all[j]) == page_of(all[i])) {
+                anchor[i] = 0;
+                break;
+            }
+        if (!anchor[i]) {
+            handed[n] = all[i];
+            seeds[n] = 900 + i;
+            freed_at[n] = (uintptr_t)all[i];
+            n++;
+        }
+    }
+    h.blocks = handed;
+    h.seeds = seeds;
+    h.count = n;
+    h.size = SIZE;
+    run_thread(check_and_free_handed_blocks, &h);
+    qsort(freed_at, n, sizeof *freed_at, compare_ptr);
+    for (i = 0; i < n; i++) {
+        again[i] = shard_malloc(SIZE);
+        CHECK(again[i] != NULL);
+        if (!again[i])
+            continue;
+        if (in_sorted(freed_at, n, again[i]))
+            reused++;
+        fill(again[i], SIZE, 3000 + i);
+    }
+#if SHARD_RULES
+    CHECKF(reused * 2 > n, "only %zu of %zu blocks freed by the other thread were reused", reused, n);
+    CHECK(n > TOTAL / 2);
+#else
+    (void)reused;
+#endif
+    for (i = 0; i < n; i++)
+        if (again[i]) {
+            CHECK_PATTERN(again[i], SIZE, 3000 + i, "block reallocated after the foreign frees");
+            shard_free(again[i]);
+        }
+    for (i = 0; i < TOTAL; i++)
+        if (all[i] && anchor[i]) {
+            CHECK_PATTERN(all[i], SIZE, 900 + i, "block kept by the owner");
+            shard_free(all[i]);
+        }
+#if SHARD_RULES
+    CHECK_EQ(shard_check(), 0);
+#endif
+    return NULL;
+}
+
+TEST(blocks_freed_by_another_thread_are_reused_by_the_owner)
+{
+    run_thread(foreign_reuse_owner, NULL);
+}
+
+/* Owner of the page-retirement test, on a thread of its own, class 16384 (4 items per page).
+ * The state between rounds: `full`, a page whose four blocks are live and which is out of its class
+ * list because it is full, and `cur`, the one live block of the current page of the class (3 free
+ * items left). A page that empties while it is the only page of its class stays with the class (every
+ * thread keeps a page per class it uses), which is why the current page is kept live here. */
+static void *foreign_retire_owner(void *unused)
+{
+    enum { SIZE = 16384, PER_PAGE = PAGE_SIZE / SIZE, ROUNDS = 3 };
+    void *full[PER_PAGE], *cur, *next[2 * PER_PAGE];
+    uint64_t full_seeds[PER_PAGE], cur_seed, next_seeds[2 * PER_PAGE];
+    struct handover h;
+    size_t i;
+    int round;
+    (void)unused;
+    for (i = 0; i < PER_PAGE; i++) {
+        full[i] = shard_malloc(SIZE);
+        full_seeds[i] = 1100 + i;
+    }
+    cur = shard_malloc(SIZE);
+    cur_seed = 1100 + PER_PAGE;
+    for (i = 0; i < PER_PAGE; i++) {
+        CHECK(full[i] != NULL);
+        if (!full[i])
+            return NULL;   /* what was allocated leaks; the failure is reported */
+        fill(full[i], SIZE, full_seeds[i]);
+    }
+    CHECK(cur != NULL);
+    if (!cur)
+        return NULL;
+    fill(cur, SIZE, cur_seed);
+    for (round = 0; round < ROUNDS; round++) {
+#if SHARD_RULES
+        shard_stats s0, s1, s2, s3, s4;
+        for (i = 1; i < PER_PAGE; i++)
+            CHECKF(page_of(full[i]) == page_of(full[0]), "round %d: blocks %p and %p of 16 KB not on one page",
+                   round, full[0], full[i]);
+        CHECKF(page_of(cur) != page_of(full[0]), "round %d: the fifth 16 KB block %p shares a page of four",
+               round, cur);
+        s0 = stats_now();
+#endif
+        /* Another thread checks and frees the four blocks of the full page. */
+        h.blocks = full;
+        h.seeds = full_seeds;
+        h.count = PER_PAGE;
+        h.size = SIZE;
+        run_thread(check_and_free_handed_blocks, &h);
+#if SHARD_RULES
+        s1 = stats_now();
+        CHECKF(s1.small_pages_retired == s0.small_pages_retired,
+               "round %d: small_pages_retired %zu -> %zu on the foreign frees alone", round,
+               s0.small_pages_retired, s1.small_pages_retired);
+#endif
+        /* The current page still has free items: no slow path, nothing becomes free. */
+        for (i = 0; i + 1 < PER_PAGE; i++) {
+            next[i] = shard_malloc(SIZE);
+            next_seeds[i] = 2000 + 100 * round + i;
+            CHECK(next[i] != NULL);
+            if (next[i])
+                fill(next[i], SIZE, next_seeds[i]);
+        }
+#if SHARD_RULES
+        for (i = 0; i + 1 < PER_PAGE; i++)
+            CHECKF(page_of(next[i]) == page_of(cur), "round %d: block %p not on the current page (%p)", round,
+                   next[i], cur);
+        s2 = stats_now();
+        CHECKF(s2.small_pages_retired == s0.small_pages_retired,
+               "round %d: small_pages_retired %zu -> %zu while the current page had free items", round,
+               s0.small_pages_retired, s2.small_pages_retired);
+#endif
+        /* The next allocation finds the page dry and drains the foreign frees: the emptied page becomes
+         * free, exactly once. */
+        next[PER_PAGE - 1] = shard_malloc(SIZE);
+        next_seeds[PER_PAGE - 1] = 2000 + 100 * round + PER_PAGE - 1;
+#if SHARD_RULES
+        s3 = stats_now();
+        CHECKF(s3.small_pages_retired == s0.small_pages_retired + 1,
+               "round %d: small_pages_retired %zu -> %zu after the owner drained a page emptied by another "
+               "thread (expected +1)", round, s0.small_pages_retired, s3.small_pages_retired);
+#endif
+        /* Fill the page that block came from and pass the slow path once more: nothing else becomes free. */
+        for (i = PER_PAGE; i < 2 * PER_PAGE; i++) {
+            next[i] = shard_malloc(SIZE);
+            next_seeds[i] = 2000 + 100 * round + i;
+        }
+        for (i = PER_PAGE - 1; i < 2 * PER_PAGE; i++) {
+            CHECK(next[i] != NULL);
+            if (!next[i])
+                return NULL;
+            fill(next[i], SIZE, next_seeds[i]);
+        }
+#if SHARD_RULES
+        s4 = stats_now();
+        CHECKF(s4.small_pages_retired == s3.small_pages_retired,
+               "round %d: small_pages_retired %zu -> %zu on allocations alone", round, s3.small_pages_retired,
+               s4.small_pages_retired);
+#endif
+        /* The blocks of the old current page go; next[3..6] are the full page of the next round and
+         * next[7] the block of its current page. */
+        CHECK_PATTERN(cur, SIZE, cur_seed, "block of the current page");
+        shard_free(cur);
+        for (i = 0; i + 1 < PER_PAGE; i++)
+            if (next[i]) {
+                CHECK_PATTERN(next[i], SIZE, next_seeds[i], "block of the current page");
+                shard_free(next[i]);
+            }
+        for (i = 0; i < PER_PAGE; i++) {
+            full[i] = next[PER_PAGE - 1 + i];
+            full_seeds[i] = next_seeds[PER_PAGE - 1 + i];
+        }
+        cur = next[2 * PER_PAGE - 1];
+        cur_seed = next_seeds[2 * PER_PAGE - 1];
+    }
+    for (i = 0; i < PER_PAGE; i++) {
+        CHECK_PATTERN(full[i], SIZE, full_seeds[i], "block kept by the owner");
+        shard_free(full[i]);
+    }
+    CHECK_PATTERN(cur, SIZE, cur_seed, "block kept by the owner");
+    shard_free(cur);
+#if SHARD_RULES
+    CHECK_EQ(shard_check(), 0);
+#endif
+    return NULL;
+}
+
+TEST(page_emptied_by_another_thread_becomes_free_exactly_once)
+{
+    run_thread(foreign_retire_owner, NULL);
+}
