@@ -29,8 +29,10 @@
 
 static inline void cpu_pause(void) { __asm__ volatile("pause" ::: "memory"); }
 
-/* Write intent for the line of p: the next allocation reads the link there and the caller writes. */
-static inline void prefetch_write(const void *p) { __builtin_prefetch(p, 1, 3); }
+/* Write intent for the line of p: the next allocation reads the link there and the caller writes.
+ * prefetchw is spelled out: without -march for it the compiler would emit a read prefetch. Processors
+ * without it (pre-Broadwell Intel) run it as a no-op; it never faults, also for NULL. */
+static inline void prefetch_write(const void *p) { __asm__("prefetchw %0" : : "m"(*(const char *)p)); }
 
 /* Two words changed together by cmpxchg16b: a pointer and a counter against ABA. */
 typedef struct __attribute__((aligned(16))) pair128 {

@@ -1120,3 +1120,156 @@ TEST(page_emptied_by_another_thread_becomes_free_exactly_once)
 {
     run_thread(foreign_retire_owner, NULL);
 }
+
+/* ---- threads ---- */
+
+#define OUTLIVE_BLOCKS 300
+
+struct outlive_work {
+    void *blocks[OUTLIVE_BLOCKS];
+    size_t sizes[OUTLIVE_BLOCKS];
+    uint64_t seed;
+};
+
+static void *outlive_thread(void *arg)
+{
+    struct outlive_work *w = arg;
+    for (size_t i = 0; i < OUTLIVE_BLOCKS; i++) {
+        w->sizes[i] = 1 + (size_t)(harness_mix64(w->seed + i) % 3000);
+        w->blocks[i] = shard_malloc(w->sizes[i]);
+        CHECK(w->blocks[i] != NULL);
+        if (w->blocks[i])
+            fill(w->blocks[i], w->sizes[i], w->seed + i);
+    }
+    return NULL;
+}
+
+/* Blocks outlive the thread that allocated them and are checked, resized and freed by another one; an
+ * exited thread's heap is taken by the next new thread, so the number of heaps stays at the peak of
+ * threads alive at once. */
+TEST(blocks_outlive_their_thread_and_heaps_are_reused)
+{
+    enum { ROUNDS = 6, THREADS = 4 };
+#if SHARD_RULES
+    size_t heaps_before = stats_now().heaps;
+#endif
+    static struct outlive_work work[THREADS];
+    for (int round = 0; round < ROUNDS; round++) {
+        pthread_t t[THREADS];
+        for (int i = 0; i < THREADS; i++) {
+            work[i].seed = 9000 + (uint64_t)round * 1000 + (uint64_t)i * 100000;
+            CHECK(pthread_create(&t[i], NULL, outlive_thread, &work[i]) == 0);
+        }
+        for (int i = 0; i < THREADS; i++)
+            pthread_join(t[i], NULL);
+        for (int i = 0; i < THREADS; i++) {
+            for (size_t j = 0; j < OUTLIVE_BLOCKS; j++) {
+                void *p = work[i].blocks[j];
+                size_t n = work[i].sizes[j];
+                if (p == NULL)
+                    continue;
+                CHECK_PATTERN(p, n, work[i].seed + j, "block of an exited thread");
+                if (j % 3 == 0) { /* resized by another thread than the one that allocated it */
+                    size_t m = n + 1 + j;
+                    void *q = shard_realloc(p, m);
+                    CHECK(q != NULL);
+                    if (q == NULL)
+                        continue;
+                    CHECK_PATTERN(q, n, work[i].seed + j, "block of an exited thread after realloc");
+                    p = q;
+                }
+                shard_free(p);
+            }
+        }
+    }
+#if SHARD_RULES
+    size_t made = stats_now().heaps - heaps_before;
+    CHECKF(made <= THREADS, "%zu heaps made for %d rounds of %d threads", made, ROUNDS, THREADS);
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
+/* Many threads (more than the two cores here, so they are preempted inside the CAS windows) hand
+ * blocks of mixed small sizes to each other through a locked queue; every block is checked by its
+ * receiver before the free. Afterwards no small block is live. */
+#define HANDOVER_THREADS 16
+#define HANDOVER_BLOCKS 20000
+
+struct handed {
+    void *p;
+    size_t n;
+    uint64_t seed;
+};
+
+static struct handover_state {
+    pthread_mutex_t lock;
+    struct handed queue[HANDOVER_THREADS][64];
+    int count[HANDOVER_THREADS];
+} handover = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void handover_take_all(int me, struct handed *out, int *n)
+{
+    pthread_mutex_lock(&handover.lock);
+    *n = handover.count[me];
+    memcpy(out, handover.queue[me], sizeof(struct handed) * (size_t)*n);
+    handover.count[me] = 0;
+    pthread_mutex_unlock(&handover.lock);
+}
+
+static void check_and_free(struct handed *h, int n)
+{
+    for (int i = 0; i < n; i++) {
+        CHECK_PATTERN(h[i].p, h[i].n, h[i].seed, "block handed to another thread");
+        shard_free(h[i].p);
+    }
+}
+
+static void *handover_thread(void *arg)
+{
+    int me = (int)(intptr_t)arg, next = (me + 1) % HANDOVER_THREADS;
+    struct handed mine[64];
+    int got;
+    for (int i = 0; i < HANDOVER_BLOCKS; i++) {
+        uint64_t seed = (uint64_t)me << 32 | (uint64_t)i;
+        struct handed h = { NULL, 1 + (size_t)(harness_mix64(seed) % 1500), seed };
+        h.p = shard_malloc(h.n);
+        CHECK(h.p != NULL);
+        if (h.p == NULL)
+            break;
+        fill(h.p, h.n, seed);
+        pthread_mutex_lock(&handover.lock);
+        int queued = handover.count[next] < 64;
+        if (queued)
+            handover.queue[next][handover.count[next]++] = h;
+        pthread_mutex_unlock(&handover.lock);
+        if (!queued) /* the neighbour is slow (or done): this one is freed by its own thread */
+            check_and_free(&h, 1);
+        if (i % 16 == 0) {
+            handover_take_all(me, mine, &got);
+            check_and_free(mine, got);
+        }
+    }
+    return NULL;
+}
+
+TEST(blocks_handed_between_many_threads_keep_contents)
+{
+#if SHARD_RULES
+    size_t live_before = stats_now().live_small;
+#endif
+    pthread_t t[HANDOVER_THREADS];
+    for (int i = 0; i < HANDOVER_THREADS; i++)
+        CHECK(pthread_create(&t[i], NULL, handover_thread, (void *)(intptr_t)i) == 0);
+    for (int i = 0; i < HANDOVER_THREADS; i++)
+        pthread_join(t[i], NULL);
+    struct handed rest[64];
+    int got;
+    for (int i = 0; i < HANDOVER_THREADS; i++) {
+        handover_take_all(i, rest, &got);
+        check_and_free(rest, got);
+    }
+#if SHARD_RULES
+    CHECK_EQ(stats_now().live_small, live_before);
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
