@@ -1273,3 +1273,13 @@ TEST(blocks_handed_between_many_threads_keep_contents)
     CHECK_EQ(shard_check(), 0);
 #endif
 }
+
+#ifdef TEST_STATIC_NAMES
+/* Built against build/libshardmm.a together with tests/static_names.c, which defines functions named
+ * like the allocator's internal ones: after every test above has run, none of them was called. */
+extern int static_names_clashes;
+TEST(static_library_keeps_its_internal_names_to_itself)
+{
+    CHECK_EQ(static_names_clashes, 0);
+}
+#endif
