@@ -2,9 +2,14 @@
  *
  * Raw system calls for everything but the thread-exit hook, which needs the C library's
  * pthread_key_create (the only way to run code at the exit of a thread we did not create):
- * - reserve: mmap PROT_NONE, MAP_NORESERVE; commit: mprotect read/write (the kernel charges the commit
- *   and may refuse it); decommit: a fresh PROT_NONE mapping over the range with MAP_FIXED, which
- *   frees the pages and the charge in one call; release: munmap.
+ * - reserve: mmap PROT_NONE (an inaccessible private mapping is not charged against the commit limit);
+ *   commit: mprotect read/write, which charges it, so an impossible size is refused here as on
+ *   Windows (with MAP_NORESERVE it would not be, and 64 TB "succeeded"); decommit:
+ *   madvise(MADV_DONTNEED), which frees the pages and keeps the range read/write. Decommit does not
+ *   change the protection because every protection change splits the kernel's list of mappings:
+ *   decommitting every other free page of a large heap reached vm.max_map_count (65530) and then
+ *   every mmap of the process failed. A decommitted range therefore reads zeros here rather than
+ *   faulting as on Windows; the core never touches it before committing it again. release: munmap.
  * - the heap slot: an initial-exec TLS word, read with one fs-relative load.
  * - the clock: clock_gettime(CLOCK_MONOTONIC_COARSE) as a system call; it is read on slow paths
  *   only, and only when something is waiting for a deadline.
@@ -15,10 +20,10 @@
 
 enum {
     SYS_write = 1, SYS_mmap = 9, SYS_mprotect = 10, SYS_munmap = 11, SYS_rt_sigprocmask = 14,
-    SYS_sched_yield = 24, SYS_getpid = 39, SYS_kill = 62, SYS_clock_gettime = 228, SYS_exit_group = 231
+    SYS_sched_yield = 24, SYS_madvise = 28, SYS_getpid = 39, SYS_kill = 62, SYS_clock_gettime = 228, SYS_exit_group = 231
 };
 enum { PROT_NONE_ = 0, PROT_RW_ = 3 };
-enum { MAP_PRIVATE_ = 0x02, MAP_FIXED_ = 0x10, MAP_ANONYMOUS_ = 0x20, MAP_NORESERVE_ = 0x4000 };
+enum { MAP_PRIVATE_ = 0x02, MAP_ANONYMOUS_ = 0x20, MADV_DONTNEED_ = 4 };
 enum { CLOCK_MONOTONIC_COARSE_ = 6, SIGABRT_ = 6, SIG_UNBLOCK_ = 1 };
 
 static long sys6(long n, long a, long b, long c, long d, long e, long f)
@@ -43,7 +48,7 @@ __thread void *port_linux_heap_slot __attribute__((tls_model("initial-exec")));
 
 void *port_reserve(size_t size)
 {
-    long r = sys6(SYS_mmap, 0, (long)size, PROT_NONE_, MAP_PRIVATE_ | MAP_ANONYMOUS_ | MAP_NORESERVE_, -1, 0);
+    long r = sys6(SYS_mmap, 0, (long)size, PROT_NONE_, MAP_PRIVATE_ | MAP_ANONYMOUS_, -1, 0);
     if (sys_failed(r))
         return NULL;
     /* mmap aligns to 4 KB; give the caller the 64 KB alignment of the contract by trimming. */
@@ -51,8 +56,7 @@ void *port_reserve(size_t size)
     if (aligned == start)
         return (void *)start;
     sys3(SYS_munmap, (long)start, (long)size, 0);
-    r = sys6(SYS_mmap, 0, (long)(size + PORT_RESERVE_ALIGN), PROT_NONE_,
-             MAP_PRIVATE_ | MAP_ANONYMOUS_ | MAP_NORESERVE_, -1, 0);
+    r = sys6(SYS_mmap, 0, (long)(size + PORT_RESERVE_ALIGN), PROT_NONE_, MAP_PRIVATE_ | MAP_ANONYMOUS_, -1, 0);
     if (sys_failed(r))
         return NULL;
     start = (uintptr_t)r;
@@ -72,9 +76,7 @@ int port_commit(void *addr, size_t size)
 
 int port_decommit(void *addr, size_t size)
 {
-    long r = sys6(SYS_mmap, (long)addr, (long)size, PROT_NONE_,
-                  MAP_PRIVATE_ | MAP_ANONYMOUS_ | MAP_FIXED_ | MAP_NORESERVE_, -1, 0);
-    return sys_failed(r) ? -1 : 0;
+    return sys_failed(sys3(SYS_madvise, (long)addr, (long)size, MADV_DONTNEED_)) ? -1 : 0;
 }
 
 int port_release(void *addr, size_t size)
@@ -99,8 +101,10 @@ int port_thread_exit_hook(void (*fn)(void *heap))
 
 int port_heap_slot_set(void *heap)
 {
+    if (pthread_setspecific(exit_key, heap) != 0)
+        return -1; /* the slot stays as it was: the caller keeps no heap it could not arm the hook for */
     port_linux_heap_slot = heap;
-    return pthread_setspecific(exit_key, heap) == 0 ? 0 : -1;
+    return 0;
 }
 
 uint64_t port_clock_ms(void)

@@ -31,7 +31,8 @@ void *port_reserve(size_t size);
  * on -1 the range is left as it was. Committing a committed range is allowed and keeps its contents. */
 int port_commit(void *addr, size_t size);
 
-/* Give the memory of [addr, addr+size) back; the addresses stay reserved and no longer readable.
+/* Give the memory of [addr, addr+size) back; the addresses stay reserved. The contents are lost and
+ * the range must not be touched until it is committed again (Windows faults; Linux reads zeros).
  * addr and size are multiples of PORT_PAGE. Returns 0 or -1. */
 int port_decommit(void *addr, size_t size);
 
@@ -42,7 +43,8 @@ int port_release(void *addr, size_t size);
  * the slot's value; called once per process, before the first port_heap_slot_set. 0 or -1. */
 int port_thread_exit_hook(void (*fn)(void *heap));
 
-/* Store heap in the calling thread's slot (and arm the thread-exit hook for it). 0 or -1. */
+/* Store heap in the calling thread's slot and arm the thread-exit hook for it. 0, or -1 with the slot
+ * unchanged. */
 int port_heap_slot_set(void *heap);
 
 /* Milliseconds from an arbitrary start, monotonic, with a resolution of some 1-16 ms. */

@@ -1,51 +1,29 @@
-/* api.c - the public entry points: the C fast paths, dispatch by size and by segment kind, the error
- * hook and the statistics.
+/* api.c - the public entry points: the C fast paths, dispatch by size and by segment kind, and
+ * the statistics and the checker (the error hook is error.c).
  *
  * Fast paths (the NASM versions of the asm issue replace the first three in the default library):
  * - shard_malloc, sizes up to 2 KB: heap slot, direct[(size + 15) >> 4], the page's `free` item, its
  *   link, `used` + 1; about a dozen instructions and one test that fails rarely (no free item, or no
  *   heap yet). 2-16 KB go through the class table first. Everything else is malloc_generic().
  * - shard_free of a small block of the own thread: segment map (two loads), the owner in descriptor 0
- *   against the heap slot, push onto `local_free`, `used` - 1; one test for the rare case (the page
- *   became empty or was full). No atomic operation. Blocks of other threads: one CAS (small.c).
+ *   against the heap slot, the item test (below the carved end, a multiple of the class size by one
+ *   multiply), push onto `local_free`, `used` - 1; no atomic operation. Nothing is written before the
+ *   tests pass. The rare cases (the page becomes empty or was full) and pointers that are not items go
+ *   to small_free_local_slow. Other threads' blocks: one CAS, after the same item test.
  * - shard_realloc of a small block within its class and not below a quarter of it returns the block,
  *   whichever thread owns it.
+ * Every pointer is checked against the segment map before anything is read through it, and a small
+ * block against its page before anything is written, so a pointer that is not a block of ours reaches
+ * the error hook. What stays unseen: a second free of a small item (as in the seed: an item has no room
+ * for a mark), and from another thread an item the page has not carved yet (that test would read the
+ * owner's cache line).
  */
 #include "../include/shardmm.h"
 #include "../port/port.h"
 #include "heap.h"
 #include "large.h"
+#include "error.h"
 #include "libc.h"
-
-/* ---- errors -------------------------------------------------------------------------------------- */
-
-static struct {
-    shard_error_fn fn;
-    void *arg;
-} error_hook;
-
-static void default_error(int error, void *p)
-{
-    static const char *const what[] = {"", "invalid pointer passed to shard_free:",
-                                       "invalid pointer passed to shard_realloc:",
-                                       "invalid pointer passed to shard_usable_size:"};
-    report_error(what[error], (uintptr_t)p);
-    port_abort();
-}
-
-static __attribute__((noinline, cold)) void invalid_pointer(int error, void *p)
-{
-    shard_error_fn fn = load_acquire(&error_hook.fn);
-    if (fn == NULL)
-        default_error(error, p);
-    fn(load_relaxed(&error_hook.arg), error, p);
-}
-
-shard_error_fn shard_set_error_hook(shard_error_fn hook, void *arg)
-{
-    store_relaxed(&error_hook.arg, arg);
-    return __atomic_exchange_n(&error_hook.fn, hook, __ATOMIC_ACQ_REL);
-}
 
 /* ---- malloc -------------------------------------------------------------------------------------- */
 
@@ -102,14 +80,14 @@ static __attribute__((noinline)) void free_generic(void *p, unsigned kind)
         return;
     if (kind == SEG_SMALL) {
         page *pg = page_of(p);
-        if (small_valid(pg, p))
+        if (small_valid_foreign(pg, p))
             small_free_foreign(pg, p);
         else
-            invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
+            error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
         return;
     }
     if (kind != SEG_LARGE || large_free(p) != 0)
-        invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
+        error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
 }
 
 void shard_free(void *p)
@@ -120,10 +98,14 @@ void shard_free(void *p)
         if (likely(segment_of(p)->owner == h)) {
             page *pg = page_of(p);
             block *b = p;
-            b->next = pg->local_free;
-            pg->local_free = b;
-            if (unlikely(--pg->used <= 0))
-                small_free_local_slow(h, pg);
+            int32_t used = pg->used - 1;
+            if (likely(used > 0 && page_has_item(pg, b))) {
+                b->next = pg->local_free;
+                pg->local_free = b;
+                pg->used = used;
+                return;
+            }
+            small_free_local_slow(h, pg, b); /* a jump: shard_free keeps nothing across it */
             return;
         }
     }
@@ -136,11 +118,11 @@ void shard_free(void *p)
 static size_t usable_or_report(const void *p, int error)
 {
     unsigned kind = segmap_kind((uintptr_t)p);
-    if (kind == SEG_SMALL && small_valid(page_of(p), p))
+    if (kind == SEG_SMALL && page_has_item(page_of(p), p))
         return page_of(p)->block_size;
     size_t n = kind == SEG_LARGE ? large_usable(p) : 0;
     if (n == 0)
-        invalid_pointer(error, (void *)p);
+        error_invalid_pointer(error, (void *)p);
     return n;
 }
 
@@ -177,9 +159,10 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
 void *shard_realloc(void *p, size_t size)
 {
     if (likely(segmap_kind((uintptr_t)p) == SEG_SMALL)) {
-        size_t bsize = page_of(p)->block_size;
-        /* In place while bsize/4 <= size <= bsize: one unsigned compare. */
-        if (likely(size - (bsize >> 2) <= bsize - (bsize >> 2)))
+        const page *pg = page_of(p);
+        size_t bsize = pg->block_size;
+        /* In place while bsize/4 <= size <= bsize (one unsigned compare) and p is an item of the page. */
+        if (likely(size - (bsize >> 2) <= bsize - (bsize >> 2) && page_has_item(pg, p)))
             return p;
     }
     return realloc_generic(p, size);

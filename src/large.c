@@ -51,8 +51,13 @@ void *large_alloc(size_t size)
     if (r == NULL)
         return NULL;
     uint8_t *start = (uint8_t *)round_up((uintptr_t)r, SEGMENT_SIZE);
-    if (os_commit(start, commit) != 0 || segmap_set((uintptr_t)start, span, SEG_LARGE, SEG_LARGE_TAIL) != 0) {
-        os_release(r, reserved);
+    if (os_commit(start, commit) != 0) {
+        os_release(r, reserved, 0);
+        return NULL;
+    }
+    if (segmap_set((uintptr_t)start, span, SEG_LARGE, SEG_LARGE_TAIL) != 0) {
+        segmap_set((uintptr_t)start, span, SEG_NONE, SEG_NONE); /* undo what was set before it failed */
+        os_release(r, reserved, commit);
         return NULL;
     }
     large_header *h = (large_header *)start;
@@ -83,7 +88,7 @@ int large_free(void *p)
     size_t span = span_of(h->usable);
     count(h->size, -1);
     segmap_set(start, span, SEG_NONE, SEG_NONE);
-    os_release(h->reservation, span + SEGMENT_SIZE);
+    os_release(h->reservation, span + SEGMENT_SIZE, h->usable + LARGE_HEADER);
     return 0;
 }
 

@@ -4,7 +4,8 @@
 #include "../port/port.h"
 #include "libc.h"
 
-uint8_t *segmap_top[(size_t)1 << SEGMAP_TOP_BITS];
+uintptr_t segmap_top[(size_t)1 << SEGMAP_TOP_BITS];
+const uint8_t segmap_zero_leaf[SEGMAP_LEAF_BYTES];
 
 static os_totals totals; /* changed with atomics: one per OS call, never on a fast path */
 
@@ -46,12 +47,13 @@ int os_decommit(void *addr, size_t size)
     return 0;
 }
 
-int os_release(void *addr, size_t size)
+int os_release(void *addr, size_t size, size_t committed)
 {
     count_call();
     if (port_release(addr, size) != 0)
         return -1;
     fetch_add_relaxed(&totals.reserved, -size);
+    fetch_add_relaxed(&totals.committed, -committed);
     return 0;
 }
 
@@ -105,15 +107,16 @@ int segmap_set(uintptr_t start, size_t size, unsigned first, unsigned rest)
         uintptr_t hi = a >> 32;
         if (hi >= ((uintptr_t)1 << SEGMAP_TOP_BITS))
             return -1;
-        uint8_t *leaf = load_acquire(&segmap_top[hi]);
-        if (leaf == NULL) {
+        uintptr_t distance = load_acquire(&segmap_top[hi]);
+        if (distance == 0) {
             uint8_t *fresh = meta_alloc(SEGMAP_LEAF_BYTES);
             if (fresh == NULL)
                 return -1;
             /* Two threads may race for the same 4 GB; the loser's table is left unused. */
-            uint8_t *expected = NULL;
-            leaf = cas_acq_rel(&segmap_top[hi], &expected, fresh) ? fresh : expected;
+            uintptr_t expected = 0, mine = (uintptr_t)fresh - (uintptr_t)segmap_zero_leaf;
+            distance = cas_acq_rel(&segmap_top[hi], &expected, mine) ? mine : expected;
         }
+        uint8_t *leaf = (uint8_t *)((uintptr_t)segmap_zero_leaf + distance);
         store_release(&leaf[(a >> SEGMENT_SHIFT) & (SEGMAP_LEAF_BYTES - 1)], (uint8_t)(a == start ? first : rest));
     }
     return 0;
@@ -126,13 +129,13 @@ segment *segment_create(struct heap *owner)
         return NULL;
     segment *seg = (segment *)(((uintptr_t)r + SEGMENT_MASK) & ~(uintptr_t)SEGMENT_MASK);
     if (os_commit(seg, SEGMENT_DESC_BYTES) != 0) {
-        os_release(r, 2 * SEGMENT_SIZE);
+        os_release(r, 2 * SEGMENT_SIZE, 0);
         return NULL;
     }
     seg->owner = owner;
     seg->reservation = r;
     if (segmap_set((uintptr_t)seg, SEGMENT_SIZE, SEG_SMALL, SEG_SMALL) != 0) {
-        os_release(r, 2 * SEGMENT_SIZE);
+        os_release(r, 2 * SEGMENT_SIZE, SEGMENT_DESC_BYTES);
         return NULL;
     }
     return seg;

@@ -10,8 +10,10 @@
  *   segment + 64K * i  the items of page i
  *
  * The segment map answers "what is at this address" in two loads: address bits 32..46 index a top
- * table of pointers to one table per 4 GB, which holds one kind byte per 4 MB. Anything we never
- * mapped, and any address above 47 bits, answers SEG_NONE.
+ * table that locates one table per 4 GB, which holds one kind byte per 4 MB. Anything we never
+ * mapped, and any address above 47 bits, answers SEG_NONE. A top entry holds the distance of its
+ * table from a static all-zero table rather than a pointer, so the entries of 4 GB ranges without a
+ * table (zero, as the top table starts) lead to the zero table: no NULL test on the way.
  *
  * Depends on: port.h, sync.h, libc.h.
  */
@@ -43,19 +45,23 @@ enum seg_kind {
 struct heap;
 
 /* Descriptor 0. The owner is written once, at creation: the "is this block mine" test of a free reads
- * this line, which nobody writes afterwards. */
+ * this line, which nobody writes afterwards. Bytes 16..31 stay zero: they overlay the `used`,
+ * `carved` and size fields of a page descriptor, so that a pointer into page 0 given to free or
+ * realloc looks like an item of an empty page and takes the validating slow path (small.h). */
 typedef struct segment {
     struct heap *owner;
     struct segment *next;   /* the owner's segments */
+    uint8_t zero[16];
     void *reservation;      /* what port_reserve returned, 8 MB */
-    uint8_t pad[PAGE_DESC_SIZE - 3 * sizeof(void *)];
+    uint8_t pad[PAGE_DESC_SIZE - 40];
 } segment;
 _Static_assert(sizeof(segment) == PAGE_DESC_SIZE, "the header is descriptor 0");
 
 #define SEGMAP_TOP_BITS 15      /* address bits 32..46 */
 #define SEGMAP_LEAF_BYTES 1024  /* 4 GB / 4 MB */
 
-extern uint8_t *segmap_top[(size_t)1 << SEGMAP_TOP_BITS];
+extern uintptr_t segmap_top[(size_t)1 << SEGMAP_TOP_BITS]; /* table address - segmap_zero_leaf */
+extern const uint8_t segmap_zero_leaf[SEGMAP_LEAF_BYTES];
 
 /* The kind of the 4 MB that holds address a. */
 static inline unsigned segmap_kind(uintptr_t a)
@@ -63,9 +69,7 @@ static inline unsigned segmap_kind(uintptr_t a)
     uintptr_t hi = a >> 32;
     if (unlikely(hi >= ((uintptr_t)1 << SEGMAP_TOP_BITS)))
         return SEG_NONE;
-    const uint8_t *leaf = load_relaxed(&segmap_top[hi]);
-    if (unlikely(leaf == NULL))
-        return SEG_NONE;
+    const uint8_t *leaf = segmap_zero_leaf + load_relaxed(&segmap_top[hi]);
     return load_relaxed(&leaf[(a >> SEGMENT_SHIFT) & (SEGMAP_LEAF_BYTES - 1)]);
 }
 
@@ -81,7 +85,8 @@ segment *segment_create(struct heap *owner);
 void *os_reserve(size_t size);
 int os_commit(void *addr, size_t size);
 int os_decommit(void *addr, size_t size);
-int os_release(void *addr, size_t size);
+/* committed: how much of the reservation was committed (for the accounting). */
+int os_release(void *addr, size_t size, size_t committed);
 
 typedef struct os_totals {
     size_t reserved, committed, committed_peak, calls;

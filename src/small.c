@@ -20,6 +20,7 @@
 #include "small.h"
 
 #include "../port/port.h"
+#include "error.h"
 #include "heap.h"
 #include "libc.h"
 
@@ -106,16 +107,17 @@ static void class_remove(heap *h, page *pg)
 static void page_init(page *pg, unsigned cls)
 {
     uint32_t size = class_size[cls];
-    uint32_t reciprocal = (uint32_t)((((uint64_t)1 << 32) + size - 1) / size);
+    uint64_t divisor = UINT64_MAX / size + 1;
     pg->free = pg->local_free = NULL;
     pg->used = 0;
     pg->capacity = class_capacity[cls];
     pg->carved = 0;
+    pg->carved_end = 0;
     pg->block_size = size;
-    pg->reciprocal = reciprocal;
+    pg->divisor = divisor;
     pg->cls = (uint8_t)cls;
     pg->state = PAGE_IN_USE;
-    store_relaxed(&pg->shared_reciprocal, reciprocal);
+    store_relaxed(&pg->shared_divisor, divisor);
     store_relaxed(&pg->shared_block_size, size);
 }
 
@@ -127,13 +129,14 @@ static void page_carve(page *pg)
     if (n > SHARD_CARVE_BATCH)
         n = SHARD_CARVE_BATCH;
     size_t size = pg->block_size;
-    uint8_t *first = pg->start + (size_t)pg->carved * size;
+    uint8_t *first = page_start(pg) + pg->carved_end;
     uint8_t *last = first + (size_t)(n - 1) * size;
     for (uint8_t *p = first; p < last; p += size)
         ((block *)p)->next = (block *)(p + size);
     ((block *)last)->next = pg->free;
     pg->free = (block *)first;
     pg->carved = (uint16_t)(pg->carved + n);
+    pg->carved_end += n * (uint32_t)size;
 }
 
 static void trim_at(heap *h, uint64_t now)
@@ -144,7 +147,7 @@ static void trim_at(heap *h, uint64_t now)
         if (pg->freed_at == 0) {
             pg->freed_at = now;
         } else if (now - pg->freed_at >= SHARD_DECOMMIT_DELAY_MS) {
-            if (os_decommit(pg->start, PAGE_SIZE) != 0)
+            if (os_decommit(page_start(pg), PAGE_SIZE) != 0)
                 return;
             list_remove(&h->free_pages, pg);
             h->free_count--;
@@ -171,9 +174,11 @@ static void page_retire(heap *h, page *pg, int in_list)
     if (in_list)
         class_remove(h, pg);
     store_relaxed(&pg->shared_block_size, 0u);
+    store_relaxed(&pg->shared_divisor, 0u);
     pg->state = PAGE_FREE;
     pg->free = pg->local_free = NULL;
     pg->carved = 0;
+    pg->carved_end = 0;
     uint64_t now = h->free_count >= SHARD_KEEP_FREE_PAGES ? port_clock_ms() : 0;
     pg->freed_at = now;
     list_append(&h->free_pages, pg);
@@ -186,7 +191,7 @@ static void page_retire(heap *h, page *pg, int in_list)
 /* All items of pg are back. The only page of its class stays in it, so that a thread that frees and
  * allocates one block at a time does not give its page away and take it back on every pair (the seed:
  * every thread keeps one page per class it uses); any other page is retired. */
-static void page_emptied(heap *h, page *pg, int in_list)
+static inline void page_emptied(heap *h, page *pg, int in_list)
 {
     page_list *l = &h->classes[pg->cls];
     if (in_list ? (l->first == pg && l->last == pg) : l->first == NULL) {
@@ -214,14 +219,13 @@ static page *page_acquire(heap *h)
         store_release(&h->segments, seg); /* the statistics walk this list from other threads */
         for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
             page *p = (page *)((uint8_t *)seg + i * PAGE_DESC_SIZE);
-            p->start = (uint8_t *)seg + i * PAGE_SIZE;
             p->state = PAGE_COLD;
             p->next = h->cold_pages;
             h->cold_pages = p;
         }
     }
     pg = h->cold_pages;
-    if (os_commit(pg->start, PAGE_SIZE) != 0)
+    if (os_commit(page_start(pg), PAGE_SIZE) != 0)
         return NULL;
     h->cold_pages = pg->next;
     pg->next = NULL;
@@ -272,13 +276,20 @@ take:;
     return b;
 }
 
-void small_free_local_slow(heap *h, page *pg)
+void small_free_local_slow(heap *h, page *pg, block *b)
 {
-    if (pg->used == 0) {
+    if (unlikely(!page_has_item(pg, b))) {
+        error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b);
+        return;
+    }
+    b->next = pg->local_free;
+    pg->local_free = b;
+    if (--pg->used == 0) {
         page_emptied(h, pg, 1);
         return;
     }
-    shard_assert(pg->used < 0, "the free fast path calls here at used <= 0 only");
+    if (pg->used > 0)
+        return; /* an ordinary free that the fast path sent here for its alignment check */
     pg->used += PAGE_FULL_BIAS; /* a full page got an item back: to the tail of its class */
     if (pg->used == 0)
         page_emptied(h, pg, 0);
@@ -310,14 +321,14 @@ void small_free_foreign(page *pg, block *b)
     } while (!cas_release(&owner->delayed, &head, pg));
 }
 
-int small_valid(const page *pg, const void *p)
+int small_valid_foreign(const page *pg, const void *p)
 {
-    uint32_t size = load_relaxed(&pg->shared_block_size);
     uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
-    if (size == 0 || ((uintptr_t)p >> PAGE_SHIFT & (SEGMENT_PAGES - 1)) == 0)
-        return 0;
-    uint32_t index = (uint32_t)(((uint64_t)off * load_relaxed(&pg->shared_reciprocal)) >> 32);
-    return index * size == off && off + size <= PAGE_SIZE;
+    uint64_t divisor = load_relaxed(&pg->shared_divisor);
+    uint32_t size = load_relaxed(&pg->shared_block_size);
+    /* A page not in use has divisor 0 and fails; so does page 0, whose descriptor is the segment
+     * header (zero there). The item must lie whole inside the page (no tail item). */
+    return (uint64_t)off * divisor < divisor && off + size <= PAGE_SIZE;
 }
 
 void small_drain_delayed(heap *h)
@@ -327,8 +338,9 @@ void small_drain_delayed(heap *h)
         page *next = pg->next_delayed; /* before the exchange: then the page may be queued again */
         uint64_t w = exchange_acq_rel(&pg->thread_free, 0);
         shard_assert(w != 0, "a queued page has items in thread_free");
-        block *head = (block *)(pg->start + ((size_t)THREAD_FREE_HEAD(w) << 4));
-        block *tail = (block *)(pg->start + ((size_t)THREAD_FREE_TAIL(w) << 4));
+        uint8_t *start = page_start(pg);
+        block *head = (block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4));
+        block *tail = (block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4));
         tail->next = pg->local_free;
         pg->local_free = head;
         int was_full = pg->used < 0;
@@ -353,8 +365,8 @@ static long list_length(const page *pg, const block *b, long limit)
 {
     long n = 0;
     for (; b != NULL; b = b->next) {
-        uintptr_t off = (uintptr_t)((const uint8_t *)b - pg->start);
-        if ((const uint8_t *)b < pg->start || off % pg->block_size != 0 || off / pg->block_size >= pg->carved ||
+        uintptr_t off = (uintptr_t)((const uint8_t *)b - page_start(pg));
+        if ((const uint8_t *)b < page_start(pg) || off % pg->block_size != 0 || off / pg->block_size >= pg->carved ||
             ++n > limit)
             return -1;
     }
@@ -377,8 +389,9 @@ int small_check_page(const page *pg)
     uint64_t w = load_acquire(&pg->thread_free);
     long nthread = 0;
     if (w != 0) {
-        const block *b = (const block *)(pg->start + ((size_t)THREAD_FREE_HEAD(w) << 4));
-        const block *tail = (const block *)(pg->start + ((size_t)THREAD_FREE_TAIL(w) << 4));
+        const uint8_t *start = page_start(pg);
+        const block *b = (const block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4));
+        const block *tail = (const block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4));
         for (nthread = 1; b != tail && nthread <= cap; nthread++)
             b = b->next;
         if (nthread != (long)THREAD_FREE_COUNT(w)) {
@@ -394,7 +407,8 @@ int small_check_page(const page *pg)
         problems++;
     }
     if (nthread > used || pg->carved > pg->capacity || pg->block_size != class_size[pg->cls] ||
-        load_relaxed(&pg->shared_block_size) != pg->block_size) {
+        pg->carved_end != (uint32_t)pg->carved * pg->block_size || load_relaxed(&pg->shared_block_size) != pg->block_size ||
+        load_relaxed(&pg->shared_divisor) != pg->divisor) {
         report_error("counts or sizes inconsistent in page", (uintptr_t)pg);
         problems++;
     }

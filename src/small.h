@@ -54,11 +54,11 @@ typedef struct page {
     block *free;
     block *local_free;
     int32_t used;            /* items out; minus PAGE_FULL_BIAS while the page is out of its list */
+    uint32_t carved_end;     /* offset of the end of the carved items: carved * block_size */
+    uint64_t divisor;        /* ceil(2^64 / block_size): the item test of page_has_item() */
+    uint32_t block_size;
     uint16_t capacity;       /* items that fit */
     uint16_t carved;         /* items carved so far, in ascending address order */
-    uint32_t block_size;
-    uint32_t reciprocal;     /* ceil(2^32 / block_size): offset / size by a multiply, exact in 64 KB */
-    uint8_t *start;          /* the page's first item */
     struct page *next, *prev; /* class list, free pages or cold pages */
     uint8_t cls;
     uint8_t state;
@@ -68,12 +68,33 @@ typedef struct page {
      * 64 KB boundary) */
     uint64_t thread_free __attribute__((aligned(64)));
     struct page *next_delayed; /* link in the owner heap's `delayed` list while queued */
+    uint64_t shared_divisor;   /* divisor while the page is in use, 0 otherwise */
     uint32_t shared_block_size; /* block_size while the page is in use, 0 otherwise */
-    uint32_t shared_reciprocal;
+    uint32_t pad1;
     uint64_t freed_at;         /* ms when the page became free; 0 = not yet stamped (rarely read) */
-    uint8_t pad1[32];
+    uint8_t pad2[24];
 } page;
 _Static_assert(sizeof(page) == PAGE_DESC_SIZE, "page descriptors are two cache lines");
+_Static_assert(offsetof(page, used) >= 16 && offsetof(page, carved_end) + sizeof(uint32_t) <= 32,
+               "the fields that the free paths test first overlay the zero bytes 16..31 of the segment header");
+
+/* The first item of a page: its 64 KB boundary, found from the descriptor's place in page 0. */
+static inline uint8_t *page_start(const page *pg)
+{
+    uintptr_t seg = (uintptr_t)pg & ~(uintptr_t)SEGMENT_MASK;
+    return (uint8_t *)(seg + (((uintptr_t)pg - seg) / PAGE_DESC_SIZE) * PAGE_SIZE);
+}
+
+/* Whether p is an item pg has handed out: below the carved end and at a multiple of the class size.
+ * A page that serves no class (free, cold) has carved_end 0, and so has descriptor 0 (the segment
+ * header), so p is rejected for them too. Divisibility by one multiply (Lemire, Kaser and Kurz,
+ * "Faster remainder by direct computation", 2019): for a 32-bit offset n and c = ceil(2^64 / d),
+ * d divides n exactly when (n * c mod 2^64) < c. */
+static inline int page_has_item(const page *pg, const void *p)
+{
+    uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
+    return off < pg->carved_end && (uint64_t)off * pg->divisor < pg->divisor;
+}
 
 /* The shared empty page: the page-per-size array points here for a class without pages, so the fast
  * path needs no NULL test; its free list is always empty. */
@@ -88,13 +109,14 @@ struct heap;
 
 /* Allocation of class cls when the first page of the class had no free item (or there was none). */
 void *small_alloc_slow(struct heap *h, unsigned cls);
-/* The owner freed an item and `used` dropped to <= 0. */
-void small_free_local_slow(struct heap *h, page *pg);
+/* The owner frees b, and its page would become empty or was full, or b failed the fast path's check.
+ * A b that is not an item the page handed out goes to the error hook and changes nothing. */
+void small_free_local_slow(struct heap *h, page *pg, block *b);
 /* A free of an item of a segment the calling thread does not own. */
 void small_free_foreign(page *pg, block *b);
-/* Is p a live-looking item of an in-use page (right offset, carved)? Used to reject bad pointers on
- * the paths where that is cheap enough. */
-int small_valid(const page *pg, const void *p);
+/* page_has_item() for another thread's page, from the descriptor's second line only (the owner's line
+ * stays with the owner). It does not see `carved`: an offset the page never handed out passes. */
+int small_valid_foreign(const page *pg, const void *p);
 /* Take the thread-free lists of every page other threads queued at h. */
 void small_drain_delayed(struct heap *h);
 /* Decommit the free pages beyond SHARD_KEEP_FREE_PAGES that are older than the delay. */

@@ -857,6 +857,93 @@ TEST(bad_pointers_reach_the_error_hook_from_free_and_realloc)
 #endif
 }
 
+#if SHARD_RULES
+/* Pointers into shardmm's own small-block segments that are not items: inside a block, the segment
+ * header, a page descriptor, the unused rest of page 0. */
+#define BAD_SMALL 6
+struct bad_small_case {
+    void *ptr[BAD_SMALL];
+    const char *what[BAD_SMALL];
+    int failures;
+};
+
+static void bad_small_pointers(struct bad_small_case *c, unsigned char *block)
+{
+    unsigned char *seg = (unsigned char *)((uintptr_t)block & ~(uintptr_t)(4 * 1024 * 1024 - 1));
+    void *p[BAD_SMALL] = { block + 16, block + 8, block + 1, seg, seg + 5 * 128, seg + 0x4000 };
+    const char *w[BAD_SMALL] = { "block + 16", "block + 8", "block + 1", "segment header",
+                                 "page descriptor", "rest of page 0" };
+    memcpy(c->ptr, p, sizeof p);
+    memcpy(c->what, w, sizeof w);
+}
+
+/* Frees and reallocs each bad pointer; each must reach the hook once and change nothing. */
+static void *try_bad_small(void *arg)
+{
+    struct bad_small_case *c = arg;
+    for (int i = 0; i < BAD_SMALL; i++) {
+        hook_reset();
+        shard_free(c->ptr[i]);
+        CHECKF(hook_record.calls == 1 && hook_record.error == SHARD_ERROR_INVALID_FREE && hook_record.ptr == c->ptr[i],
+               "shard_free(%s): hook called %d times, error %d", c->what[i], hook_record.calls, hook_record.error);
+        hook_reset();
+        void *q = shard_realloc(c->ptr[i], 40);
+        CHECKF(q == NULL && hook_record.calls == 1 && hook_record.error == SHARD_ERROR_INVALID_REALLOC,
+               "shard_realloc(%s, 40) = %p: hook called %d times", c->what[i], q, hook_record.calls);
+    }
+    return NULL;
+}
+#endif
+
+/* The same for pointers into our own small-block pages that are not items, freed by the owner thread
+ * (whose free path writes without an atomic operation) and by another thread: the hook is called, the
+ * live blocks around keep their contents, and new blocks never overlap them. */
+TEST(bad_small_pointers_reach_the_error_hook_and_lose_nothing)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    enum { LIVE = 10, MORE = 200 };
+    unsigned char *live[LIVE];
+    void *more[MORE];
+    struct bad_small_case c;
+    shard_error_fn previous = shard_set_error_hook(recording_hook, NULL);
+    for (int i = 0; i < LIVE; i++) {
+        live[i] = shard_malloc(64);
+        CHECK(live[i] != NULL);
+        if (!live[i])
+            return;
+        fill(live[i], 64, 850 + (uint64_t)i);
+    }
+    bad_small_pointers(&c, live[3]);
+    try_bad_small(&c);                 /* the owner thread */
+    run_thread(try_bad_small, &c);     /* another thread */
+    shard_set_error_hook(previous, NULL);
+    for (int i = 0; i < LIVE; i++)
+        CHECK_PATTERN(live[i], 64, 850 + (uint64_t)i, "live block next to the bad pointers");
+    CHECK_EQ(shard_check(), 0);
+    for (int i = 0; i < MORE; i++) {
+        more[i] = shard_malloc(64);
+        CHECK(more[i] != NULL);
+        for (int j = 0; j < LIVE; j++)
+            CHECKF((unsigned char *)more[i] + 64 <= live[j] || (unsigned char *)more[i] >= live[j] + 64,
+                   "new block %p overlaps live block %p", more[i], (void *)live[j]);
+        if (more[i])
+            fill(more[i], 64, 870 + (uint64_t)i);
+    }
+    for (int i = 0; i < LIVE; i++) {
+        CHECK_PATTERN(live[i], 64, 850 + (uint64_t)i, "live block after new allocations");
+        shard_free(live[i]);
+    }
+    for (int i = 0; i < MORE; i++)
+        if (more[i]) {
+            CHECK_PATTERN(more[i], 64, 870 + (uint64_t)i, "new block");
+            shard_free(more[i]);
+        }
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
 /* shard_usable_size of such a pointer goes to the error hook with its own code. */
 TEST(bad_pointers_reach_the_error_hook_from_usable_size)
 {

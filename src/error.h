@@ -1,0 +1,12 @@
+/* error.h - the error hook: where a pointer that is not a live block of ours is reported.
+ * By default a one-line message through the port, then abort; shard_set_error_hook installs another.
+ * Depends on: port.h, libc.h. */
+#ifndef SHARD_ERROR_H
+#define SHARD_ERROR_H
+
+#include "../include/shardmm.h" /* enum shard_error */
+
+/* Report p to the hook with error (enum shard_error); returns if the hook returns. */
+__attribute__((cold, noinline)) void error_invalid_pointer(int error, void *p);
+
+#endif
