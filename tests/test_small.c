@@ -724,6 +724,107 @@ TEST(free_pages_return_to_the_system_after_the_delay)
 }
 
 #if SHARD_RULES
+static long mapping_count(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    long lines = 0;
+    int c;
+    if (!f)
+        return -1;
+    while ((c = fgetc(f)) != EOF)
+        lines += c == '\n';
+    fclose(f);
+    return lines;
+}
+#endif
+
+/* Decommitting free pages that lie between pages in use must not split the process's list of memory
+ * mappings once per page (the kernel allows 65530; past that every mmap of the process fails). */
+TEST(decommitted_pages_between_used_ones_do_not_multiply_mappings)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    enum { PAGES = 400, SIZE = 16384, PER_PAGE = PAGE_SIZE / SIZE, COUNT = PAGES * PER_PAGE };
+    static void *blocks[COUNT];
+    for (size_t i = 0; i < COUNT; i++) {
+        blocks[i] = shard_malloc(SIZE);
+        CHECK(blocks[i] != NULL);
+        if (blocks[i])
+            fill(blocks[i], 64, 1300 + i);
+    }
+    long before = mapping_count();
+    shard_stats s0 = stats_now();
+    for (size_t i = 0; i < COUNT; i++) /* every other page: its blocks go, its neighbours stay */
+        if (blocks[i] && (page_of(blocks[i]) & 1)) {
+            shard_free(blocks[i]);
+            blocks[i] = NULL;
+        }
+    sleep_ms(1100);
+    /* Retiring one more page checks the age of the free pages: free the blocks of one used page. */
+    uintptr_t last_page = 0;
+    for (size_t i = 0; i < COUNT; i++)
+        if (blocks[i] && (last_page == 0 || page_of(blocks[i]) == last_page)) {
+            last_page = page_of(blocks[i]);
+            CHECK_PATTERN(blocks[i], 64, 1300 + i, "16 KB block");
+            shard_free(blocks[i]);
+            blocks[i] = NULL;
+        }
+    shard_stats s1 = stats_now();
+    long after = mapping_count();
+    CHECKF(s1.small_pages_decommitted > s0.small_pages_decommitted + PAGES / 4,
+           "decommitted pages %zu -> %zu", s0.small_pages_decommitted, s1.small_pages_decommitted);
+    CHECKF(before > 0 && after - before < 20, "mappings %ld -> %ld after decommitting %zu pages", before, after,
+           s1.small_pages_decommitted - s0.small_pages_decommitted);
+    for (size_t i = 0; i < COUNT; i++)
+        if (blocks[i]) {
+            CHECK_PATTERN(blocks[i], 64, 1300 + i, "16 KB block next to decommitted pages");
+            shard_free(blocks[i]);
+        }
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
+/* Blocks above 16 KB give their committed memory back when freed (statistics), and sizes the OS
+ * refuses to commit give NULL rather than memory that cannot be touched. */
+TEST(committed_bytes_follow_blocks_above_16kb_and_refused_commits_give_null)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    size_t before = stats_now().committed;
+    for (int i = 0; i < 20; i++) {
+        void *p = shard_malloc((size_t)1 << 20);
+        CHECK(p != NULL);
+        if (p) {
+            fill(p, (size_t)1 << 20, 1400 + (uint64_t)i);
+            CHECK_PATTERN(p, (size_t)1 << 20, 1400 + (uint64_t)i, "1 MB block");
+        }
+        shard_free(p);
+    }
+    CHECK_EQ(stats_now().committed, before);
+    /* With the kernel's overcommit heuristics (mode 0) or strict accounting (2), a commit beyond what
+     * the machine has is refused; in mode 1 the kernel grants everything, and so would any malloc. */
+    FILE *f = fopen("/proc/sys/vm/overcommit_memory", "r");
+    int mode = 1;
+    if (f) {
+        if (fscanf(f, "%d", &mode) != 1)
+            mode = 1;
+        fclose(f);
+    }
+    if (mode != 1) {
+        CHECK(shard_malloc((size_t)1 << 40) == NULL);
+        CHECK(shard_calloc((size_t)1 << 20, (size_t)1 << 24) == NULL);
+        CHECK(shard_realloc(NULL, (size_t)1 << 44) == NULL);
+        CHECK_EQ(stats_now().committed, before);
+    }
+    void *p = shard_malloc(100);
+    CHECK(p != NULL);
+    shard_free(p);
+#endif
+}
+
+#if SHARD_RULES
 static struct {
     int calls;
     int error;
