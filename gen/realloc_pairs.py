@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sizeclasses import CLASSES, SMALL_MAX  # noqa: E402
+from sizeclasses import CLASSES, SMALL_MAX, write_if_changed  # noqa: E402
 
 OUTPUT = "tests/realloc_pairs.h"
 ABOVE_SMALL = (SMALL_MAX + 1, 16400, 20000)
@@ -54,21 +54,9 @@ def output():
     return "".join(lines)
 
 
-def write_if_changed(path, text):
-    try:
-        with open(path) as f:
-            if f.read() == text:
-                return False
-    except FileNotFoundError:
-        pass
-    with open(path, "w") as f:
-        f.write(text)
-    return True
-
-
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if write_if_changed(os.path.join(root, OUTPUT), output()):
+    if write_if_changed(root, OUTPUT, output()):
         print("wrote", OUTPUT)
     return 0
 

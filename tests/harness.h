@@ -94,17 +94,20 @@ static inline unsigned char pattern_byte(uint64_t seed, size_t i)
     return (unsigned char)(pattern_word(seed, i >> 3) >> (8 * (i & 7)));
 }
 
+/* The 8 pattern bytes of word w. */
+static inline void pattern_word_bytes(uint64_t seed, size_t w, unsigned char bytes[8])
+{
+    uint64_t x = pattern_word(seed, w);
+    for (size_t i = 0; i < 8; i++)
+        bytes[i] = (unsigned char)(x >> (8 * i));
+}
+
 static inline void fill(void *p, size_t n, uint64_t seed)
 {
     unsigned char *b = (unsigned char *)p;
     size_t words = n >> 3, w, i;
-    for (w = 0; w < words; w++) {
-        uint64_t x = pattern_word(seed, w);
-        unsigned char bytes[8];
-        for (i = 0; i < 8; i++)
-            bytes[i] = (unsigned char)(x >> (8 * i));
-        memcpy(b + 8 * w, bytes, 8);
-    }
+    for (w = 0; w < words; w++)
+        pattern_word_bytes(seed, w, b + 8 * w);
     for (i = words * 8; i < n; i++)
         b[i] = pattern_byte(seed, i);
 }
@@ -115,10 +118,8 @@ static inline size_t pattern_mismatch(const void *p, size_t n, uint64_t seed)
     const unsigned char *b = (const unsigned char *)p;
     size_t words = n >> 3, w, i;
     for (w = 0; w < words; w++) {
-        uint64_t x = pattern_word(seed, w);
         unsigned char bytes[8];
-        for (i = 0; i < 8; i++)
-            bytes[i] = (unsigned char)(x >> (8 * i));
+        pattern_word_bytes(seed, w, bytes);
         if (memcmp(b + 8 * w, bytes, 8) != 0) {
             for (i = 0; i < 8; i++)
                 if (b[8 * w + i] != bytes[i])

@@ -159,6 +159,17 @@ static shard_stats stats_now(void)
         CHECKF(bad_ == n_, "%s: byte %zu of %zu differs from the pattern", (what), bad_, n_);      \
     } while (0)
 
+/* Checks the pattern of every block left in blocks[] (seed: seed_base + index) and frees it. */
+__attribute__((unused)) static void check_and_free_blocks(void **blocks, size_t count, size_t size, uint64_t seed_base, const char *what)
+{
+    for (size_t i = 0; i < count; i++)
+        if (blocks[i]) {
+            CHECK_PATTERN(blocks[i], size, seed_base + i, what);
+            shard_free(blocks[i]);
+            blocks[i] = NULL;
+        }
+}
+
 /* ---- tests ---- */
 
 TEST(class_table_of_the_test_is_the_documented_one)
@@ -776,11 +787,7 @@ TEST(decommitted_pages_between_used_ones_do_not_multiply_mappings)
            "decommitted pages %zu -> %zu", s0.small_pages_decommitted, s1.small_pages_decommitted);
     CHECKF(before > 0 && after - before < 20, "mappings %ld -> %ld after decommitting %zu pages", before, after,
            s1.small_pages_decommitted - s0.small_pages_decommitted);
-    for (size_t i = 0; i < COUNT; i++)
-        if (blocks[i]) {
-            CHECK_PATTERN(blocks[i], 64, 1300 + i, "16 KB block next to decommitted pages");
-            shard_free(blocks[i]);
-        }
+    check_and_free_blocks(blocks, COUNT, 64, 1300, "16 KB block next to decommitted pages");
     CHECK_EQ(shard_check(), 0);
 #endif
 }
@@ -876,10 +883,10 @@ static size_t bad_pointers(struct bad_pointer *out, unsigned char *stack, unsign
 }
 #endif
 
-/* shard_free and shard_realloc of pointers that are not live blocks of shardmm go to the error hook
- * with the right code and pointer; then free does nothing, realloc returns NULL, the memory behind the
- * pointers is untouched and the allocator keeps working. */
-TEST(bad_pointers_reach_the_error_hook_from_free_and_realloc)
+/* shard_free, shard_realloc and shard_usable_size of pointers that are not live blocks of shardmm go to
+ * the error hook with the right code and pointer; then free does nothing, realloc returns NULL, the
+ * memory behind the pointers is untouched and the allocator keeps working. */
+TEST(bad_pointers_reach_the_error_hook_from_free_realloc_and_usable_size)
 {
 #if !SHARD_RULES
     SKIP_TEST();
@@ -913,6 +920,12 @@ TEST(bad_pointers_reach_the_error_hook_from_free_and_realloc)
         CHECKF(hook_record.ptr == bad[i].p, "shard_free(%s): hook got %p, not %p", bad[i].what, hook_record.ptr,
                bad[i].p);
         CHECKF(hook_record.arg == &cookie, "shard_free(%s): hook argument %p", bad[i].what, hook_record.arg);
+        hook_reset();
+        (void)shard_usable_size(bad[i].p);
+        CHECKF(hook_record.calls == 1 && hook_record.error == SHARD_ERROR_INVALID_SIZE_QUERY &&
+                   hook_record.ptr == bad[i].p,
+               "shard_usable_size(%s): hook called %d times, error %d", bad[i].what, hook_record.calls,
+               hook_record.error);
         for (j = 0; j < sizeof realloc_sizes / sizeof realloc_sizes[0]; j++) {
             hook_reset();
             p = shard_realloc(bad[i].p, realloc_sizes[j]);
@@ -1036,51 +1049,8 @@ TEST(bad_small_pointers_reach_the_error_hook_and_lose_nothing)
         CHECK_PATTERN(live[i], 64, 850 + (uint64_t)i, "live block after new allocations");
         shard_free(live[i]);
     }
-    for (int i = 0; i < MORE; i++)
-        if (more[i]) {
-            CHECK_PATTERN(more[i], 64, 870 + (uint64_t)i, "new block");
-            shard_free(more[i]);
-        }
+    check_and_free_blocks(more, MORE, 64, 870, "new block");
     CHECK_EQ(shard_check(), 0);
-#endif
-}
-
-/* shard_usable_size of such a pointer goes to the error hook with its own code. */
-TEST(bad_pointers_reach_the_error_hook_from_usable_size)
-{
-#if !SHARD_RULES
-    SKIP_TEST();
-#else
-    enum { BIG = 40000 };
-    unsigned char stack_block[256] __attribute__((aligned(16)));
-    int cookie = 0;
-    struct bad_pointer bad[8];
-    unsigned char *big = shard_malloc(BIG);
-    unsigned char *sys = malloc(256);
-    size_t i, count;
-    shard_error_fn previous = shard_set_error_hook(recording_hook, &cookie);
-    CHECK(big != NULL);
-    CHECK(sys != NULL);
-    count = bad_pointers(bad, stack_block, big, sys);
-    for (i = 0; i < count; i++) {
-        hook_reset();
-        (void)shard_usable_size(bad[i].p);
-        CHECKF(hook_record.calls == 1, "shard_usable_size(%s): hook called %d times", bad[i].what,
-               hook_record.calls);
-        CHECKF(hook_record.error == SHARD_ERROR_INVALID_SIZE_QUERY, "shard_usable_size(%s): error %d",
-               bad[i].what, hook_record.error);
-        CHECKF(hook_record.ptr == bad[i].p, "shard_usable_size(%s): hook got %p, not %p", bad[i].what,
-               hook_record.ptr, bad[i].p);
-    }
-    hook_reset();
-    if (big) {
-        CHECK(shard_usable_size(big) >= BIG);
-        shard_free(big);
-    }
-    CHECKF(hook_record.calls == 0, "valid calls reached the hook %d times", hook_record.calls);
-    CHECK_EQ(shard_check(), 0);
-    CHECK(shard_set_error_hook(previous, NULL) == recording_hook);
-    free(sys);
 #endif
 }
 
