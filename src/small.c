@@ -26,6 +26,14 @@
 
 page small_empty_page;
 
+/* The debug build walks a page after every slow-path change of it (small_check_page, below). */
+#if SHARD_DEBUG
+#define debug_check_page(pg, reason) \
+    (small_check_page(pg) == 0 ? (void)0 : assert_failed(__FILE__, __LINE__, reason))
+#else
+#define debug_check_page(pg, reason) ((void)0)
+#endif
+
 #define THREAD_FREE_HEAD(w) ((uint32_t)(w)&0xffffu)
 #define THREAD_FREE_TAIL(w) ((uint32_t)((w) >> 16) & 0xffffu)
 #define THREAD_FREE_COUNT(w) ((uint32_t)((w) >> 32))
@@ -269,10 +277,7 @@ take:;
     pg->free = b->next;
     pg->used++;
     prefetch_write(pg->free);
-#if SHARD_DEBUG
-    if (small_check_page(pg) != 0)
-        assert_failed(__FILE__, __LINE__, "page inconsistent after allocation slow path");
-#endif
+    debug_check_page(pg, "page inconsistent after the allocation slow path");
     return b;
 }
 
@@ -284,7 +289,9 @@ void small_free_local_slow(heap *h, page *pg, block *b)
     }
     b->next = pg->local_free;
     pg->local_free = b;
-    if (--pg->used == 0) {
+    pg->used--;
+    debug_check_page(pg, "page inconsistent after a free");
+    if (pg->used == 0) {
         page_emptied(h, pg, 1);
         return;
     }
@@ -345,6 +352,7 @@ void small_drain_delayed(heap *h)
         pg->local_free = head;
         int was_full = pg->used < 0;
         pg->used -= (int32_t)THREAD_FREE_COUNT(w);
+        debug_check_page(pg, "page inconsistent after taking its thread-free list");
         if (was_full) {
             pg->used += PAGE_FULL_BIAS;
             if (pg->used == 0)
