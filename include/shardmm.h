@@ -60,6 +60,7 @@ typedef struct shard_stats {
     size_t live_medium;      /* live blocks above 16 KB up to 1 MB */
     size_t live_large;       /* live blocks above 1 MB */
     size_t heaps;            /* thread heaps ever created */
+    size_t heaps_free;       /* heaps of exited threads, waiting for a new thread to take them */
     size_t small_pages_used; /* small-block pages serving a size class */
     size_t small_pages_free; /* free small-block pages still committed */
     size_t small_pages_decommitted; /* pages whose memory went back to the OS (or never came) */

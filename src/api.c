@@ -187,6 +187,7 @@ void shard_get_stats(shard_stats *out)
     out->committed_peak = t.committed_peak;
     out->os_calls = t.calls;
     large_live_counts(&out->live_medium, &out->live_large);
+    out->heaps_free = heap_free_count();
     for (heap *h = heap_all(); h != NULL; h = h->next_all) {
         out->heaps++;
         out->small_pages_retired += load_relaxed(&h->pages_retired);

@@ -102,3 +102,14 @@ heap *heap_get_or_create(void)
 }
 
 heap *heap_all(void) { return load_acquire(&all_heaps); }
+
+size_t heap_free_count(void)
+{
+    size_t all = 0, n = 0;
+    for (heap *h = heap_all(); h != NULL; h = h->next_all)
+        all++;
+    /* The links change under a concurrent pop and push: never count more than there are heaps. */
+    for (heap *h = read_top().ptr; h != NULL && n < all; h = load_relaxed(&h->next_free))
+        n++;
+    return n;
+}

@@ -39,4 +39,7 @@ heap *heap_get_or_create(void);
 /* The first heap of the list of all heaps (statistics walk it; heaps are never freed). */
 heap *heap_all(void);
 
+/* Heaps in the stack of free heaps (for statistics: exact when no thread starts or ends meanwhile). */
+size_t heap_free_count(void);
+
 #endif

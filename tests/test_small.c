@@ -1441,3 +1441,54 @@ TEST(static_library_keeps_its_internal_names_to_itself)
     CHECK_EQ(static_names_clashes, 0);
 }
 #endif
+
+struct free_only {
+    void *blocks[64];
+    size_t heaps_owned_before;
+};
+
+#if SHARD_RULES
+static size_t heaps_owned(void)
+{
+    shard_stats s = stats_now();
+    return s.heaps - s.heaps_free;
+}
+#endif
+
+static void *free_only_thread(void *arg)
+{
+    struct free_only *f = arg;
+    for (int i = 0; i < 64; i++) {
+        CHECK_PATTERN(f->blocks[i], 100, 1500 + (uint64_t)i, "block freed by a thread that never allocates");
+        shard_free(f->blocks[i]);
+    }
+#if SHARD_RULES
+    CHECK_EQ(heaps_owned(), f->heaps_owned_before); /* while this thread still runs */
+#endif
+    return NULL;
+}
+
+/* A thread that only frees creates no heap and takes none: its frees go to the owners' thread-free
+ * lists. */
+TEST(a_thread_that_only_frees_creates_no_heap)
+{
+    static struct free_only f;
+    void **blocks = f.blocks;
+    for (int i = 0; i < 64; i++) {
+        blocks[i] = shard_malloc(100);
+        CHECK(blocks[i] != NULL);
+        if (!blocks[i])
+            return;
+        fill(blocks[i], 100, 1500 + (uint64_t)i);
+    }
+#if SHARD_RULES
+    size_t heaps = stats_now().heaps, live = stats_now().live_small;
+    f.heaps_owned_before = heaps_owned();
+#endif
+    run_thread(free_only_thread, &f);
+#if SHARD_RULES
+    CHECK_EQ(stats_now().heaps, heaps);
+    CHECK_EQ(stats_now().live_small, live - 64);
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
