@@ -296,7 +296,7 @@ void small_free_local_slow(heap *h, page *pg, block *b)
         return;
     }
     if (pg->used > 0)
-        return; /* an ordinary free that the fast path sent here for its alignment check */
+        return; /* an ordinary free: the C fast path sends none here, a caller that skips its tests may */
     pg->used += PAGE_FULL_BIAS; /* a full page got an item back: to the tail of its class */
     if (pg->used == 0)
         page_emptied(h, pg, 0);
