@@ -9,7 +9,10 @@
  *   change the protection because every protection change splits the kernel's list of mappings:
  *   decommitting every other free page of a large heap reached vm.max_map_count (65530) and then
  *   every mmap of the process failed. A decommitted range therefore reads zeros here rather than
- *   faulting as on Windows; the core never touches it before committing it again. release: munmap.
+ *   faulting as on Windows; the core never touches it before committing it again. It also keeps the
+ *   kernel's commit charge (Committed_AS), which only falls at release: under strict overcommit
+ *   (mode 2) the charge is the highest ever committed, while the statistics count what is committed
+ *   now. release: munmap.
  * - the heap slot: an initial-exec TLS word, read with one fs-relative load.
  * - the clock: CLOCK_MONOTONIC_COARSE through the kernel's vDSO (a few loads, no system call), found
  *   once by reading /proc/self/auxv for the vDSO's address and its ELF symbol table for
@@ -22,8 +25,9 @@
 #include <pthread.h>
 
 enum {
-    SYS_read = 0, SYS_write = 1, SYS_open = 2, SYS_close = 3, SYS_mmap = 9, SYS_mprotect = 10, SYS_munmap = 11, SYS_rt_sigprocmask = 14,
-    SYS_sched_yield = 24, SYS_madvise = 28, SYS_getpid = 39, SYS_kill = 62, SYS_clock_gettime = 228, SYS_exit_group = 231
+    SYS_read = 0, SYS_write = 1, SYS_close = 3, SYS_mmap = 9, SYS_mprotect = 10, SYS_munmap = 11, SYS_rt_sigprocmask = 14,
+    SYS_sched_yield = 24, SYS_madvise = 28, SYS_getpid = 39, SYS_kill = 62, SYS_clock_gettime = 228, SYS_exit_group = 231,
+    SYS_openat = 257
 };
 enum { PROT_NONE_ = 0, PROT_RW_ = 3 };
 enum { MAP_PRIVATE_ = 0x02, MAP_ANONYMOUS_ = 0x20, MADV_DONTNEED_ = 4 };
@@ -127,7 +131,8 @@ enum { AT_SYSINFO_EHDR_ = 33, PT_LOAD_ = 1, PT_DYNAMIC_ = 2, DT_HASH_ = 4, DT_ST
 static uintptr_t vdso_base(void)
 {
     uint64_t aux[2 * 64];
-    long fd = sys3(SYS_open, (long)"/proc/self/auxv", 0 /* O_RDONLY */, 0);
+    long fd = sys6(SYS_openat, -100 /* AT_FDCWD */, (long)"/proc/self/auxv", 0x80000 /* O_RDONLY | O_CLOEXEC */,
+                   0, 0, 0);
     if (sys_failed(fd))
         return 0;
     long n = sys3(SYS_read, fd, (long)aux, (long)sizeof aux);

@@ -32,7 +32,8 @@ void *port_reserve(size_t size);
 int port_commit(void *addr, size_t size);
 
 /* Give the memory of [addr, addr+size) back; the addresses stay reserved. The contents are lost and
- * the range must not be touched until it is committed again (Windows faults; Linux reads zeros).
+ * the range must not be touched until it is committed again (Windows faults; Linux reads zeros, and
+ * keeps the range charged against the commit limit until release, see linux.c).
  * addr and size are multiples of PORT_PAGE. Returns 0 or -1. */
 int port_decommit(void *addr, size_t size);
 

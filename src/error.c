@@ -6,7 +6,10 @@
 #include "libc.h"
 #include "sync.h"
 
+/* The hook and its argument change together under a lock (setting and reporting are both rare), so a
+ * report never pairs one hook with another's argument. */
 static struct {
+    spinlock lock;
     shard_error_fn fn;
     void *arg;
 } error_hook;
@@ -22,14 +25,21 @@ static _Noreturn void default_error(int error, void *p)
 
 void error_invalid_pointer(int error, void *p)
 {
-    shard_error_fn fn = load_acquire(&error_hook.fn);
+    spin_lock(&error_hook.lock);
+    shard_error_fn fn = error_hook.fn;
+    void *arg = error_hook.arg;
+    spin_unlock(&error_hook.lock);
     if (fn == NULL)
         default_error(error, p);
-    fn(load_relaxed(&error_hook.arg), error, p);
+    fn(arg, error, p);
 }
 
 shard_error_fn shard_set_error_hook(shard_error_fn hook, void *arg)
 {
-    store_relaxed(&error_hook.arg, arg);
-    return __atomic_exchange_n(&error_hook.fn, hook, __ATOMIC_ACQ_REL);
+    spin_lock(&error_hook.lock);
+    shard_error_fn previous = error_hook.fn;
+    error_hook.fn = hook;
+    error_hook.arg = arg;
+    spin_unlock(&error_hook.lock);
+    return previous;
 }

@@ -45,9 +45,9 @@ enum seg_kind {
 struct heap;
 
 /* Descriptor 0. The owner is written once, at creation: the "is this block mine" test of a free reads
- * this line, which nobody writes afterwards. Bytes 16..31 stay zero: they overlay the `used`,
- * `carved` and size fields of a page descriptor, so that a pointer into page 0 given to free or
- * realloc looks like an item of an empty page and takes the validating slow path (small.h). */
+ * this line, which nobody writes afterwards. `zero` and `pad` are never written: they overlay the
+ * fields of a page descriptor that the free paths test (`used`, `carved_end`, the shared divisor), so
+ * a pointer into page 0 looks like one into a page with no items and reaches the error hook. */
 typedef struct segment {
     struct heap *owner;
     struct segment *next;   /* the owner's segments */
@@ -55,7 +55,8 @@ typedef struct segment {
     void *reservation;      /* what port_reserve returned, 8 MB */
     uint8_t pad[PAGE_DESC_SIZE - 40];
 } segment;
-_Static_assert(sizeof(segment) == PAGE_DESC_SIZE, "the header is descriptor 0");
+_Static_assert(sizeof(segment) == PAGE_DESC_SIZE && offsetof(segment, zero) == 16 && offsetof(segment, pad) == 40,
+               "the header is descriptor 0, with zero bytes where small.h expects them");
 
 #define SEGMAP_TOP_BITS 15      /* address bits 32..46 */
 #define SEGMAP_LEAF_BYTES 1024  /* 4 GB / 4 MB */

@@ -283,7 +283,9 @@ take:;
 
 void small_free_local_slow(heap *h, page *pg, block *b)
 {
-    if (unlikely(!page_has_item(pg, b))) {
+    /* Not an item of the page, or a page with no item out: the second free of its last item (the
+     * fast path sends every free here that would make `used` 0 or less) is caught here at no cost. */
+    if (unlikely(!page_has_item(pg, b) || pg->used == 0)) {
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b);
         return;
     }

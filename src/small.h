@@ -76,7 +76,10 @@ typedef struct page {
 } page;
 _Static_assert(sizeof(page) == PAGE_DESC_SIZE, "page descriptors are two cache lines");
 _Static_assert(offsetof(page, used) >= 16 && offsetof(page, carved_end) + sizeof(uint32_t) <= 32,
-               "the fields that the free paths test first overlay the zero bytes 16..31 of the segment header");
+               "the fields that the owner's free tests first overlay the zero bytes 16..31 of the segment header");
+_Static_assert(offsetof(page, shared_divisor) >= offsetof(segment, pad) &&
+                   offsetof(page, shared_block_size) + sizeof(uint32_t) <= PAGE_DESC_SIZE,
+               "the fields that a foreign free tests overlay the zero padding of the segment header");
 
 /* The first item of a page: its 64 KB boundary, found from the descriptor's place in page 0. */
 static inline uint8_t *page_start(const page *pg)

@@ -1492,3 +1492,32 @@ TEST(a_thread_that_only_frees_creates_no_heap)
     CHECK_EQ(shard_check(), 0);
 #endif
 }
+
+/* The second free of a block that is alone in its page is seen (the page has no item out), reaches
+ * the error hook and changes nothing; other double frees of small blocks go unseen, as documented. */
+TEST(double_free_of_the_only_item_of_a_page_reaches_the_error_hook)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    CHECKF(stats_now().live_small == 0, "live small blocks before the test: %zu (a leak?)", stats_now().live_small);
+    void *p = shard_malloc(6000);
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    CHECK_EQ(stats_now().live_small, 1);
+    shard_free(p);
+    shard_error_fn previous = shard_set_error_hook(recording_hook, NULL);
+    hook_reset();
+    shard_free(p);
+    CHECKF(hook_record.calls == 1 && hook_record.error == SHARD_ERROR_INVALID_FREE && hook_record.ptr == p,
+           "second free: hook called %d times", hook_record.calls);
+    shard_set_error_hook(previous, NULL);
+    CHECK_EQ(shard_check(), 0);
+    void *a = shard_malloc(6000), *b = shard_malloc(6000);
+    CHECK(a != NULL && b != NULL && a != b);
+    shard_free(a);
+    shard_free(b);
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
