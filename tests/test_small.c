@@ -159,6 +159,17 @@ static shard_stats stats_now(void)
         CHECKF(bad_ == n_, "%s: byte %zu of %zu differs from the pattern", (what), bad_, n_);      \
     } while (0)
 
+/* Allocates count blocks of size bytes and fills each with its pattern (seed: seed_base + index). */
+__attribute__((unused)) static void alloc_and_fill_blocks(void **blocks, size_t count, size_t size, uint64_t seed_base)
+{
+    for (size_t i = 0; i < count; i++) {
+        blocks[i] = shard_malloc(size);
+        CHECK(blocks[i] != NULL);
+        if (blocks[i])
+            fill(blocks[i], size, seed_base + i);
+    }
+}
+
 /* Checks the pattern of every block left in blocks[] (seed: seed_base + index) and frees it. */
 __attribute__((unused)) static void check_and_free_blocks(void **blocks, size_t count, size_t size, uint64_t seed_base, const char *what)
 {
@@ -669,19 +680,10 @@ TEST(free_pages_return_to_the_system_after_the_delay)
     static void *blocks[COUNT];
     void *late[LATE];
     shard_stats s0, s1, s2;
-    size_t i, dropped;
+    size_t dropped;
     s0 = stats_now();
-    for (i = 0; i < COUNT; i++) {
-        blocks[i] = shard_malloc(SIZE);
-        CHECK(blocks[i] != NULL);
-        if (blocks[i])
-            fill(blocks[i], SIZE, 500 + i);
-    }
-    for (i = 0; i < COUNT; i++)
-        if (blocks[i]) {
-            CHECK_PATTERN(blocks[i], SIZE, 500 + i, "8 KB block");
-            shard_free(blocks[i]);
-        }
+    alloc_and_fill_blocks(blocks, COUNT, SIZE, 500);
+    check_and_free_blocks(blocks, COUNT, SIZE, 500, "8 KB block");
     s1 = stats_now();
     CHECKF(s1.small_pages_retired >= s0.small_pages_retired + PAGES - 2,
            "small_pages_retired %zu -> %zu after freeing %d pages", s0.small_pages_retired,
@@ -690,12 +692,7 @@ TEST(free_pages_return_to_the_system_after_the_delay)
            PAGES);
     sleep_ms(1100);
     /* Capacity + 1 blocks of one class pass the allocation slow path at least once. */
-    for (i = 0; i < LATE; i++) {
-        late[i] = shard_malloc(LATE_SIZE);
-        CHECK(late[i] != NULL);
-        if (late[i])
-            fill(late[i], LATE_SIZE, 600 + i);
-    }
+    alloc_and_fill_blocks(late, LATE, LATE_SIZE, 600);
     s2 = stats_now();
     CHECKF(s2.small_pages_free <= 16 * s2.heaps, "small_pages_free %zu (%zu before the delay), heaps %zu",
            s2.small_pages_free, s1.small_pages_free, s2.heaps);
@@ -714,22 +711,9 @@ TEST(free_pages_return_to_the_system_after_the_delay)
     }
     CHECK(s2.committed_peak >= s1.committed);
     /* The memory comes back when it is needed again. */
-    for (i = 0; i < COUNT; i++) {
-        blocks[i] = shard_malloc(SIZE);
-        CHECK(blocks[i] != NULL);
-        if (blocks[i])
-            fill(blocks[i], SIZE, 700 + i);
-    }
-    for (i = 0; i < COUNT; i++)
-        if (blocks[i]) {
-            CHECK_PATTERN(blocks[i], SIZE, 700 + i, "8 KB block on a page committed again");
-            shard_free(blocks[i]);
-        }
-    for (i = 0; i < LATE; i++)
-        if (late[i]) {
-            CHECK_PATTERN(late[i], LATE_SIZE, 600 + i, "14 KB block");
-            shard_free(late[i]);
-        }
+    alloc_and_fill_blocks(blocks, COUNT, SIZE, 700);
+    check_and_free_blocks(blocks, COUNT, SIZE, 700, "8 KB block on a page committed again");
+    check_and_free_blocks(late, LATE, LATE_SIZE, 600, "14 KB block");
     CHECK_EQ(shard_check(), 0);
 #endif
 }
