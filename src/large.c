@@ -13,6 +13,7 @@
  */
 #include "large.h"
 
+#include "../port/port.h"
 #include "libc.h"
 #include "segment.h"
 
@@ -35,16 +36,16 @@ static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
 
 static size_t span_of(size_t usable) { return round_up(usable + LARGE_HEADER, SEGMENT_SIZE); }
 
-static void count(size_t usable, long delta)
+static void count(size_t size, long delta)
 {
-    fetch_add_relaxed(usable <= MEDIUM_MAX ? &live_medium : &live_large, (size_t)delta);
+    fetch_add_relaxed(size <= MEDIUM_MAX ? &live_medium : &live_large, (size_t)delta);
 }
 
 void *large_alloc(size_t size)
 {
     if (size > ((size_t)1 << 46))
         return NULL; /* beyond any address space we can map; also keeps the sums below from wrapping */
-    size_t commit = round_up(size + LARGE_HEADER, 4096);
+    size_t commit = round_up(size + LARGE_HEADER, PORT_PAGE);
     size_t span = span_of(commit - LARGE_HEADER);
     size_t reserved = span + SEGMENT_SIZE;
     uint8_t *r = os_reserve(reserved);

@@ -169,7 +169,8 @@ static void trim_at(heap *h, uint64_t now)
     }
 }
 
-void small_trim(heap *h)
+/* Decommit the free pages beyond SHARD_KEEP_FREE_PAGES that are older than the delay. */
+static void small_trim(heap *h)
 {
     if (h->free_count > SHARD_KEEP_FREE_PAGES)
         trim_at(h, port_clock_ms());

@@ -122,8 +122,6 @@ void small_free_foreign(page *pg, block *b);
 int small_valid_foreign(const page *pg, const void *p);
 /* Take the thread-free lists of every page other threads queued at h. */
 void small_drain_delayed(struct heap *h);
-/* Decommit the free pages beyond SHARD_KEEP_FREE_PAGES that are older than the delay. */
-void small_trim(struct heap *h);
 /* Problems in one page's lists and counts (reported through report_error); 0 when it is consistent. */
 int small_check_page(const page *pg);
 

@@ -1,4 +1,4 @@
-/* sync.h - atomics, the 16-byte CAS, a spin lock, bit scans and prefetch: the processor-level helpers of
+/* sync.h - atomics, the 16-byte CAS, a spin lock and prefetch: the processor-level helpers of
  * the core. x86-64 only (the whole allocator is); no OS and no C library.
  *
  * The atomics are the compiler's __atomic builtins on plain fields, so the structures read by the asm
@@ -50,10 +50,6 @@ static inline bool cas128(pair128 *target, pair128 *expected, pair128 desired)
                      : "memory");
     return ok;
 }
-
-/* Index of the lowest / highest set bit; x != 0. */
-static inline unsigned bit_scan_forward(uint64_t x) { return (unsigned)__builtin_ctzll(x); }
-static inline unsigned bit_scan_reverse(uint64_t x) { return 63u - (unsigned)__builtin_clzll(x); }
 
 /* A lock for short sections that are never hot: spin with pause (Intel's advice, see
  * shared/seeds/fastmm4-avx-vs-fastmm5.txt) and only then give the processor away. */
