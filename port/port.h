@@ -2,7 +2,7 @@
  *
  * Everything shardmm needs from an OS is here: address space (reserve, commit, decommit, release),
  * the thread's heap slot, a hook at thread exit, a coarse monotonic clock, waiting, and a way to
- * report a fatal error. One file per OS implements it (port/linux.c, later port/win64.c). The
+ * report a fatal error. One file per OS implements it (port/linux.c, port/win64.c). The
  * functions hold no policy: no retries, no accounting, no messages; the callers in src/ decide.
  *
  * The model is Windows': a reservation is address space only; commit makes a range readable and
@@ -67,8 +67,24 @@ static inline void *port_heap_slot(void);
 /* Initial-exec TLS: one fs-relative load. Defined in port/linux.c. */
 extern __thread void *port_linux_heap_slot __attribute__((tls_model("initial-exec")));
 static inline void *port_heap_slot(void) { return port_linux_heap_slot; }
+#elif defined(_WIN64)
+/* The TEB's TLS slots: gs:[0x1480 + 8*i] for an index below 64. port_win64_slot_offset is that offset
+ * once port_thread_exit_hook has taken the index, 0 before it and for an index of 64 or above, whose
+ * slot lives behind the TEB's expansion pointer: port_win64_heap_slot_far reads it (see win64.c).
+ * The read is volatile: the slot changes under the compiler's feet when port_heap_slot_set runs. */
+extern uintptr_t port_win64_slot_offset;
+void *port_win64_heap_slot_far(void);
+static inline void *port_heap_slot(void)
+{
+    uintptr_t offset = __atomic_load_n(&port_win64_slot_offset, __ATOMIC_RELAXED);
+    if (__builtin_expect(offset == 0, 0))
+        return port_win64_heap_slot_far();
+    void *heap;
+    __asm__ volatile("movq %%gs:(%1), %0" : "=r"(heap) : "r"(offset));
+    return heap;
+}
 #else
-#error "shardmm: no port for this platform (port/linux.c is the only one so far)"
+#error "shardmm: no port for this platform (port/linux.c and port/win64.c are the ones there are)"
 #endif
 
 #endif

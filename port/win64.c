@@ -1,0 +1,161 @@
+/* win64.c - the port contract (port/port.h) on Windows x64, through kernel32 only.
+ *
+ * The allocator links with no C runtime (-nostdlib, kernel32 alone); this file is the whole of its
+ * conversation with Windows:
+ * - address space: VirtualAlloc MEM_RESERVE (64 KB aligned by Windows), MEM_COMMIT (charged against the
+ *   commit limit, so an impossible size is refused), MEM_DECOMMIT (the range faults until committed
+ *   again), VirtualFree MEM_RELEASE of a whole reservation (Windows refuses a partial one).
+ * - the heap slot: an index of our own from TlsAlloc, read without a call as gs:[0x1480 + 8*index] for
+ *   an index below 64 (port.h inlines that read), and through the TEB's expansion array at gs:[0x1780]
+ *   (entry index - 64, NULL until this thread has set a slot of 64 or above) otherwise. Writing goes
+ *   through TlsSetValue, which also creates that array.
+ * - thread exit: an FLS index whose callback Windows runs at the exit of every thread that has set a
+ *   value (a thread of CreateThread, of the CRT, of a pool), and for the main thread at process exit.
+ *   The DLL's entry frees the index when the DLL is unloaded (FreeLibrary) so that the callback never
+ *   runs in unloaded code; at process exit it leaves everything as it is.
+ * - the clock: the InterruptTime of KUSER_SHARED_DATA (0x7FFE0008), 100 ns units, read without a
+ *   call; it steps every 15.6 ms or so.
+ * - waiting: SwitchToThread (callers spin with pause first, src/sync.h); the fatal message: WriteFile
+ *   to the standard error handle; abort: TerminateProcess with exit code 3, as the C runtime's abort.
+ */
+#include "port.h"
+
+#define WIN32_LEAN_AND_MEAN
+#include <windows.h>
+
+enum { TEB_TLS_SLOTS = 0x1480, TEB_TLS_EXPANSION = 0x1780, TEB_TLS_SLOT_COUNT = 64 };
+
+/* Shared with port.h's inline read; written once by port_thread_exit_hook. */
+uintptr_t port_win64_slot_offset;
+/* Our TLS index; TLS_OUT_OF_INDEXES until port_thread_exit_hook. Not static: the port test reads it. */
+DWORD port_win64_tls_index = TLS_OUT_OF_INDEXES;
+static DWORD fls_index = FLS_OUT_OF_INDEXES;
+static void (*exit_fn)(void *heap);
+static volatile LONG unloading; /* set when the DLL is unloaded: the FLS callbacks do nothing from then */
+
+static uintptr_t gs_read(uintptr_t offset)
+{
+    uintptr_t value;
+    __asm__ volatile("movq %%gs:(%1), %0" : "=r"(value) : "r"(offset));
+    return value;
+}
+
+void *port_reserve(size_t size)
+{
+    return VirtualAlloc(NULL, size, MEM_RESERVE, PAGE_NOACCESS);
+}
+
+int port_commit(void *addr, size_t size)
+{
+    return VirtualAlloc(addr, size, MEM_COMMIT, PAGE_READWRITE) != NULL ? 0 : -1;
+}
+
+int port_decommit(void *addr, size_t size)
+{
+    return VirtualFree(addr, size, MEM_DECOMMIT) ? 0 : -1;
+}
+
+int port_release(void *addr, size_t size)
+{
+    (void)size; /* Windows releases the whole reservation that starts at addr */
+    return VirtualFree(addr, 0, MEM_RELEASE) ? 0 : -1;
+}
+
+/* The slot of an index of 64 or above, or before the index exists (port.h's fast read sees offset 0). */
+void *port_win64_heap_slot_far(void)
+{
+    DWORD index = __atomic_load_n(&port_win64_tls_index, __ATOMIC_ACQUIRE);
+    if (index == TLS_OUT_OF_INDEXES)
+        return NULL;
+    if (index < TEB_TLS_SLOT_COUNT)
+        return (void *)gs_read(TEB_TLS_SLOTS + 8 * (uintptr_t)index);
+    void **expansion = (void **)gs_read(TEB_TLS_EXPANSION);
+    return expansion != NULL ? expansion[index - TEB_TLS_SLOT_COUNT] : NULL;
+}
+
+/* Windows calls this at the exit of a thread whose FLS value is not NULL, on that thread. */
+static void WINAPI on_thread_exit(void *heap)
+{
+    if (heap == NULL || unloading)
+        return;
+    TlsSetValue(port_win64_tls_index, NULL);
+    exit_fn(heap);
+}
+
+int port_thread_exit_hook(void (*fn)(void *heap))
+{
+    DWORD tls = TlsAlloc();
+    if (tls == TLS_OUT_OF_INDEXES)
+        return -1;
+    DWORD fls = FlsAlloc(on_thread_exit);
+    if (fls == FLS_OUT_OF_INDEXES) {
+        TlsFree(tls);
+        return -1;
+    }
+    exit_fn = fn;
+    fls_index = fls;
+    __atomic_store_n(&port_win64_tls_index, tls, __ATOMIC_RELEASE);
+    if (tls < TEB_TLS_SLOT_COUNT)
+        __atomic_store_n(&port_win64_slot_offset, TEB_TLS_SLOTS + 8 * (uintptr_t)tls, __ATOMIC_RELEASE);
+    return 0;
+}
+
+int port_heap_slot_set(void *heap)
+{
+    void *previous = FlsGetValue(fls_index);
+    if (!FlsSetValue(fls_index, heap))
+        return -1;
+    if (!TlsSetValue(port_win64_tls_index, heap)) { /* an index of 64 or above may need memory */
+        FlsSetValue(fls_index, previous);
+        return -1;
+    }
+    return 0;
+}
+
+uint64_t port_clock_ms(void)
+{
+    /* KUSER_SHARED_DATA.InterruptTime: x64 Windows stores it with one 8-byte write, so one aligned
+     * 8-byte read is consistent. */
+    uint64_t t = *(volatile const uint64_t *)(uintptr_t)0x7FFE0008;
+    return t / 10000u;
+}
+
+void port_yield(void) { SwitchToThread(); }
+
+void port_write_error(const char *msg, size_t len)
+{
+    HANDLE h = GetStdHandle(STD_ERROR_HANDLE);
+    if (h == NULL || h == INVALID_HANDLE_VALUE)
+        return;
+    while (len > 0) {
+        DWORD chunk = len > 0x40000000u ? 0x40000000u : (DWORD)len, written = 0;
+        if (!WriteFile(h, msg, chunk, &written, NULL) || written == 0)
+            return;
+        msg += written;
+        len -= written;
+    }
+}
+
+_Noreturn void port_abort(void)
+{
+    TerminateProcess(GetCurrentProcess(), 3);
+    for (;;)
+        ExitProcess(3);
+}
+
+#ifdef SHARD_BUILD_DLL
+/* The DLL's entry point (linked with -e, no C runtime). At FreeLibrary (reserved == NULL) the FLS index
+ * goes, so Windows never calls on_thread_exit in unloaded code; FlsFree may call it for the threads
+ * that still hold a heap, and `unloading` makes those calls do nothing: the heaps are abandoned with the
+ * DLL. At process exit (reserved != NULL) nothing is done: the process's memory goes with it. */
+BOOL WINAPI shard_dll_entry(HINSTANCE instance, DWORD reason, void *reserved)
+{
+    (void)instance;
+    if (reason == DLL_PROCESS_DETACH && reserved == NULL && fls_index != FLS_OUT_OF_INDEXES) {
+        unloading = 1;
+        FlsFree(fls_index);
+        TlsFree(port_win64_tls_index);
+    }
+    return TRUE;
+}
+#endif
