@@ -5,6 +5,7 @@
  *   CHECK(cond)               records a failure with file:line and the condition, and continues
  *   CHECKF(cond, fmt, ...)    the same with a formatted message
  *   CHECK_EQ(a, b)            equality of two integers or pointers, both values in the message
+ *   CHECK_PATTERN(p, n, seed, what)  the n bytes at p hold the pattern of seed (see below)
  *   SKIP_TEST()               ends the test; it is reported as "skip name" and counted as passed
  *
  * CHECK may be used from any thread while a test runs (the counts are atomic). Define HARNESS_MAIN in
@@ -28,8 +29,14 @@
 typedef void (*harness_fn)(void);
 
 void harness_register(const char *name, harness_fn fn, int line);
+/* mingw builds use mingw's own printf (-D__USE_MINGW_ANSI_STDIO=1), which knows %zu and %llu. */
+#ifdef __MINGW32__
+#define HARNESS_PRINTF gnu_printf
+#else
+#define HARNESS_PRINTF printf
+#endif
 void harness_fail(const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+    __attribute__((format(HARNESS_PRINTF, 3, 4)));
 extern int harness_skipped;
 
 #define HARNESS_CAT_(a, b) a##b
@@ -138,6 +145,13 @@ static inline int check_pattern(const void *p, size_t n, uint64_t seed)
     return pattern_mismatch(p, n, seed) == n;
 }
 
+/* Checks the pattern of a block and names the first wrong byte. */
+#define CHECK_PATTERN(p, n, seed, what)                                                            \
+    do {                                                                                           \
+        size_t n_ = (n), bad_ = pattern_mismatch((p), n_, (seed));                                 \
+        CHECKF(bad_ == n_, "%s: byte %zu of %zu differs from the pattern", (what), bad_, n_);      \
+    } while (0)
+
 /* Index of the first byte that is not `value`, or n. */
 static inline size_t bytes_not_equal(const void *p, size_t n, unsigned char value)
 {
@@ -226,6 +240,27 @@ static int harness_run(const struct harness_test *t)
     fflush(stdout);
     return failures == 0;
 }
+
+#ifdef _WIN32
+#define WIN32_LEAN_AND_MEAN
+#include <windows.h>
+/* A crash ends the program with a message: without this, Wine starts its debugger and waits. */
+static LONG WINAPI harness_crashed(EXCEPTION_POINTERS *e)
+{
+    fprintf(stderr, "harness: unhandled exception 0x%lx at %p in %s\n",
+            (unsigned long)e->ExceptionRecord->ExceptionCode, e->ExceptionRecord->ExceptionAddress, harness_current);
+    fflush(stdout);
+    fflush(stderr);
+    TerminateProcess(GetCurrentProcess(), 99);
+    return EXCEPTION_EXECUTE_HANDLER;
+}
+
+__attribute__((constructor)) static void harness_no_debugger(void)
+{
+    SetErrorMode(SEM_FAILCRITICALERRORS | SEM_NOGPFAULTERRORBOX);
+    SetUnhandledExceptionFilter(harness_crashed);
+}
+#endif
 
 int main(int argc, char **argv)
 {
