@@ -1,0 +1,191 @@
+/* test_port.c - the port contract (port/port.h), tested on its own: linked with the port's object file
+ * only (port/linux.c or port/win64.c), no allocator.
+ *
+ * Address space: reservations are aligned, commit gives zeros and keeps contents when repeated,
+ * decommit gives the memory back (zeros after the next commit; on Windows the range is no longer
+ * committed), release takes a whole reservation. The heap slot: NULL in a thread until set, then what
+ * was set, per thread; on Windows the inline gs read equals TlsGetValue of our index. The exit hook:
+ * called once at the exit of every thread that set its slot, with its value and the slot already
+ * cleared, and for no other thread. The clock: monotonic, in milliseconds, and it advances across a
+ * one-second sleep.
+ *
+ * Built with -DTEST_TLS_HIGH (Windows), the program takes 70 TLS indexes before the port takes its own,
+ * so the port's index is 64 or above and every slot read goes through the TEB's expansion array.
+ */
+#define HARNESS_MAIN
+#include "harness.h"
+#include "platform.h"
+
+#include "../port/port.h"
+
+#ifdef _WIN32
+extern DWORD port_win64_tls_index;
+#endif
+
+enum { HOOK_THREADS = 6, MAX_RECORDS = 64 };
+
+static struct {
+    int calls;
+    void *values[MAX_RECORDS];
+    int slot_cleared[MAX_RECORDS];
+} hook_calls;
+static mutex_t hook_lock = MUTEX_INIT;
+
+static void record_exit(void *heap)
+{
+    mutex_lock(&hook_lock);
+    int i = hook_calls.calls++;
+    if (i < MAX_RECORDS) {
+        hook_calls.values[i] = heap;
+        hook_calls.slot_cleared[i] = port_heap_slot() == NULL;
+    }
+    mutex_unlock(&hook_lock);
+}
+
+/* Before anything: take the hook (and so, on Windows, the TLS index). */
+__attribute__((constructor)) static void take_the_hook(void)
+{
+#ifdef TEST_TLS_HIGH
+    for (int i = 0; i < 70; i++)
+        if (TlsAlloc() == TLS_OUT_OF_INDEXES)
+            break;
+#endif
+    if (port_thread_exit_hook(record_exit) != 0) {
+        fprintf(stderr, "port_thread_exit_hook failed\n");
+        exit(1);
+    }
+}
+
+/* The slot through the port's inline read, checked against the OS's own accessor on Windows. */
+static void *slot_checked(void)
+{
+    void *v = port_heap_slot();
+#ifdef _WIN32
+    void *os = TlsGetValue(port_win64_tls_index);
+    CHECKF(v == os, "port_heap_slot %p, TlsGetValue(%lu) %p", v, (unsigned long)port_win64_tls_index, os);
+#endif
+    return v;
+}
+
+TEST(reserve_commit_decommit_and_release_follow_the_contract)
+{
+    const size_t size = (size_t)8 << 20, off = (size_t)1 << 20, len = (size_t)256 << 10;
+    unsigned char *r = port_reserve(size);
+    CHECK(r != NULL);
+    if (r == NULL)
+        return;
+    CHECK_EQ((uintptr_t)r % PORT_RESERVE_ALIGN, 0);
+    CHECK_EQ(port_commit(r + off, len), 0);
+    CHECK_EQ(bytes_not_equal(r + off, len, 0), len);
+    fill(r + off, len, 11);
+    CHECK_EQ(port_commit(r + off, len), 0); /* committing again keeps the contents */
+    CHECK(check_pattern(r + off, len, 11));
+    CHECK_EQ(port_commit(r, PORT_PAGE), 0); /* the first and last pages of the reservation */
+    CHECK_EQ(port_commit(r + size - PORT_PAGE, PORT_PAGE), 0);
+    r[0] = 1;
+    r[size - 1] = 2;
+    static unsigned char last_page[4096];
+    memcpy(last_page, r + off + len - PORT_PAGE, PORT_PAGE);
+    CHECK_EQ(port_decommit(r + off + PORT_PAGE, len - 2 * PORT_PAGE), 0);
+    CHECK(check_pattern(r + off, PORT_PAGE, 11)); /* the neighbours keep their contents */
+    CHECK(memcmp(last_page, r + off + len - PORT_PAGE, PORT_PAGE) == 0);
+#ifdef _WIN32
+    MEMORY_BASIC_INFORMATION mi;
+    CHECK(VirtualQuery(r + off + PORT_PAGE, &mi, sizeof mi) == sizeof mi);
+    CHECKF(mi.State == MEM_RESERVE && mi.RegionSize == len - 2 * PORT_PAGE,
+           "after decommit: state 0x%lx, region %zu bytes", (unsigned long)mi.State, (size_t)mi.RegionSize);
+#endif
+    CHECK_EQ(port_commit(r + off + PORT_PAGE, len - 2 * PORT_PAGE), 0);
+    CHECK_EQ(bytes_not_equal(r + off + PORT_PAGE, len - 2 * PORT_PAGE, 0), len - 2 * PORT_PAGE);
+    CHECK_EQ(r[0], 1);
+    CHECK_EQ(r[size - 1], 2);
+    CHECK_EQ(port_release(r, size), 0);
+#ifdef _WIN32
+    CHECK(VirtualQuery(r, &mi, sizeof mi) == sizeof mi);
+    CHECKF(mi.State == MEM_FREE, "after release: state 0x%lx", (unsigned long)mi.State);
+#endif
+}
+
+TEST(a_reservation_beyond_the_address_space_is_refused)
+{
+    CHECK(port_reserve((size_t)1 << 50) == NULL);
+    unsigned char *r = port_reserve((size_t)1 << 20);
+    CHECK(r != NULL);
+    if (r != NULL)
+        CHECK_EQ(port_release(r, (size_t)1 << 20), 0);
+}
+
+static void *slot_thread(void *arg)
+{
+    CHECK(slot_checked() == NULL);
+    CHECK_EQ(port_heap_slot_set(arg), 0);
+    CHECK(slot_checked() == arg);
+    CHECK_EQ(port_heap_slot_set((char *)arg + 16), 0); /* a second value replaces the first */
+    CHECK(slot_checked() == (char *)arg + 16);
+    return NULL;
+}
+
+static void *idle_thread(void *arg)
+{
+    (void)arg;
+    CHECK(slot_checked() == NULL);
+    return NULL;
+}
+
+/* Each thread has its own slot; the exit hook runs once for each thread that set one (with its last
+ * value and the slot cleared) and for none that did not. */
+TEST(the_slot_is_per_thread_and_the_exit_hook_sees_every_thread_that_set_it)
+{
+    static char values[HOOK_THREADS][64];
+    thread_t t[HOOK_THREADS], idle[2];
+#ifdef TEST_TLS_HIGH
+    CHECKF(port_win64_tls_index >= 64, "TLS index %lu", (unsigned long)port_win64_tls_index);
+#endif
+    CHECK(slot_checked() == NULL);
+    CHECK_EQ(port_heap_slot_set(values), 0);
+    CHECK(slot_checked() == values);
+    for (int i = 0; i < HOOK_THREADS; i++)
+        CHECK_EQ(thread_start(&t[i], slot_thread, values[i]), 0);
+    for (int i = 0; i < 2; i++)
+        CHECK_EQ(thread_start(&idle[i], idle_thread, NULL), 0);
+    for (int i = 0; i < HOOK_THREADS; i++)
+        thread_join(t[i]);
+    for (int i = 0; i < 2; i++)
+        thread_join(idle[i]);
+    CHECK(slot_checked() == values); /* the main thread's slot is its own */
+    mutex_lock(&hook_lock);
+    CHECK_EQ(hook_calls.calls, HOOK_THREADS);
+    for (int i = 0; i < HOOK_THREADS; i++) {
+        int seen = 0;
+        for (int j = 0; j < hook_calls.calls && j < MAX_RECORDS; j++)
+            if (hook_calls.values[j] == values[i] + 16) {
+                seen++;
+                CHECKF(hook_calls.slot_cleared[j], "thread %d: the slot was still set in the exit hook", i);
+            }
+        CHECKF(seen == 1, "thread %d: the exit hook saw its last value %d times", i, seen);
+    }
+    mutex_unlock(&hook_lock);
+    CHECK_EQ(port_heap_slot_set(NULL), 0);
+    CHECK(slot_checked() == NULL);
+}
+
+TEST(the_clock_is_monotonic_in_ms_and_advances_across_a_second)
+{
+    uint64_t t0 = port_clock_ms(), last = t0;
+    for (int i = 0; i < 100000; i++) {
+        uint64_t t = port_clock_ms();
+        CHECKF(t >= last, "the clock went back from %llu to %llu", (unsigned long long)last, (unsigned long long)t);
+        last = t;
+    }
+    sleep_ms(1000);
+    uint64_t t1 = port_clock_ms();
+    /* The clock's resolution is 1-16 ms; the upper bound only says the unit is not finer than ms. */
+    CHECKF(t1 - t0 >= 960 && t1 - t0 < 60000, "%llu ms measured across a 1000 ms sleep",
+           (unsigned long long)(t1 - t0));
+}
+
+TEST(yield_returns)
+{
+    for (int i = 0; i < 100; i++)
+        port_yield();
+}
