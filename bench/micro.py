@@ -12,6 +12,11 @@ prints a markdown table on stdout: ns per malloc/free pair for each allocator, t
 each peer (above 1 means shardmm is faster). Progress goes to stderr. A binary that exits non-zero
 or prints something unexpected stops the whole run with an error.
 
+With --wine it runs the Windows builds instead (<build-dir>/win64/micro-<alloc>.exe: shardmm's DLL and
+the C runtime's malloc, which under Wine is Wine's heap, not Windows's) under /usr/lib/wine/wine64 with
+the test suite's prefix; that measures our Windows code paths (the TEB slot read, the Win64 port), not
+Windows itself.
+
 Standard library only.
 """
 
@@ -40,15 +45,32 @@ def comma_list(text):
     return [item for item in text.split(",") if item]
 
 
-def binary_path(build_dir, alloc):
+WINE = "/usr/lib/wine/wine64"
+WINE_ALLOCS = ["shard", "system"]
+
+
+def binary_path(build_dir, alloc, wine=False):
+    if wine:
+        return os.path.join(build_dir, "win64", "micro-" + alloc + ".exe")
     return os.path.join(build_dir, "bench", "micro-" + alloc)
 
 
-def run_one(binary, row, scale):
+def wine_env(build_dir):
+    env = dict(os.environ)
+    env["WINEPREFIX"] = os.path.abspath(os.path.join(build_dir, "wine"))
+    env["WINEDEBUG"] = "-all"
+    return env
+
+
+def run_one(binary, row, scale, wine_build_dir=None):
     """Runs one row of one binary; returns its ns per pair, or stops the runner with an error."""
     command = [binary, row, "-scale", repr(scale)]
+    env = None
+    if wine_build_dir is not None:
+        command = [WINE] + command
+        env = wine_env(wine_build_dir)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
         fail(f"{shlex.join(command)} did not finish within {TIMEOUT_S} s")
     except OSError as e:
@@ -56,7 +78,7 @@ def run_one(binary, row, scale):
     if done.returncode != 0:
         sys.stderr.write(done.stderr)
         fail(f"{shlex.join(command)} exited with status {done.returncode}")
-    fields = done.stdout.split()
+    fields = done.stdout.replace("\r", "").split()
     if len(fields) != 2 or fields[0] != row:
         sys.stderr.write(done.stderr)
         fail(f"{shlex.join(command)} printed {done.stdout!r}, expected '{row} <ns_per_pair>'")
@@ -79,7 +101,10 @@ def parse_args():
                         help="comma-separated rows (default: all: " + ",".join(ROWS) + ")")
     parser.add_argument("--allocs", type=comma_list, default=None,
                         help="comma-separated allocators (default: " + ",".join(DEFAULT_ALLOCS)
-                             + ", plus tcmalloc when its binary exists)")
+                             + ", plus tcmalloc when its binary exists; with --wine: "
+                             + ",".join(WINE_ALLOCS) + ")")
+    parser.add_argument("--wine", action="store_true",
+                        help="run the Windows builds (<build-dir>/win64/micro-<alloc>.exe) under Wine")
     args = parser.parse_args()
 
     if args.runs < 1:
@@ -91,6 +116,8 @@ def parse_args():
     unknown = [row for row in args.rows if row not in ROWS]
     if unknown or not args.rows:
         parser.error(f"unknown rows {unknown}; known: {','.join(ROWS)}")
+    if args.allocs is None and args.wine:
+        args.allocs = list(WINE_ALLOCS)
     if args.allocs is None:
         args.allocs = DEFAULT_ALLOCS + [a for a in OPTIONAL_ALLOCS
                                         if os.path.exists(binary_path(args.build_dir, a))]
@@ -102,8 +129,8 @@ def parse_args():
 def main():
     args = parse_args()
     started = datetime.datetime.now().astimezone()
-    binaries = {a: binary_path(args.build_dir, a) for a in args.allocs}
-    missing = [path for path in binaries.values() if not os.access(path, os.X_OK)]
+    binaries = {a: binary_path(args.build_dir, a, args.wine) for a in args.allocs}
+    missing = [path for path in binaries.values() if not os.path.exists(path)]
     if missing:
         fail("missing binaries (build them first): " + " ".join(missing))
 
@@ -111,7 +138,7 @@ def main():
     for run in range(1, args.runs + 1):
         for row in args.rows:
             for alloc in args.allocs:
-                ns = run_one(binaries[alloc], row, args.scale)
+                ns = run_one(binaries[alloc], row, args.scale, args.build_dir if args.wine else None)
                 samples[(row, alloc)].append(ns)
                 print(f"[run {run}/{args.runs}] {row:<15} {alloc:<9} {ns:9.2f} ns/pair",
                       file=sys.stderr, flush=True)
