@@ -52,6 +52,7 @@ static long sys3(long n, long a, long b, long c) { return sys6(n, a, b, c, 0, 0,
 static int sys_failed(long r) { return (unsigned long)r > (unsigned long)-4096L; }
 
 __thread void *port_linux_heap_slot __attribute__((tls_model("initial-exec")));
+static __thread int thread_exited __attribute__((tls_model("initial-exec"))); /* the exit hook has run */
 
 void *port_reserve(size_t size)
 {
@@ -97,6 +98,7 @@ static void (*exit_fn)(void *heap);
 static void on_thread_exit(void *heap)
 {
     port_linux_heap_slot = NULL;
+    thread_exited = 1; /* glibc would call us again if the key were set again, but only for 4 rounds */
     exit_fn(heap);
 }
 
@@ -108,6 +110,8 @@ int port_thread_exit_hook(void (*fn)(void *heap))
 
 int port_heap_slot_set(void *heap)
 {
+    if (thread_exited)
+        return PORT_SLOT_EXITED;
     if (pthread_setspecific(exit_key, heap) != 0)
         return -1; /* the slot stays as it was: the caller keeps no heap it could not arm the hook for */
     port_linux_heap_slot = heap;

@@ -41,12 +41,16 @@ int port_decommit(void *addr, size_t size);
 int port_release(void *addr, size_t size);
 
 /* Register fn to be called at the exit of every thread that has set its heap slot to non-NULL, with
- * the slot's value; called once per process, before the first port_heap_slot_set. 0 or -1. */
+ * the slot's value, once per thread; the slot reads NULL when fn runs. Called once per process,
+ * before the first port_heap_slot_set. 0 or -1. */
 int port_thread_exit_hook(void (*fn)(void *heap));
 
-/* Store heap in the calling thread's slot and arm the thread-exit hook for it. 0, or -1 with the slot
- * unchanged. */
+/* Store heap in the calling thread's slot and arm the thread-exit hook for it. 0; -1 with the slot
+ * unchanged when the OS refuses; PORT_SLOT_EXITED with the slot unchanged (NULL) when the thread's exit
+ * hook has already run - code that runs later in the thread's exit (a destructor of thread-local data
+ * that allocates) - so that no hook would ever give the heap back. */
 int port_heap_slot_set(void *heap);
+#define PORT_SLOT_EXITED 1
 
 /* Milliseconds from an arbitrary start, monotonic, with a resolution of some 1-16 ms. */
 uint64_t port_clock_ms(void);

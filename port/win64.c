@@ -11,8 +11,18 @@
  *   through TlsSetValue, which also creates that array.
  * - thread exit: an FLS index whose callback Windows runs at the exit of every thread that has set a
  *   value (a thread of CreateThread, of the CRT, of a pool), and for the main thread at process exit.
- *   The DLL's entry frees the index when the DLL is unloaded (FreeLibrary) so that the callback never
- *   runs in unloaded code; at process exit it leaves everything as it is.
+ *   FLS belongs to fibers, the slot to the thread: the callback acts only when the heap it is given is
+ *   the one in the slot of the thread it runs on, so deleting a fiber (on any thread) never gives away
+ *   a heap that a thread still uses; a heap whose fiber was deleted stays with its thread, and the
+ *   DLL's DLL_THREAD_DETACH gives it back at that thread's exit (the static library has no such entry:
+ *   there the heap stays out of use). After the hook ran, a second TLS index marks the thread as
+ *   exited, and port_heap_slot_set refuses it (PORT_SLOT_EXITED): Windows runs FLS callbacks before
+ *   DLL_THREAD_DETACH and TLS callbacks, where thread-local destructors may still allocate, and would
+ *   never call the callback again for a value set then.
+ * - unloading: the DLL's entry frees both indexes when the DLL is unloaded (FreeLibrary) so that the
+ *   callback never runs in unloaded code; at process exit it leaves everything as it is. The static
+ *   library, which may be linked into a DLL of someone else's, pins the module that holds it instead
+ *   (the process then keeps that module loaded).
  * - the clock: the InterruptTime of KUSER_SHARED_DATA (0x7FFE0008), 100 ns units, read without a
  *   call; it steps every 15.6 ms or so.
  * - waiting: SwitchToThread (callers spin with pause first, src/sync.h); the fatal message: WriteFile
@@ -30,6 +40,7 @@ uintptr_t port_win64_slot_offset;
 /* Our TLS index; TLS_OUT_OF_INDEXES until port_thread_exit_hook. Not static: the port test reads it. */
 DWORD port_win64_tls_index = TLS_OUT_OF_INDEXES;
 static DWORD fls_index = FLS_OUT_OF_INDEXES;
+static DWORD exited_index = TLS_OUT_OF_INDEXES; /* non-NULL in a thread whose exit hook has run */
 static void (*exit_fn)(void *heap);
 static volatile LONG unloading; /* set when the DLL is unloaded: the FLS callbacks do nothing from then */
 
@@ -73,27 +84,44 @@ void *port_win64_heap_slot_far(void)
     return expansion != NULL ? expansion[index - TEB_TLS_SLOT_COUNT] : NULL;
 }
 
-/* Windows calls this at the exit of a thread whose FLS value is not NULL, on that thread. */
+static void thread_exited(void *heap)
+{
+    TlsSetValue(port_win64_tls_index, NULL);
+    TlsSetValue(exited_index, (void *)1);
+    exit_fn(heap);
+}
+
+/* Windows calls this for a fiber whose FLS value is not NULL: at the exit of its thread, on that thread,
+ * or when the fiber is deleted, on the deleting thread. */
 static void WINAPI on_thread_exit(void *heap)
 {
-    if (heap == NULL || unloading)
+    if (heap == NULL || unloading || TlsGetValue(port_win64_tls_index) != heap)
         return;
-    TlsSetValue(port_win64_tls_index, NULL);
-    exit_fn(heap);
+    thread_exited(heap);
 }
 
 int port_thread_exit_hook(void (*fn)(void *heap))
 {
-    DWORD tls = TlsAlloc();
-    if (tls == TLS_OUT_OF_INDEXES)
-        return -1;
-    DWORD fls = FlsAlloc(on_thread_exit);
-    if (fls == FLS_OUT_OF_INDEXES) {
-        TlsFree(tls);
+    DWORD tls = TlsAlloc(), exited = TlsAlloc(), fls = FlsAlloc(on_thread_exit);
+#ifndef SHARD_BUILD_DLL
+    HMODULE self;
+    BOOL pinned = GetModuleHandleExW(GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS | GET_MODULE_HANDLE_EX_FLAG_PIN,
+                                     (LPCWSTR)(void *)on_thread_exit, &self);
+#else
+    BOOL pinned = TRUE;
+#endif
+    if (tls == TLS_OUT_OF_INDEXES || exited == TLS_OUT_OF_INDEXES || fls == FLS_OUT_OF_INDEXES || !pinned) {
+        if (tls != TLS_OUT_OF_INDEXES)
+            TlsFree(tls);
+        if (exited != TLS_OUT_OF_INDEXES)
+            TlsFree(exited);
+        if (fls != FLS_OUT_OF_INDEXES)
+            FlsFree(fls);
         return -1;
     }
     exit_fn = fn;
     fls_index = fls;
+    exited_index = exited;
     __atomic_store_n(&port_win64_tls_index, tls, __ATOMIC_RELEASE);
     if (tls < TEB_TLS_SLOT_COUNT)
         __atomic_store_n(&port_win64_slot_offset, TEB_TLS_SLOTS + 8 * (uintptr_t)tls, __ATOMIC_RELEASE);
@@ -102,6 +130,8 @@ int port_thread_exit_hook(void (*fn)(void *heap))
 
 int port_heap_slot_set(void *heap)
 {
+    if (TlsGetValue(exited_index) != NULL)
+        return PORT_SLOT_EXITED;
     void *previous = FlsGetValue(fls_index);
     if (!FlsSetValue(fls_index, heap))
         return -1;
@@ -144,17 +174,25 @@ _Noreturn void port_abort(void)
 }
 
 #ifdef SHARD_BUILD_DLL
-/* The DLL's entry point (linked with -e, no C runtime). At FreeLibrary (reserved == NULL) the FLS index
- * goes, so Windows never calls on_thread_exit in unloaded code; FlsFree may call it for the threads
- * that still hold a heap, and `unloading` makes those calls do nothing: the heaps are abandoned with the
- * DLL. At process exit (reserved != NULL) nothing is done: the process's memory goes with it. */
+/* The DLL's entry point (linked with -e, no C runtime). At a thread's exit, a heap still in its slot
+ * (its FLS value went with a deleted fiber) is given back. At FreeLibrary (reserved == NULL) the FLS
+ * index goes, so Windows never calls on_thread_exit in unloaded code; FlsFree may call it for the
+ * threads that still hold a heap, and `unloading` makes those calls do nothing: the heaps are abandoned
+ * with the DLL. At process exit (reserved != NULL) nothing is done: the process's memory goes with it. */
 BOOL WINAPI shard_dll_entry(HINSTANCE instance, DWORD reason, void *reserved)
 {
     (void)instance;
-    if (reason == DLL_PROCESS_DETACH && reserved == NULL && fls_index != FLS_OUT_OF_INDEXES) {
+    if (fls_index == FLS_OUT_OF_INDEXES) /* the allocator has not started */
+        return TRUE;
+    if (reason == DLL_THREAD_DETACH && !unloading) {
+        void *heap = TlsGetValue(port_win64_tls_index);
+        if (heap != NULL)
+            thread_exited(heap);
+    } else if (reason == DLL_PROCESS_DETACH && reserved == NULL) {
         unloading = 1;
         FlsFree(fls_index);
         TlsFree(port_win64_tls_index);
+        TlsFree(exited_index);
     }
     return TRUE;
 }

@@ -40,14 +40,16 @@ static __attribute__((noinline)) void *malloc_generic(size_t size)
 {
     if (size > SHARD_SMALL_MAX)
         return large_alloc(size);
-    heap *h = heap_get_or_create();
+    int lent = 0;
+    heap *h = heap_get_or_create(&lent);
     if (h == NULL)
         return NULL;
     unsigned cls = class_by_size16[(size + 15) >> 4];
     page *pg = h->classes[cls].first;
-    if (pg != NULL && pg->free != NULL)
-        return page_pop(pg);
-    return small_alloc_slow(h, cls);
+    void *p = pg != NULL && pg->free != NULL ? page_pop(pg) : small_alloc_slow(h, cls);
+    if (unlikely(lent))
+        heap_give_back(h); /* a thread past its exit hook: the heap goes back after this one block */
+    return p;
 }
 
 void *shard_malloc(size_t size)

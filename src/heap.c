@@ -7,6 +7,9 @@
  * pushed again with another next. Heaps are never freed, so reading next_free of a stale top is safe.
  * Trimming the memory an exiting heap keeps is the thread-lifecycle issue's work; for now a heap keeps
  * what it had (its free pages age out once its next owner passes a slow path).
+ * Code that runs in a thread after its exit hook (a destructor of thread-local data) may still allocate:
+ * the port refuses to arm the hook again (PORT_SLOT_EXITED), so such a thread borrows a heap for each
+ * allocation and gives it straight back; its frees are those of a thread without a heap.
  */
 #include "heap.h"
 
@@ -26,9 +29,8 @@ static pair128 read_top(void)
     return top;
 }
 
-static void on_thread_exit(void *arg)
+void heap_give_back(heap *h)
 {
-    heap *h = arg;
     pair128 old = read_top(), desired;
     do {
         h->next_free = old.ptr;
@@ -36,6 +38,8 @@ static void on_thread_exit(void *arg)
         desired.count = old.count + 1;
     } while (!cas128(&free_stack, &old, desired));
 }
+
+static void on_thread_exit(void *h) { heap_give_back(h); }
 
 static heap *pop_free_heap(void)
 {
@@ -82,7 +86,7 @@ static heap *heap_new(void)
     return h;
 }
 
-heap *heap_get_or_create(void)
+heap *heap_get_or_create(int *lent)
 {
     heap *h = port_heap_slot();
     if (h != NULL)
@@ -94,8 +98,13 @@ heap *heap_get_or_create(void)
         h = heap_new();
     if (h == NULL)
         return NULL;
-    if (port_heap_slot_set(h) != 0) {
-        on_thread_exit(h); /* back on the stack: the thread could not own it */
+    int set = port_heap_slot_set(h);
+    if (set == PORT_SLOT_EXITED) {
+        *lent = 1;
+        return h;
+    }
+    if (set != 0) {
+        heap_give_back(h); /* the thread could not own it */
         return NULL;
     }
     return h;

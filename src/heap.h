@@ -33,8 +33,13 @@ typedef struct heap {
 } heap;
 
 /* The calling thread's heap, created (or taken from the free stack) if it has none; NULL when out of
- * memory. */
-heap *heap_get_or_create(void);
+ * memory. In a thread whose exit hook has already run (a thread-local destructor that allocates), the
+ * heap is only lent: *lent is set to 1, the heap is not stored in the thread's slot, and the caller
+ * makes its one allocation and then gives the heap back with heap_give_back. */
+heap *heap_get_or_create(int *lent);
+
+/* Puts a heap on the stack of free heaps: at thread exit, and after a lent heap's one use. */
+void heap_give_back(heap *h);
 
 /* The first heap of the list of all heaps (statistics walk it; heaps are never freed). */
 heap *heap_all(void);

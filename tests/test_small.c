@@ -1578,3 +1578,115 @@ TEST(the_default_error_hook_writes_one_line_and_aborts)
     }
 #endif
 }
+
+/* ---- allocation after the thread-exit hook ---- */
+
+/* Thread-local destructors run at thread exit, some after the allocator's own exit hook, and may
+ * allocate (a C++ thread_local object that logs, a runtime's per-thread cleanup). Here each test thread
+ * allocates LATE_BLOCKS blocks from such a destructor: on Linux a pthread key destructor made after the
+ * allocator's key (so it runs after ours) that re-arms itself for all of glibc's rounds, on Windows a
+ * TLS callback of the program, which Windows runs after the FLS callbacks. The blocks must be good and
+ * outlive the thread, and the thread must leave no heap behind: every heap but the main thread's is
+ * back in the stack afterwards. */
+enum { LATE_THREADS = 12, LATE_ROUNDS = 4, LATE_BLOCKS = 3 };
+
+static struct {
+    void *blocks[LATE_THREADS][LATE_ROUNDS * LATE_BLOCKS];
+    int count[LATE_THREADS];
+} late;
+
+static void late_allocate(int thread)
+{
+    for (int i = 0; i < LATE_BLOCKS && late.count[thread] < LATE_ROUNDS * LATE_BLOCKS; i++) {
+        int k = late.count[thread];
+        size_t n = 24 + (size_t)k * 300 + (size_t)thread;
+        void *p = shard_malloc(n);
+        CHECK(p != NULL);
+        if (p == NULL)
+            return;
+        fill(p, n, 4000 + (uint64_t)thread * 100 + (uint64_t)k);
+        late.blocks[thread][k] = p;
+        late.count[thread]++;
+    }
+}
+
+#ifdef _WIN32
+static DWORD late_index = TLS_OUT_OF_INDEXES; /* holds thread + 1 in a test thread */
+
+static void NTAPI late_tls_callback(PVOID module, DWORD reason, PVOID reserved)
+{
+    (void)module;
+    (void)reserved;
+    if (reason != DLL_THREAD_DETACH || late_index == TLS_OUT_OF_INDEXES)
+        return;
+    intptr_t thread = (intptr_t)TlsGetValue(late_index) - 1;
+    for (int round = 0; thread >= 0 && round < LATE_ROUNDS; round++)
+        late_allocate((int)thread);
+}
+__attribute__((section(".CRT$XLF"), used)) static const PIMAGE_TLS_CALLBACK late_callback = late_tls_callback;
+
+static void late_arm(int thread)
+{
+    TlsSetValue(late_index, (void *)(intptr_t)(thread + 1));
+}
+#else
+static pthread_key_t late_key;
+static __thread int late_rounds;
+
+static void late_destructor(void *value)
+{
+    int thread = (int)(intptr_t)value - 1;
+    late_allocate(thread);
+    if (++late_rounds < LATE_ROUNDS) /* glibc calls again while a value is set, for 4 rounds in all */
+        pthread_setspecific(late_key, value);
+}
+
+static void late_arm(int thread)
+{
+    pthread_setspecific(late_key, (void *)(intptr_t)(thread + 1));
+}
+#endif
+
+static void *late_thread(void *arg)
+{
+    int thread = (int)(intptr_t)arg;
+    void *p = shard_malloc(100); /* the thread has a heap of its own, and so an exit hook to run */
+    CHECK(p != NULL);
+    shard_free(p);
+    late_arm(thread);
+    return NULL;
+}
+
+TEST(allocations_after_the_thread_exit_hook_leave_no_heap_behind)
+{
+    void *mine = shard_malloc(100); /* the main thread holds a heap throughout */
+    CHECK(mine != NULL);
+#ifdef _WIN32
+    late_index = TlsAlloc();
+    CHECK(late_index != TLS_OUT_OF_INDEXES);
+#else
+    CHECK_EQ(pthread_key_create(&late_key, late_destructor), 0); /* after the allocator's key */
+#endif
+#if SHARD_RULES
+    size_t heaps_before = stats_now().heaps;
+#endif
+    for (int i = 0; i < LATE_THREADS; i++)
+        run_thread(late_thread, (void *)(intptr_t)i); /* one after another: one heap can serve them all */
+    for (int i = 0; i < LATE_THREADS; i++) {
+        CHECKF(late.count[i] == LATE_ROUNDS * LATE_BLOCKS, "thread %d made %d late blocks", i, late.count[i]);
+        for (int k = 0; k < late.count[i]; k++) {
+            size_t n = 24 + (size_t)k * 300 + (size_t)i;
+            CHECK_PATTERN(late.blocks[i][k], n, 4000 + (uint64_t)i * 100 + (uint64_t)k, "block made after exit hook");
+            shard_free(late.blocks[i][k]);
+        }
+    }
+#if SHARD_RULES
+    shard_stats s = stats_now();
+    CHECKF(s.heaps - s.heaps_free == 1, "%zu heaps, %zu of them free, after %d threads that allocated late",
+           s.heaps, s.heaps_free, LATE_THREADS);
+    CHECKF(s.heaps <= heaps_before + 1, "%zu heaps before, %zu after %d threads one after another", heaps_before,
+           s.heaps, LATE_THREADS);
+    CHECK_EQ(shard_check(), 0);
+#endif
+    shard_free(mine);
+}
