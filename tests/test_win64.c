@@ -3,9 +3,15 @@
  * - Threads of CreateThread that used the allocator: while they run each owns a heap; when they exit
  *   the FLS callback returns their heaps to the free-heap stack; their blocks outlive them and are
  *   checked, resized and freed by the main thread.
+ * - Fibers: a thread makes its first allocation in a fiber, and another thread deletes that fiber,
+ *   which runs the FLS callback on the deleting thread: neither thread loses its heap, and the first
+ *   one's heap comes back when it exits (through DLL_THREAD_DETACH, as its FLS value went with the
+ *   fiber).
  * - FreeLibrary while a thread still holds a heap, then that thread exits: the DLL freed its FLS index
- *   on unload, so Windows does not call into unloaded code and the process lives on; the DLL loads
- *   again and works.
+ *   (and its two TLS indexes) on unload, so Windows does not call into unloaded code and the process
+ *   lives on; the DLL loads again and works.
+ * - The static library inside a DLL of someone else's (tests/wrap_dll.c): FreeLibrary of that DLL leaves
+ *   it loaded (the allocator pinned it), so a thread that allocated through it exits safely later.
  * Before the DLL is loaded the program takes 70 TLS indexes, so the DLL's own index is 64 or above and
  * every heap-slot read goes through the TEB's expansion array (tests/test_port.c checks that read
  * against TlsGetValue directly).
@@ -144,6 +150,116 @@ TEST(threads_of_createthread_return_their_heaps_at_exit_and_their_blocks_outlive
     shard.free_(mine);
 }
 
+/* ---- fibers ---- */
+
+enum { FIBER_BLOCKS = 64 };
+
+static struct {
+    void *thread_fiber, *fiber;
+    void *blocks[2][FIBER_BLOCKS];
+    HANDLE deleted_ready, fiber_deleted;
+} fib;
+
+static size_t fiber_size(int set, int i) { return 16 + (size_t)(set * FIBER_BLOCKS + i) * 40; }
+
+static void fiber_allocate(int set)
+{
+    for (int i = 0; i < FIBER_BLOCKS; i++) {
+        fib.blocks[set][i] = shard.malloc_(fiber_size(set, i));
+        CHECK(fib.blocks[set][i] != NULL);
+        if (fib.blocks[set][i])
+            fill(fib.blocks[set][i], fiber_size(set, i), 8000 + (uint64_t)(set * FIBER_BLOCKS + i));
+    }
+}
+
+static void WINAPI fiber_body(void *arg)
+{
+    (void)arg;
+    fiber_allocate(0); /* the thread's first allocation: its FLS value is this fiber's */
+    SwitchToFiber(fib.thread_fiber);
+}
+
+static void *fiber_thread(void *arg)
+{
+    (void)arg;
+    fib.thread_fiber = ConvertThreadToFiber(NULL);
+    CHECK(fib.thread_fiber != NULL);
+    fib.fiber = CreateFiber(0, fiber_body, NULL);
+    CHECK(fib.fiber != NULL);
+    if (fib.thread_fiber == NULL || fib.fiber == NULL)
+        return NULL;
+    SwitchToFiber(fib.fiber);
+    SetEvent(fib.deleted_ready);
+    WaitForSingleObject(fib.fiber_deleted, INFINITE); /* the main thread deletes the fiber meanwhile */
+    fiber_allocate(1);                                /* the heap is still this thread's */
+    ConvertFiberToThread();
+    return NULL;
+}
+
+TEST(deleting_a_fiber_on_another_thread_takes_no_heap_away)
+{
+    void *mine = shard.malloc_(100);
+    CHECK(mine != NULL);
+    fib.deleted_ready = CreateEventA(NULL, TRUE, FALSE, NULL);
+    fib.fiber_deleted = CreateEventA(NULL, TRUE, FALSE, NULL);
+    thread_t t;
+    CHECK_EQ(thread_start(&t, fiber_thread, NULL), 0);
+    WaitForSingleObject(fib.deleted_ready, INFINITE);
+    shard_stats before = stats_now();
+    CHECKF(before.heaps - before.heaps_free == 2, "%zu heaps, %zu free, with two threads", before.heaps,
+           before.heaps_free);
+    if (fib.fiber != NULL)
+        DeleteFiber(fib.fiber); /* the FLS callback runs here, on the main thread */
+    shard_stats after = stats_now();
+    CHECKF(after.heaps_free == before.heaps_free, "free heaps %zu -> %zu on deleting the fiber", before.heaps_free,
+           after.heaps_free);
+    void *more = shard.malloc_(3000); /* the main thread still has its own heap */
+    CHECK(more != NULL);
+    CHECK_EQ(stats_now().heaps, before.heaps);
+    SetEvent(fib.fiber_deleted);
+    thread_join(t);
+    shard_stats end = stats_now();
+    CHECKF(end.heaps - end.heaps_free == 1, "%zu heaps, %zu free, after the fiber's thread exited", end.heaps,
+           end.heaps_free);
+    for (int set = 0; set < 2; set++)
+        for (int i = 0; i < FIBER_BLOCKS; i++)
+            if (fib.blocks[set][i]) {
+                CHECK_PATTERN(fib.blocks[set][i], fiber_size(set, i), 8000 + (uint64_t)(set * FIBER_BLOCKS + i),
+                              "block of a fiber's thread");
+                shard.free_(fib.blocks[set][i]);
+            }
+    shard.free_(more);
+    shard.free_(mine);
+    CloseHandle(fib.deleted_ready);
+    CloseHandle(fib.fiber_deleted);
+    CHECK_EQ(shard.check(), 0);
+}
+
+/* ---- unloading ---- */
+
+/* How many TLS and FLS indexes are still free (takes them all, then gives them back). */
+static int free_tls_indexes(void)
+{
+    static DWORD taken[2048];
+    int n = 0;
+    while (n < 2048 && (taken[n] = TlsAlloc()) != TLS_OUT_OF_INDEXES)
+        n++;
+    for (int i = 0; i < n; i++)
+        TlsFree(taken[i]);
+    return n;
+}
+
+static int free_fls_indexes(void)
+{
+    static DWORD taken[8192];
+    int n = 0;
+    while (n < 8192 && (taken[n] = FlsAlloc(NULL)) != FLS_OUT_OF_INDEXES)
+        n++;
+    for (int i = 0; i < n; i++)
+        FlsFree(taken[i]);
+    return n;
+}
+
 static HANDLE holder_allocated, holder_go_on;
 
 static void *holder_thread(void *arg)
@@ -163,8 +279,13 @@ TEST(unloading_the_dll_while_a_thread_holds_a_heap_leaves_no_callback_behind)
     holder_go_on = CreateEventA(NULL, TRUE, FALSE, NULL);
     CHECK_EQ(thread_start(&t, holder_thread, NULL), 0);
     WaitForSingleObject(holder_allocated, INFINITE);
+    int tls_before = free_tls_indexes(), fls_before = free_fls_indexes();
     CHECK(FreeLibrary(shard.dll));
     CHECK(GetModuleHandleA("shardmm.dll") == NULL); /* really unloaded */
+    int tls_after = free_tls_indexes(), fls_after = free_fls_indexes();
+    CHECKF(tls_after == tls_before + 2 && fls_after == fls_before + 1,
+           "free TLS indexes %d -> %d, FLS %d -> %d on unloading (the DLL holds two and one)", tls_before, tls_after,
+           fls_before, fls_after);
     SetEvent(holder_go_on);
     thread_join(t); /* the thread exits: a callback into the unloaded DLL would end the process here */
     CloseHandle(holder_allocated);
@@ -181,4 +302,53 @@ TEST(unloading_the_dll_while_a_thread_holds_a_heap_leaves_no_callback_behind)
         shard.free_(p);
     }
     CHECK_EQ(shard.check(), 0);
+}
+
+/* ---- the static library inside another DLL ---- */
+
+static struct {
+    void *(*malloc_)(size_t);
+    void (*free_)(void *);
+    void *block;
+    HANDLE allocated, go_on;
+} wrap;
+
+static void *wrap_thread(void *arg)
+{
+    (void)arg;
+    wrap.block = wrap.malloc_(777);
+    CHECK(wrap.block != NULL);
+    if (wrap.block)
+        fill(wrap.block, 777, 321);
+    SetEvent(wrap.allocated);
+    WaitForSingleObject(wrap.go_on, INFINITE);
+    return NULL; /* exits after FreeLibrary of the DLL that holds the FLS callback */
+}
+
+TEST(the_static_library_pins_the_dll_it_is_linked_into)
+{
+    HMODULE dll = LoadLibraryA("shard-wrap.dll");
+    CHECK(dll != NULL);
+    if (dll == NULL)
+        return;
+    wrap.malloc_ = (void *(*)(size_t))(void (*)(void))GetProcAddress(dll, "wrap_malloc");
+    wrap.free_ = (void (*)(void *))(void (*)(void))GetProcAddress(dll, "wrap_free");
+    CHECK(wrap.malloc_ != NULL && wrap.free_ != NULL);
+    if (wrap.malloc_ == NULL || wrap.free_ == NULL)
+        return;
+    wrap.allocated = CreateEventA(NULL, TRUE, FALSE, NULL);
+    wrap.go_on = CreateEventA(NULL, TRUE, FALSE, NULL);
+    thread_t t;
+    CHECK_EQ(thread_start(&t, wrap_thread, NULL), 0);
+    WaitForSingleObject(wrap.allocated, INFINITE);
+    CHECK(FreeLibrary(dll));
+    CHECK(GetModuleHandleA("shard-wrap.dll") != NULL); /* pinned: still loaded */
+    SetEvent(wrap.go_on);
+    thread_join(t); /* a callback into an unloaded DLL would end the process here */
+    if (wrap.block) {
+        CHECK_PATTERN(wrap.block, 777, 321, "block of the static library in a DLL");
+        wrap.free_(wrap.block);
+    }
+    CloseHandle(wrap.allocated);
+    CloseHandle(wrap.go_on);
 }
