@@ -36,20 +36,32 @@ static inline void *page_pop(page *pg)
     return b;
 }
 
-static __attribute__((noinline)) void *malloc_generic(size_t size)
+/* A small block for a thread without a heap in its slot: its first allocation, or one made after its
+ * exit hook ran, with a heap lent for this one block. */
+static __attribute__((noinline)) void *malloc_without_heap(size_t size)
 {
-    if (size > SHARD_SMALL_MAX)
-        return large_alloc(size);
     int lent = 0;
     heap *h = heap_get_or_create(&lent);
     if (h == NULL)
         return NULL;
-    unsigned cls = class_by_size16[(size + 15) >> 4];
-    page *pg = h->classes[cls].first;
-    void *p = pg != NULL && pg->free != NULL ? page_pop(pg) : small_alloc_slow(h, cls);
-    if (unlikely(lent))
+    void *p = small_alloc_slow(h, class_by_size16[(size + 15) >> 4]);
+    if (lent)
         heap_give_back(h); /* a thread past its exit hook: the heap goes back after this one block */
     return p;
+}
+
+static __attribute__((noinline)) void *malloc_generic(size_t size)
+{
+    if (size > SHARD_SMALL_MAX)
+        return large_alloc(size);
+    heap *h = port_heap_slot();
+    if (unlikely(h == NULL))
+        return malloc_without_heap(size);
+    unsigned cls = class_by_size16[(size + 15) >> 4];
+    page *pg = h->classes[cls].first;
+    if (pg != NULL && pg->free != NULL)
+        return page_pop(pg);
+    return small_alloc_slow(h, cls);
 }
 
 void *shard_malloc(size_t size)
