@@ -74,17 +74,24 @@ static inline void *port_heap_slot(void) { return port_linux_heap_slot; }
 #elif defined(_WIN64)
 /* The TEB's TLS slots: gs:[0x1480 + 8*i] for an index below 64. port_win64_slot_offset is that offset
  * once port_thread_exit_hook has taken the index, 0 before it and for an index of 64 or above, whose
- * slot lives behind the TEB's expansion pointer: port_win64_heap_slot_far reads it (see win64.c).
- * The read is volatile: the slot changes under the compiler's feet when port_heap_slot_set runs. */
-extern uintptr_t port_win64_slot_offset;
-void *port_win64_heap_slot_far(void);
+ * slot lives behind the TEB's expansion pointer. Then the read calls port_win64_heap_slot_far, an
+ * assembly leaf in win64.c that changes no register but rax and the flags, so that the fast paths
+ * around this read need no stack frame for a call they almost never make. The asm is volatile: the
+ * slot changes under the compiler's feet when port_heap_slot_set runs. */
 static inline void *port_heap_slot(void)
 {
-    uintptr_t offset = __atomic_load_n(&port_win64_slot_offset, __ATOMIC_RELAXED);
-    if (__builtin_expect(offset == 0, 0))
-        return port_win64_heap_slot_far();
     void *heap;
-    __asm__ volatile("movq %%gs:(%1), %0" : "=r"(heap) : "r"(offset));
+    __asm__ volatile("movq port_win64_slot_offset(%%rip), %0\n\t"
+                     "testq %0, %0\n\t"
+                     "jz 1f\n\t"
+                     "movq %%gs:(%0), %0\n\t"
+                     "jmp 2f\n"
+                     "1:\n\t"
+                     "call port_win64_heap_slot_far\n"
+                     "2:"
+                     : "=a"(heap)
+                     :
+                     : "cc");
     return heap;
 }
 #else

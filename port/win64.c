@@ -35,21 +35,15 @@
 
 enum { TEB_TLS_SLOTS = 0x1480, TEB_TLS_EXPANSION = 0x1780, TEB_TLS_SLOT_COUNT = 64 };
 
-/* Shared with port.h's inline read; written once by port_thread_exit_hook. */
+/* Read by port.h's inline read and the assembly below; written once by port_thread_exit_hook. */
 uintptr_t port_win64_slot_offset;
+uintptr_t port_win64_expansion_offset; /* 8 * (index - 64): the slot's place in the expansion array */
 /* Our TLS index; TLS_OUT_OF_INDEXES until port_thread_exit_hook. Not static: the port test reads it. */
 DWORD port_win64_tls_index = TLS_OUT_OF_INDEXES;
 static DWORD fls_index = FLS_OUT_OF_INDEXES;
 static DWORD exited_index = TLS_OUT_OF_INDEXES; /* non-NULL in a thread whose exit hook has run */
 static void (*exit_fn)(void *heap);
 static volatile LONG unloading; /* set when the DLL is unloaded: the FLS callbacks do nothing from then */
-
-static uintptr_t gs_read(uintptr_t offset)
-{
-    uintptr_t value;
-    __asm__ volatile("movq %%gs:(%1), %0" : "=r"(value) : "r"(offset));
-    return value;
-}
 
 void *port_reserve(size_t size)
 {
@@ -72,17 +66,33 @@ int port_release(void *addr, size_t size)
     return VirtualFree(addr, 0, MEM_RELEASE) ? 0 : -1;
 }
 
-/* The slot of an index of 64 or above, or before the index exists (port.h's fast read sees offset 0). */
-void *port_win64_heap_slot_far(void)
-{
-    DWORD index = __atomic_load_n(&port_win64_tls_index, __ATOMIC_ACQUIRE);
-    if (index == TLS_OUT_OF_INDEXES)
-        return NULL;
-    if (index < TEB_TLS_SLOT_COUNT)
-        return (void *)gs_read(TEB_TLS_SLOTS + 8 * (uintptr_t)index);
-    void **expansion = (void **)gs_read(TEB_TLS_EXPANSION);
-    return expansion != NULL ? expansion[index - TEB_TLS_SLOT_COUNT] : NULL;
-}
+/* port_win64_heap_slot_far: the slot when port.h's inline read finds no offset - an index of 64 or
+ * above (through the TEB's expansion array, NULL until this thread has set a slot of 64 or above),
+ * before the index exists (NULL), or while its offset is being published (the slot directly). A leaf
+ * that uses no stack and changes only rax and the flags: the inline read calls it behind the
+ * compiler's back. */
+__asm__(".text\n"
+        ".globl port_win64_heap_slot_far\n"
+        "port_win64_heap_slot_far:\n\t"
+        "movl port_win64_tls_index(%rip), %eax\n\t"
+        "cmpl $64, %eax\n\t"                          /* TEB_TLS_SLOT_COUNT */
+        "jb 1f\n\t"
+        "cmpl $-1, %eax\n\t"                          /* TLS_OUT_OF_INDEXES: not started */
+        "je 2f\n\t"
+        "movq %gs:0x1780, %rax\n\t"                   /* TEB_TLS_EXPANSION */
+        "testq %rax, %rax\n\t"
+        "jz 2f\n\t"
+        "addq port_win64_expansion_offset(%rip), %rax\n\t"
+        "movq (%rax), %rax\n\t"
+        "ret\n"
+        "1:\n\t"
+        "movq %gs:0x1480(,%rax,8), %rax\n\t"          /* TEB_TLS_SLOTS */
+        "ret\n"
+        "2:\n\t"
+        "xorl %eax, %eax\n\t"
+        "ret\n");
+_Static_assert(TEB_TLS_SLOTS == 0x1480 && TEB_TLS_EXPANSION == 0x1780 && TEB_TLS_SLOT_COUNT == 64,
+               "the assembly above spells these out");
 
 static void thread_exited(void *heap)
 {
@@ -122,6 +132,8 @@ int port_thread_exit_hook(void (*fn)(void *heap))
     exit_fn = fn;
     fls_index = fls;
     exited_index = exited;
+    if (tls >= TEB_TLS_SLOT_COUNT)
+        port_win64_expansion_offset = 8 * (uintptr_t)(tls - TEB_TLS_SLOT_COUNT);
     __atomic_store_n(&port_win64_tls_index, tls, __ATOMIC_RELEASE);
     if (tls < TEB_TLS_SLOT_COUNT)
         __atomic_store_n(&port_win64_slot_offset, TEB_TLS_SLOTS + 8 * (uintptr_t)tls, __ATOMIC_RELEASE);
