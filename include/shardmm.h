@@ -57,7 +57,8 @@ typedef struct shard_stats {
     size_t committed;        /* memory committed (readable and writable), bytes */
     size_t committed_peak;   /* highest value of committed so far */
     size_t live_small;       /* live blocks up to 16 KB */
-    size_t live_medium;      /* live blocks above 16 KB up to 1 MB */
+    size_t live_medium;      /* live blocks above 16 KB up to 1 MB (a block another thread freed counts
+                                until its owner's next medium-block operation) */
     size_t live_large;       /* live blocks above 1 MB */
     size_t heaps;            /* thread heaps ever created */
     size_t heaps_free;       /* heaps of exited threads, waiting for a new thread to take them */
@@ -66,10 +67,14 @@ typedef struct shard_stats {
     size_t small_pages_decommitted; /* pages whose memory went back to the OS (or never came) */
     size_t small_pages_retired;     /* times a page became free (all items back), since start */
     size_t os_calls;         /* reserve, commit, decommit and release calls, since start */
+    size_t medium_arenas;    /* 4 MB arenas of medium blocks */
+    size_t medium_arenas_empty;       /* arenas without a live block */
+    size_t medium_arenas_decommitted; /* empty arenas that gave back all but their first 64 KB */
 } shard_stats;
 SHARD_API void shard_get_stats(shard_stats *out);
 
-/* Consistency check of the calling thread's heap: every page's lists and counts. Returns the number of
+/* Consistency check of the calling thread's heap: every page's lists and counts, every medium arena's
+ * chunks, the bins and their bitmaps. Returns the number of
  * problems found (each is also reported through the fatal-message channel without aborting). Meant for
  * tests; safe to call at any time from the owner thread. */
 SHARD_API int shard_check(void);

@@ -44,7 +44,7 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
     heap *h = heap_get_or_create(&lent);
     if (h == NULL)
         return NULL;
-    void *p = small_alloc_slow(h, class_by_size16[(size + 15) >> 4]);
+    void *p = size > SHARD_SMALL_MAX ? medium_alloc(h, size) : small_alloc_slow(h, class_by_size16[(size + 15) >> 4]);
     if (lent)
         heap_give_back(h); /* a thread past its exit hook: the heap goes back after this one block */
     return p;
@@ -52,11 +52,13 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
 
 static __attribute__((noinline)) void *malloc_generic(size_t size)
 {
-    if (size > SHARD_SMALL_MAX)
+    if (size > SHARD_SMALL_MAX && size > SHARD_MEDIUM_MAX)
         return large_alloc(size);
     heap *h = port_heap_slot();
     if (unlikely(h == NULL))
         return malloc_without_heap(size);
+    if (size > SHARD_SMALL_MAX)
+        return medium_alloc(h, size);
     unsigned cls = class_by_size16[(size + 15) >> 4];
     page *pg = h->classes[cls].first;
     if (pg != NULL && pg->free != NULL)
@@ -81,7 +83,7 @@ void *shard_calloc(size_t count, size_t size)
     if (__builtin_mul_overflow(count, size, &total))
         return NULL;
     void *p = shard_malloc(total);
-    if (p != NULL && total <= SHARD_SMALL_MAX)
+    if (p != NULL && total <= SHARD_MEDIUM_MAX)
         mem_zero(p, total); /* the temporary large path hands out freshly committed, zero memory */
     return p;
 }
@@ -98,6 +100,14 @@ static __attribute__((noinline)) void free_generic(void *p, unsigned kind)
             small_free_foreign(pg, p);
         else
             error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
+        return;
+    }
+    if (kind == SEG_MEDIUM) {
+        heap *h = port_heap_slot();
+        if (h != NULL && segment_of(p)->owner == h)
+            medium_free_local(h, p);
+        else
+            medium_free_foreign(p);
         return;
     }
     if (kind != SEG_LARGE || large_free(p) != 0)
@@ -134,7 +144,7 @@ static size_t usable_or_report(const void *p, int error)
     unsigned kind = segmap_kind((uintptr_t)p);
     if (kind == SEG_SMALL && page_has_item(page_of(p), p))
         return page_of(p)->block_size;
-    size_t n = kind == SEG_LARGE ? large_usable(p) : 0;
+    size_t n = kind == SEG_MEDIUM ? medium_usable(p) : kind == SEG_LARGE ? large_usable(p) : 0;
     if (n == 0)
         error_invalid_pointer(error, (void *)p);
     return n;
@@ -147,11 +157,19 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
     size_t old = usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
     if (old == 0)
         return NULL;
+    unsigned kind = segmap_kind((uintptr_t)p);
     if (size == 0) {
         shard_free(p);
         return NULL;
     }
-    void *q = large_resize_in_place(p, size);
+    void *q = NULL;
+    if (kind == SEG_MEDIUM) {
+        heap *h = port_heap_slot();
+        if (h != NULL && segment_of(p)->owner == h) /* the owner resizes in place when it can */
+            q = medium_resize_in_place(h, p, size);
+    } else {
+        q = large_resize_in_place(p, size);
+    }
     if (q != NULL)
         return q;
     size_t target = size;
@@ -161,6 +179,11 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
         target = size + size / 2 + 32;
         if (target > SHARD_SMALL_MAX)
             target = SHARD_SMALL_MAX;
+    } else if (size > old && size <= SHARD_MEDIUM_MAX) {
+        /* Medium blocks grow with a quarter of headroom, within the medium range. */
+        target = size + size / 4;
+        if (target > SHARD_MEDIUM_MAX)
+            target = SHARD_MEDIUM_MAX;
     }
     q = shard_malloc(target);
     if (q == NULL)
@@ -202,8 +225,10 @@ void shard_get_stats(shard_stats *out)
     out->os_calls = t.calls;
     large_live_counts(&out->live_medium, &out->live_large);
     out->heaps_free = heap_free_count();
+    medium_counts mc = {0, 0, 0, 0};
     for (heap *h = heap_all(); h != NULL; h = h->next_all) {
         out->heaps++;
+        medium_count(h, &mc);
         out->small_pages_retired += load_relaxed(&h->pages_retired);
         for (segment *s = load_acquire(&h->segments); s != NULL; s = s->next) {
             for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
@@ -224,6 +249,10 @@ void shard_get_stats(shard_stats *out)
             }
         }
     }
+    out->live_medium += mc.live;
+    out->medium_arenas = mc.arenas;
+    out->medium_arenas_empty = mc.empty;
+    out->medium_arenas_decommitted = mc.decommitted;
 }
 
 int shard_check(void)
@@ -254,6 +283,11 @@ int shard_check(void)
             report_error("page-per-size entry differs from its class's first page, size index", i);
             problems++;
         }
+    }
+    int medium_problems = medium_check(h);
+    if (medium_problems != 0) {
+        report_error("inconsistencies in the medium arenas or bins:", (uintptr_t)medium_problems);
+        problems += medium_problems;
     }
     unsigned free_pages = 0;
     for (const page *pg = h->free_pages.first; pg != NULL; pg = pg->next, free_pages++) {

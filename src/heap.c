@@ -39,7 +39,15 @@ void heap_give_back(heap *h)
     } while (!cas128(&free_stack, &old, desired));
 }
 
-static void on_thread_exit(void *h) { heap_give_back(h); }
+/* At thread exit the medium chunks other threads freed are merged while the owner still runs, so an
+ * arena they emptied is seen empty; then the heap goes on the stack. */
+static void on_thread_exit(void *arg)
+{
+    heap *h = arg;
+    if (load_relaxed(&h->delayed_arenas) != NULL)
+        medium_drain_delayed(h);
+    heap_give_back(h);
+}
 
 static heap *pop_free_heap(void)
 {

@@ -5,11 +5,12 @@
  * counter against ABA) and the next new thread takes it, warm, with the pages that still hold live
  * blocks. Pages never change their owner, so the owner recorded in a segment stays valid.
  *
- * Depends on: small.h, segment.h, sync.h, port.h.
+ * Depends on: small.h, medium.h, segment.h, sync.h, port.h.
  */
 #ifndef SHARD_HEAP_H
 #define SHARD_HEAP_H
 
+#include "medium.h"
 #include "small.h"
 
 typedef struct page_list {
@@ -28,8 +29,15 @@ typedef struct heap {
     uint64_t pages_retired;  /* times a page of this heap became free */
     struct heap *next_all;   /* every heap ever made, for statistics */
     struct heap *next_free;  /* in the stack of free heaps */
-    /* Pages queued by foreign frees; written by other threads, so on a line of its own. */
+    /* Medium blocks (medium.c): the bins of all the heap's arenas, the arenas, and the empty ones that
+     * are still committed, the most recently emptied first. */
+    medium_bins medium;
+    struct arena *arenas;
+    struct arena *empty_arenas;
+    uint32_t empty_arena_count;
+    /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own. */
     page *delayed __attribute__((aligned(64)));
+    struct arena *delayed_arenas;
 } heap;
 
 /* The calling thread's heap, created (or taken from the free stack) if it has none; NULL when out of

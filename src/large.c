@@ -1,4 +1,4 @@
-/* large.c - blocks above 16 KB: the TEMPORARY plain path (see large.h).
+/* large.c - blocks above 1 MB: the TEMPORARY plain path (see large.h).
  *
  * Each block is one reservation, aligned to 4 MB inside it so that the segment map can tell its first
  * 4 MB (SEG_LARGE) from the rest (SEG_LARGE_TAIL). A 32-byte header at the start holds a mark, which
@@ -15,12 +15,12 @@
 
 #include "../port/port.h"
 #include "libc.h"
+#include "medium.h"
 #include "segment.h"
 
 #define LARGE_HEADER 32
 #define LARGE_MARK_LIVE 0x4c41524745ull  /* "LARGE" */
 #define LARGE_MARK_FREED 0x46524545ull   /* "FREE" */
-#define MEDIUM_MAX ((size_t)1 << 20)
 
 typedef struct large_header {
     uint64_t mark;
@@ -38,7 +38,7 @@ static size_t span_of(size_t usable) { return round_up(usable + LARGE_HEADER, SE
 
 static void count(size_t size, long delta)
 {
-    fetch_add_relaxed(size <= MEDIUM_MAX ? &live_medium : &live_large, (size_t)delta);
+    fetch_add_relaxed(size <= SHARD_MEDIUM_MAX ? &live_medium : &live_large, (size_t)delta);
 }
 
 void *large_alloc(size_t size)
@@ -102,7 +102,7 @@ size_t large_usable(const void *p)
 void *large_resize_in_place(void *p, size_t size)
 {
     large_header *h = live_header(p);
-    if (h == NULL || size > h->usable || size <= 16384 || (size <= MEDIUM_MAX) != (h->size <= MEDIUM_MAX))
+    if (h == NULL || size > h->usable || size <= 16384 || (size <= SHARD_MEDIUM_MAX) != (h->size <= SHARD_MEDIUM_MAX))
         return NULL;
     h->size = size;
     return p;

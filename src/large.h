@@ -1,5 +1,5 @@
-/* large.h - blocks above 16 KB. TEMPORARY: until the medium (TLSF arenas) and large (reservations
- * with headroom, shared cache) issues land, every such block is one OS reservation of its own. */
+/* large.h - blocks above 1 MB. TEMPORARY: until the large-block issue (reservations with headroom, a
+ * shared cache) lands, every such block is one OS reservation of its own. */
 #ifndef SHARD_LARGE_H
 #define SHARD_LARGE_H
 

@@ -122,20 +122,20 @@ int segmap_set(uintptr_t start, size_t size, unsigned first, unsigned rest)
     return 0;
 }
 
-segment *segment_create(struct heap *owner)
+segment *segment_create(struct heap *owner, unsigned kind, size_t commit)
 {
     uint8_t *r = os_reserve(2 * SEGMENT_SIZE);
     if (r == NULL)
         return NULL;
     segment *seg = (segment *)(((uintptr_t)r + SEGMENT_MASK) & ~(uintptr_t)SEGMENT_MASK);
-    if (os_commit(seg, SEGMENT_DESC_BYTES) != 0) {
+    if (os_commit(seg, commit) != 0) {
         os_release(r, 2 * SEGMENT_SIZE, 0);
         return NULL;
     }
     seg->owner = owner;
     seg->reservation = r;
-    if (segmap_set((uintptr_t)seg, SEGMENT_SIZE, SEG_SMALL, SEG_SMALL) != 0) {
-        os_release(r, 2 * SEGMENT_SIZE, SEGMENT_DESC_BYTES);
+    if (segmap_set((uintptr_t)seg, SEGMENT_SIZE, kind, kind) != 0) {
+        os_release(r, 2 * SEGMENT_SIZE, commit);
         return NULL;
     }
     return seg;

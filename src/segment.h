@@ -38,8 +38,9 @@
 enum seg_kind {
     SEG_NONE = 0,       /* not ours */
     SEG_SMALL = 1,      /* a segment of small-block pages */
-    SEG_LARGE = 2,      /* the first 4 MB of a block above 16 KB (temporary path, see large.c) */
-    SEG_LARGE_TAIL = 3  /* the rest of such a block */
+    SEG_LARGE = 2,      /* the first 4 MB of a block above 1 MB (temporary path, see large.c) */
+    SEG_LARGE_TAIL = 3, /* the rest of such a block */
+    SEG_MEDIUM = 4      /* an arena of medium blocks (medium.c) */
 };
 
 struct heap;
@@ -79,8 +80,9 @@ static inline segment *segment_of(const void *p) { return (segment *)((uintptr_t
 /* Mark [start, start+size) (4 MB aligned) as first / rest in the map. 0, or -1 out of memory. */
 int segmap_set(uintptr_t start, size_t size, unsigned first, unsigned rest);
 
-/* A new small segment owned by heap, its descriptors committed and zero; NULL out of memory. */
-segment *segment_create(struct heap *owner);
+/* A new segment of the given kind owned by heap, its first `commit` bytes committed and zero (for small
+ * segments the page descriptors); NULL out of memory. */
+segment *segment_create(struct heap *owner, unsigned kind, size_t commit);
 
 /* The OS calls with the process's accounting (stats). */
 void *os_reserve(size_t size);

@@ -221,7 +221,7 @@ static page *page_acquire(heap *h)
         return pg;
     }
     if (h->cold_pages == NULL) {
-        segment *seg = segment_create(h);
+        segment *seg = segment_create(h, SEG_SMALL, SEGMENT_DESC_BYTES);
         if (seg == NULL)
             return NULL;
         seg->next = h->segments;
@@ -247,6 +247,8 @@ void *small_alloc_slow(heap *h, unsigned cls)
 {
     if (load_relaxed(&h->delayed) != NULL)
         small_drain_delayed(h);
+    if (load_relaxed(&h->delayed_arenas) != NULL) /* medium chunks freed by others: on slow paths too */
+        medium_drain_delayed(h);
     page *pg;
     for (;;) {
         pg = h->classes[cls].first;

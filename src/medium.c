@@ -1,0 +1,536 @@
+/* medium.c - medium blocks: arenas, TLSF bins, merging, foreign frees, delayed decommit (see medium.h).
+ *
+ * Who touches what: the owner heap's thread does everything but the foreign free, which validates the
+ * chunk's own header, claims it with a CAS on size_flags (setting PENDING, so a second free of the same
+ * block fails the CAS) and pushes it onto the arena's thread_free word. size_flags is the one field
+ * two threads may write (the owner only ever writes it with a CAS or while the chunk is free), and
+ * prev_size, which the owner rewrites when a neighbour changes, is a separate word.
+ */
+#include "medium.h"
+
+#include "../include/shardmm.h"
+#include "../port/port.h"
+#include "config.h"
+#include "error.h"
+#include "heap.h"
+#include "libc.h"
+
+#define CHUNK_FREE 1u
+#define CHUNK_PENDING 2u
+#define CHUNK_FLAGS 15u
+#define CHUNK_HEADER 16u
+#define CHUNK_MIN 32u        /* a header and the two links of a free chunk */
+#define SPLIT_MIN 256u       /* a remainder this large is split off */
+#define ARENA_DATA 4096u     /* the first chunk starts here; the header lives below */
+#define ARENA_KEEP ((size_t)64 << 10) /* committed in steps of this, and kept when an arena is decommitted */
+#define CHECK_COOKIE 0x9e3779b97f4a7c15ull
+
+typedef struct chunk {
+    uint32_t prev_size;
+    uint32_t size_flags;
+    uint64_t check;
+    struct chunk *next_free, *prev_free; /* in a bin while free; next_free in thread_free while pending */
+} chunk;
+_Static_assert(offsetof(chunk, next_free) == CHUNK_HEADER, "the links are where the block was");
+
+enum { ARENA_USED = 0, ARENA_EMPTY = 1, ARENA_DECOMMITTED = 2 };
+
+typedef struct arena {
+    segment seg;            /* owner, next (unused), reservation: as for a small segment */
+    struct arena *next;     /* the owner's arenas */
+    struct arena *empty_next, *empty_prev; /* the owner's committed empty arenas */
+    size_t committed;       /* bytes committed from the arena's start */
+    uint32_t live;          /* blocks handed out and not yet freed by the owner (pending ones count) */
+    uint32_t state;
+    uint64_t emptied_at;    /* port_clock_ms() when it became empty */
+    /* Written by other threads. */
+    uintptr_t thread_free __attribute__((aligned(64))); /* chunk * | 1 while queued at the owner */
+    struct arena *next_delayed;
+} arena;
+_Static_assert(sizeof(arena) <= ARENA_DATA, "the header fits below the first chunk");
+
+#define ARENA_FIRST_SIZE ((uint32_t)(SEGMENT_SIZE - ARENA_DATA))
+
+static inline arena *arena_of(const void *p) { return (arena *)segment_of(p); }
+static inline uint8_t *arena_end(const arena *a) { return (uint8_t *)a + SEGMENT_SIZE; }
+static inline uint32_t csize(const chunk *c) { return load_relaxed(&c->size_flags) & ~CHUNK_FLAGS; }
+static inline uint32_t cflags(const chunk *c) { return load_relaxed(&c->size_flags) & CHUNK_FLAGS; }
+static inline chunk *chunk_at(const void *p, size_t offset) { return (chunk *)((uint8_t *)p + offset); }
+static inline uint64_t check_of(const chunk *c, uint32_t size)
+{
+    return ((uint64_t)(uintptr_t)c ^ ((uint64_t)size << 40) ^ CHECK_COOKIE) | 1;
+}
+static inline size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* The chunk size for a block of n bytes. */
+static inline uint32_t chunk_need(size_t n) { return (uint32_t)(round16(n < 16 ? 16 : n) + CHUNK_HEADER); }
+
+#if SHARD_DEBUG
+static int check_arena(const heap *h, const arena *a);
+#define debug_check_arena(h, a, reason) (check_arena(h, a) == 0 ? (void)0 : assert_failed(__FILE__, __LINE__, reason))
+#else
+#define debug_check_arena(h, a, reason) ((void)0)
+#endif
+
+/* ---- bins ---------------------------------------------------------------------------------------- */
+
+static inline unsigned bsr32(uint32_t x) { return 31u - (unsigned)__builtin_clz(x); }
+
+/* The bin of a chunk of this size (the bin whose range holds it). */
+static inline void mapping_insert(uint32_t size, unsigned *fl, unsigned *sl)
+{
+    if (size < 256) {
+        *fl = 0;
+        *sl = size >> 4;
+    } else {
+        unsigned b = bsr32(size);
+        *fl = b - 7;
+        *sl = (size >> (b - 4)) & 15u;
+    }
+}
+
+/* The first bin whose every chunk is at least size bytes. */
+static inline void mapping_search(uint32_t size, unsigned *fl, unsigned *sl)
+{
+    if (size >= 256)
+        size += (1u << (bsr32(size) - 4)) - 1;
+    mapping_insert(size, fl, sl);
+}
+
+static void bin_insert(medium_bins *b, chunk *c, uint32_t size)
+{
+    unsigned fl, sl;
+    mapping_insert(size, &fl, &sl);
+    chunk *head = b->bins[fl][sl];
+    c->next_free = head;
+    c->prev_free = NULL;
+    if (head != NULL)
+        head->prev_free = c;
+    b->bins[fl][sl] = c;
+    b->sl_bitmap[fl] |= (uint16_t)(1u << sl);
+    b->fl_bitmap |= 1u << fl;
+}
+
+static void bin_remove(medium_bins *b, chunk *c, uint32_t size)
+{
+    unsigned fl, sl;
+    mapping_insert(size, &fl, &sl);
+    if (c->prev_free != NULL)
+        c->prev_free->next_free = c->next_free;
+    else
+        b->bins[fl][sl] = c->next_free;
+    if (c->next_free != NULL)
+        c->next_free->prev_free = c->prev_free;
+    if (b->bins[fl][sl] == NULL) {
+        b->sl_bitmap[fl] &= (uint16_t)~(1u << sl);
+        if (b->sl_bitmap[fl] == 0)
+            b->fl_bitmap &= ~(1u << fl);
+    }
+}
+
+/* A free chunk of at least size bytes, or NULL: two bit scans, no search. */
+static chunk *bin_find(const medium_bins *b, uint32_t size)
+{
+    unsigned fl, sl;
+    mapping_search(size, &fl, &sl);
+    if (fl >= MEDIUM_FL_COUNT)
+        return NULL;
+    uint32_t sl_map = b->sl_bitmap[fl] & (~0u << sl);
+    if (sl_map == 0) {
+        uint32_t fl_map = fl + 1 < 32 ? b->fl_bitmap & (~0u << (fl + 1)) : 0;
+        if (fl_map == 0)
+            return NULL;
+        fl = (unsigned)__builtin_ctz(fl_map);
+        sl_map = b->sl_bitmap[fl];
+    }
+    return b->bins[fl][(unsigned)__builtin_ctz(sl_map)];
+}
+
+/* ---- arenas -------------------------------------------------------------------------------------- */
+
+static void empty_list_remove(heap *h, arena *a)
+{
+    if (a->empty_prev != NULL)
+        a->empty_prev->empty_next = a->empty_next;
+    else
+        h->empty_arenas = a->empty_next;
+    if (a->empty_next != NULL)
+        a->empty_next->empty_prev = a->empty_prev;
+    a->empty_next = a->empty_prev = NULL;
+    h->empty_arena_count--;
+}
+
+/* Empty arenas beyond the most recent one give back their memory once empty for the delay. */
+static void medium_trim(heap *h)
+{
+    if (h->empty_arena_count < 2)
+        return;
+    uint64_t now = port_clock_ms();
+    arena *a = h->empty_arenas->empty_next; /* the most recent stays */
+    while (a != NULL) {
+        arena *next = a->empty_next;
+        if (now - a->emptied_at >= SHARD_DECOMMIT_DELAY_MS &&
+            (a->committed == ARENA_KEEP || os_decommit((uint8_t *)a + ARENA_KEEP, a->committed - ARENA_KEEP) == 0)) {
+            a->committed = ARENA_KEEP;
+            a->state = ARENA_DECOMMITTED;
+            empty_list_remove(h, a);
+        }
+        a = next;
+    }
+}
+
+static void arena_emptied(heap *h, arena *a)
+{
+    a->state = ARENA_EMPTY;
+    a->emptied_at = port_clock_ms();
+    a->empty_prev = NULL;
+    a->empty_next = h->empty_arenas;
+    if (h->empty_arenas != NULL)
+        h->empty_arenas->empty_prev = a;
+    h->empty_arenas = a;
+    h->empty_arena_count++;
+    medium_trim(h);
+}
+
+static void arena_used(heap *h, arena *a)
+{
+    if (a->state == ARENA_EMPTY)
+        empty_list_remove(h, a);
+    a->state = ARENA_USED;
+}
+
+static int arena_new(heap *h)
+{
+    arena *a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP);
+    if (a == NULL)
+        return -1;
+    a->committed = ARENA_KEEP;
+    chunk *c = chunk_at(a, ARENA_DATA);
+    c->prev_size = 0;
+    c->size_flags = ARENA_FIRST_SIZE | CHUNK_FREE;
+    c->check = 0;
+    bin_insert(&h->medium, c, ARENA_FIRST_SIZE);
+    store_release(&a->next, h->arenas); /* statistics walk the list from other threads */
+    store_release(&h->arenas, a);
+    arena_emptied(h, a); /* empty until its first block: the most recent empty arena */
+    return 0;
+}
+
+/* Commits the arena up to offset end (rounded up to 64 KB). 0 or -1. */
+static int ensure_committed(arena *a, size_t end)
+{
+    if (end <= a->committed)
+        return 0;
+    size_t to = (end + ARENA_KEEP - 1) & ~(ARENA_KEEP - 1);
+    if (os_commit((uint8_t *)a + a->committed, to - a->committed) != 0)
+        return -1;
+    a->committed = to;
+    return 0;
+}
+
+/* ---- chunks -------------------------------------------------------------------------------------- */
+
+/* Sets the prev_size of the chunk after c (size bytes long), if there is one. */
+static inline void set_next_prev(const arena *a, chunk *c, uint32_t size)
+{
+    chunk *next = chunk_at(c, size);
+    if ((uint8_t *)next < arena_end(a))
+        next->prev_size = size;
+}
+
+/* Turns the size bytes at c (no longer in use) into a free chunk, merged with free neighbours, in the
+ * bins. The previous chunk is looked at only when with_prev. */
+static void make_free(heap *h, arena *a, chunk *c, uint32_t size, int with_prev)
+{
+    if (with_prev && c->prev_size != 0) {
+        chunk *prev = chunk_at(c, -(size_t)c->prev_size);
+        if (cflags(prev) == CHUNK_FREE) {
+            uint32_t psize = csize(prev);
+            bin_remove(&h->medium, prev, psize);
+            c = prev;
+            size += psize;
+        }
+    }
+    chunk *next = chunk_at(c, size);
+    if ((uint8_t *)next < arena_end(a) && cflags(next) == CHUNK_FREE) {
+        uint32_t nsize = csize(next);
+        bin_remove(&h->medium, next, nsize);
+        size += nsize;
+    }
+    store_relaxed(&c->size_flags, size | CHUNK_FREE);
+    c->check = 0;
+    set_next_prev(a, c, size);
+    bin_insert(&h->medium, c, size);
+}
+
+/* Returns the live chunk c (flags already cleared of the caller's claim) to the arena. */
+static void release_chunk(heap *h, arena *a, chunk *c)
+{
+    make_free(h, a, c, csize(c), 1);
+    if (--a->live == 0)
+        arena_emptied(h, a);
+    debug_check_arena(h, a, "arena inconsistent after a free");
+}
+
+void medium_drain_delayed(heap *h)
+{
+    arena *a = exchange_acq_rel(&h->delayed_arenas, NULL);
+    while (a != NULL) {
+        arena *next = a->next_delayed; /* before the exchange: then the arena may be queued again */
+        uintptr_t w = exchange_acq_rel(&a->thread_free, 0);
+        for (chunk *c = (chunk *)(w & ~(uintptr_t)1); c != NULL;) {
+            chunk *after = c->next_free; /* make_free rewrites the links */
+            store_relaxed(&c->size_flags, csize(c)); /* PENDING off: a live chunk being released */
+            release_chunk(h, a, c);
+            c = after;
+        }
+        a = next;
+    }
+}
+
+/* Whether p can be a live block: inside an arena's chunk area, aligned, with a header that says so.
+ * Reads only p's own header (other threads call it while the owner changes the neighbours). */
+static int valid_live(const arena *a, const void *p, uint32_t *size)
+{
+    uintptr_t off = (uintptr_t)p - (uintptr_t)a;
+    /* The header must be committed: on Windows an uncommitted one faults (a bogus pointer). */
+    if ((off & 15) != 0 || off < ARENA_DATA + CHUNK_HEADER || off > load_relaxed(&a->committed))
+        return 0;
+    const chunk *c = chunk_at(p, -(size_t)CHUNK_HEADER);
+    uint32_t sf = load_relaxed(&c->size_flags), s = sf & ~CHUNK_FLAGS;
+    if ((sf & CHUNK_FLAGS) != 0 || s < CHUNK_MIN || off - CHUNK_HEADER + s > SEGMENT_SIZE ||
+        load_relaxed(&c->check) != check_of(c, s))
+        return 0;
+    *size = s;
+    return 1;
+}
+
+size_t medium_usable(const void *p)
+{
+    uint32_t s;
+    return valid_live(arena_of(p), p, &s) ? s - CHUNK_HEADER : 0;
+}
+
+/* Hands out c (free, out of the bins) for a chunk of need bytes, splitting the rest off. The block, or
+ * NULL (c back in the bins) when the memory cannot be committed. */
+static void *take(heap *h, arena *a, chunk *c, uint32_t have, uint32_t need)
+{
+    int split = have - need >= SPLIT_MIN;
+    size_t end = (size_t)((uint8_t *)c - (uint8_t *)a) + (split ? need + CHUNK_HEADER : have);
+    if (ensure_committed(a, end) != 0) {
+        bin_insert(&h->medium, c, have);
+        return NULL;
+    }
+    if (split) {
+        chunk *rest = chunk_at(c, need);
+        rest->prev_size = need;
+        store_relaxed(&rest->size_flags, (have - need) | CHUNK_FREE);
+        rest->check = 0;
+        set_next_prev(a, rest, have - need);
+        bin_insert(&h->medium, rest, have - need);
+    } else {
+        need = have;
+    }
+    store_relaxed(&c->size_flags, need);
+    c->check = check_of(c, need);
+    if (a->live++ == 0)
+        arena_used(h, a);
+    debug_check_arena(h, a, "arena inconsistent after an allocation");
+    return (uint8_t *)c + CHUNK_HEADER;
+}
+
+void *medium_alloc(heap *h, size_t size)
+{
+    if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
+        medium_drain_delayed(h);
+    uint32_t need = chunk_need(size);
+    chunk *c = bin_find(&h->medium, need);
+    if (c == NULL) {
+        medium_trim(h);
+        if (arena_new(h) != 0)
+            return NULL;
+        c = bin_find(&h->medium, need);
+        shard_assert(c != NULL, "a new arena holds any medium block");
+    }
+    uint32_t have = csize(c);
+    bin_remove(&h->medium, c, have);
+    return take(h, arena_of(c), c, have, need);
+}
+
+void medium_free_local(heap *h, void *p)
+{
+    if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
+        medium_drain_delayed(h);
+    arena *a = arena_of(p);
+    uint32_t size;
+    chunk *c = chunk_at(p, -(size_t)CHUNK_HEADER);
+    /* The claim is a CAS so that a free racing with another thread's free of the same block loses. */
+    if (!valid_live(a, p, &size) ||
+        !__atomic_compare_exchange_n(&c->size_flags, &size, size | CHUNK_PENDING, false, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED)) {
+        error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
+        return;
+    }
+    store_relaxed(&c->size_flags, size);
+    c->check = 0;
+    release_chunk(h, a, c);
+}
+
+void medium_free_foreign(void *p)
+{
+    arena *a = arena_of(p);
+    uint32_t size;
+    chunk *c = chunk_at(p, -(size_t)CHUNK_HEADER);
+    if (!valid_live(a, p, &size) ||
+        !__atomic_compare_exchange_n(&c->size_flags, &size, size | CHUNK_PENDING, false, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED)) {
+        error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
+        return;
+    }
+    uintptr_t old = load_relaxed(&a->thread_free);
+    do {
+        c->next_free = (chunk *)(old & ~(uintptr_t)1);
+    } while (!cas_release(&a->thread_free, &old, (uintptr_t)c | 1));
+    if (old & 1)
+        return; /* the arena is queued at its owner already */
+    heap *owner = a->seg.owner;
+    arena *head = load_relaxed(&owner->delayed_arenas);
+    do {
+        a->next_delayed = head;
+    } while (!cas_release(&owner->delayed_arenas, &head, a));
+}
+
+void *medium_resize_in_place(heap *h, void *p, size_t size)
+{
+    if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
+        medium_drain_delayed(h);
+    arena *a = arena_of(p);
+    chunk *c = chunk_at(p, -(size_t)CHUNK_HEADER);
+    uint32_t have = csize(c), need = chunk_need(size);
+    if (need <= have) {
+        if (have - need >= SPLIT_MIN) { /* the tail goes back; it merges with a free chunk after it */
+            chunk *tail = chunk_at(c, need);
+            tail->prev_size = need;
+            store_relaxed(&c->size_flags, need);
+            c->check = check_of(c, need);
+            make_free(h, a, tail, have - need, 0);
+            debug_check_arena(h, a, "arena inconsistent after shrinking a block");
+        }
+        return p;
+    }
+    chunk *next = chunk_at(c, have);
+    if ((uint8_t *)next >= arena_end(a) || cflags(next) != CHUNK_FREE || have + csize(next) < need)
+        return NULL;
+    uint32_t total = have + csize(next);
+    int split = total - need >= SPLIT_MIN;
+    size_t end = (size_t)((uint8_t *)c - (uint8_t *)a) + (split ? need + CHUNK_HEADER : total);
+    if (ensure_committed(a, end) != 0)
+        return NULL;
+    bin_remove(&h->medium, next, csize(next));
+    if (split) {
+        chunk *rest = chunk_at(c, need);
+        rest->prev_size = need;
+        store_relaxed(&rest->size_flags, (total - need) | CHUNK_FREE);
+        rest->check = 0;
+        set_next_prev(a, rest, total - need);
+        bin_insert(&h->medium, rest, total - need);
+    } else {
+        need = total;
+        set_next_prev(a, c, total);
+    }
+    store_relaxed(&c->size_flags, need);
+    c->check = check_of(c, need);
+    debug_check_arena(h, a, "arena inconsistent after growing a block");
+    return p;
+}
+
+/* ---- statistics and checker ---------------------------------------------------------------------- */
+
+void medium_count(heap *h, medium_counts *out)
+{
+    for (arena *a = load_acquire(&h->arenas); a != NULL; a = load_relaxed(&a->next)) {
+        uint32_t state = load_relaxed(&a->state), live = load_relaxed(&a->live);
+        out->arenas++;
+        out->live += live;
+        out->empty += live == 0;
+        out->decommitted += state == ARENA_DECOMMITTED;
+    }
+}
+
+/* Walks the chunks of one arena: sizes chain to its end, prev_size agrees, no two free chunks are
+ * adjacent, headers lie in committed memory, live chunks carry their check, free ones are in the bin
+ * their size maps to (that bin's bitmap bits set), and the live count and the state agree. */
+static int check_arena(const heap *h, const arena *a)
+{
+    int bad = 0;
+    uint32_t prev_size = 0, live = 0, prev_free = 0;
+    const uint8_t *p = (const uint8_t *)a + ARENA_DATA;
+    while (p < arena_end(a)) {
+        const chunk *c = (const chunk *)p;
+        uint32_t sf = load_relaxed(&c->size_flags), s = sf & ~CHUNK_FLAGS, f = sf & CHUNK_FLAGS;
+        if ((size_t)(p - (const uint8_t *)a) + CHUNK_HEADER > a->committed || s < CHUNK_MIN || (s & 15) != 0 ||
+            s > (size_t)(arena_end(a) - p) || c->prev_size != prev_size)
+            return bad + 1; /* the chain is broken: nothing further can be trusted */
+        if (f == CHUNK_FREE) {
+            unsigned fl, sl;
+            mapping_insert(s, &fl, &sl);
+            bad += prev_free;
+            bad += !(h->medium.sl_bitmap[fl] & (1u << sl)) || !(h->medium.fl_bitmap & (1u << fl));
+            bad += c->prev_free == NULL ? h->medium.bins[fl][sl] != c : c->prev_free->next_free != c;
+            bad += c->next_free != NULL && c->next_free->prev_free != c;
+            prev_free = 1;
+        } else if (f == 0 || f == CHUNK_PENDING) {
+            bad += c->check != check_of(c, s);
+            live++;
+            prev_free = 0;
+        } else {
+            bad++;
+            prev_free = 0;
+        }
+        prev_size = s;
+        p += s;
+    }
+    bad += p != arena_end(a);
+    bad += live != a->live;
+    bad += (live == 0) != (a->state != ARENA_USED);
+    return bad;
+}
+
+int medium_check(heap *h)
+{
+    int bad = 0;
+    size_t free_in_arenas = 0, free_in_bins = 0, empty = 0;
+    for (arena *a = h->arenas; a != NULL; a = a->next) {
+        if (a->seg.owner != h || segmap_kind((uintptr_t)a) != SEG_MEDIUM)
+            bad++;
+        bad += check_arena(h, a);
+        for (const uint8_t *p = (const uint8_t *)a + ARENA_DATA; p < arena_end(a);) {
+            const chunk *c = (const chunk *)p;
+            uint32_t s = csize(c);
+            if (s < CHUNK_MIN)
+                break;
+            free_in_arenas += cflags(c) == CHUNK_FREE;
+            p += s;
+        }
+    }
+    for (unsigned fl = 0; fl < MEDIUM_FL_COUNT; fl++) {
+        bad += ((h->medium.fl_bitmap >> fl) & 1u) != (h->medium.sl_bitmap[fl] != 0);
+        for (unsigned sl = 0; sl < MEDIUM_SL_COUNT; sl++) {
+            bad += ((h->medium.sl_bitmap[fl] >> sl) & 1u) != (h->medium.bins[fl][sl] != NULL);
+            for (const chunk *c = h->medium.bins[fl][sl]; c != NULL && free_in_bins <= free_in_arenas;
+                 c = c->next_free) {
+                unsigned f2, s2;
+                mapping_insert(csize(c), &f2, &s2);
+                bad += f2 != fl || s2 != sl || cflags(c) != CHUNK_FREE || arena_of(c)->seg.owner != h;
+                free_in_bins++;
+            }
+        }
+    }
+    bad += free_in_bins != free_in_arenas;
+    for (arena *a = h->empty_arenas; a != NULL; a = a->empty_next) {
+        bad += a->state != ARENA_EMPTY;
+        empty++;
+    }
+    bad += empty != h->empty_arena_count;
+    return bad;
+}

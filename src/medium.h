@@ -1,0 +1,82 @@
+/* medium.h - blocks above 16 KB up to 1 MB: per-thread arenas of 4 MB managed with TLSF.
+ *
+ * An arena is a 4 MB segment of its own kind in the segment map (SEG_MEDIUM), owned by one heap. Its
+ * first 4 KB hold the header (the segment header first, so the owner test of a free is the same as
+ * for small blocks); the rest is cut into chunks, each a 16-byte header and the block after it:
+ *
+ *   header: prev_size (u32, 0 for the first chunk)  size_flags (u32: size | FREE | PENDING)  check (u64)
+ *
+ * Sizes are multiples of 16 and include the header, so the chunks of an arena chain from its first
+ * chunk to its end. `check` holds a function of the address and size while the chunk is in use: a
+ * pointer that is not a live block (an interior pointer, a chunk freed twice) fails it or the flags.
+ * Free chunks are in the bins of their heap (two-level segregated fit: 16 bins per power of two, and
+ * bitmaps of the non-empty ones; sizes below 256 in 16 bins of 16 bytes), with their links where the
+ * block was. A new arena is one free chunk of all its space; its memory is committed in 64 KB steps
+ * as chunks are handed out (every chunk header lies in committed memory).
+ *
+ * Allocation rounds the request up to the start of the next bin, so the first chunk of the first
+ * non-empty bin at or above it fits without a search (two bit scans); the remainder is split off when
+ * it is at least 256 bytes. Freeing merges with free neighbours at once. Other threads push the chunks
+ * they free onto the arena's thread_free list with one CAS, the low bit of the word meaning "queued at
+ * the owner"; the owner takes the list whole on its next medium operation and merges each chunk.
+ *
+ * An arena whose blocks are all free is one free chunk again and stays in the bins, where TLSF reaches
+ * it only when no smaller chunk fits, that is, when a new arena would be needed. The most recently
+ * emptied arena stays committed; the others give back all but their first 64 KB once empty for
+ * SHARD_DECOMMIT_DELAY_MS, keeping their addresses.
+ *
+ * Depends on: segment.h, sync.h, port.h, error.h, libc.h.
+ */
+#ifndef SHARD_MEDIUM_H
+#define SHARD_MEDIUM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "segment.h"
+
+#define SHARD_MEDIUM_MAX ((size_t)1 << 20)
+#define MEDIUM_FL_COUNT 15 /* level 0: sizes below 256 by 16 bytes; level k >= 1: [128 << k, 256 << k) */
+#define MEDIUM_SL_COUNT 16
+
+struct chunk;
+struct arena;
+struct heap;
+
+/* The heap's bins: part of the heap, used by its owner only. */
+typedef struct medium_bins {
+    uint32_t fl_bitmap;
+    uint16_t sl_bitmap[MEDIUM_FL_COUNT];
+    struct chunk *bins[MEDIUM_FL_COUNT][MEDIUM_SL_COUNT];
+} medium_bins;
+
+/* A block of size bytes (SHARD_SMALL_MAX < size <= SHARD_MEDIUM_MAX) from the heap's arenas; NULL when
+ * out of memory. */
+void *medium_alloc(struct heap *h, size_t size);
+
+/* Free by the owner heap h of p's arena, and by any other thread. Both send a pointer that is not a
+ * live medium block to the error hook and change nothing. */
+void medium_free_local(struct heap *h, void *p);
+void medium_free_foreign(void *p);
+
+/* The usable size of a live medium block, 0 if p is not one (no hook called). */
+size_t medium_usable(const void *p);
+
+/* Resize p, a live block of h's arenas, in place: shrinking always succeeds (a tail of 256 bytes or more
+ * goes back to the bins), growing when the chunk after it is free and large enough. p, or NULL when
+ * the block would have to move. */
+void *medium_resize_in_place(struct heap *h, void *p, size_t size);
+
+/* Take the chunks other threads freed into h's arenas and merge them. */
+void medium_drain_delayed(struct heap *h);
+
+typedef struct medium_counts {
+    size_t arenas, empty, decommitted, live;
+} medium_counts;
+/* Adds h's arenas to *c (statistics; any thread, reads racy counters). */
+void medium_count(struct heap *h, medium_counts *c);
+
+/* Checks every arena of h and h's bins; the number of inconsistencies (0 when all is well). */
+int medium_check(struct heap *h);
+
+#endif
