@@ -404,6 +404,8 @@ void *medium_resize_in_place(heap *h, void *p, size_t size)
 {
     if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
         medium_drain_delayed(h);
+    if (size > SHARD_MEDIUM_MAX)
+        return NULL; /* a large block now: it moves */
     arena *a = arena_of(p);
     chunk *c = chunk_at(p, -(size_t)CHUNK_HEADER);
     uint32_t have = csize(c), need = chunk_need(size);
