@@ -4,7 +4,8 @@
  * Fast paths (the NASM versions of the asm issue replace the first three in the default library):
  * - shard_malloc, sizes up to 2 KB: heap slot, direct[(size + 15) >> 4], the page's `free` item, its
  *   link, `used` + 1; about a dozen instructions and one test that fails rarely (no free item, or no
- *   heap yet). 2-16 KB go through the class table first. Everything else is malloc_generic().
+ *   heap yet). 2-16 KB go through the class table first. Everything else is malloc_generic(): medium
+ *   blocks (16 KB - 1 MB, medium.c) from the heap's arenas, larger ones from large.c.
  * - shard_free of a small block of the own thread: segment map (two loads), the owner in descriptor 0
  *   against the heap slot, the item test (below the carved end, a multiple of the class size by one
  *   multiply), push onto `local_free`, `used` - 1; no atomic operation. Nothing is written before the
