@@ -35,6 +35,7 @@ typedef struct heap {
     struct arena *arenas;
     struct arena *empty_arenas;
     uint32_t empty_arena_count;
+    uint32_t medium_ops;     /* counts medium operations: every 256th checks the empty arenas' age */
     /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own. */
     page *delayed __attribute__((aligned(64)));
     struct arena *delayed_arenas;

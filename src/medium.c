@@ -111,6 +111,29 @@ static void bin_insert(medium_bins *b, chunk *c, uint32_t size)
     b->fl_bitmap |= 1u << fl;
 }
 
+/* The chunk of a whole empty arena shares the last bin with remainders of 3.75 MB and more: those are
+ * used first, so that empty arenas stay empty and can be decommitted; among the empty arenas the most
+ * recently emptied (committed, warm) comes first. So it goes in front of the first whole-arena chunk. */
+static void bin_insert_empty_arena(medium_bins *b, chunk *c, uint32_t size)
+{
+    unsigned fl, sl;
+    mapping_insert(size, &fl, &sl);
+    chunk *prev = NULL, *next = b->bins[fl][sl];
+    while (next != NULL && csize(next) != size) {
+        prev = next;
+        next = next->next_free;
+    }
+    if (prev == NULL) {
+        bin_insert(b, c, size);
+        return;
+    }
+    c->prev_free = prev;
+    c->next_free = next;
+    prev->next_free = c;
+    if (next != NULL)
+        next->prev_free = c;
+}
+
 static void bin_remove(medium_bins *b, chunk *c, uint32_t size)
 {
     unsigned fl, sl;
@@ -169,11 +192,17 @@ static void medium_trim(heap *h)
     arena *a = h->empty_arenas->empty_next; /* the most recent stays */
     while (a != NULL) {
         arena *next = a->empty_next;
-        if (now - a->emptied_at >= SHARD_DECOMMIT_DELAY_MS &&
-            (a->committed == ARENA_KEEP || os_decommit((uint8_t *)a + ARENA_KEEP, a->committed - ARENA_KEEP) == 0)) {
-            a->committed = ARENA_KEEP;
-            a->state = ARENA_DECOMMITTED;
-            empty_list_remove(h, a);
+        if (now - a->emptied_at >= SHARD_DECOMMIT_DELAY_MS) {
+            /* committed goes down first: another thread's test of a bogus pointer reads it before
+             * the header (this narrows that window on Windows, where decommitted memory faults). */
+            size_t was = a->committed;
+            store_release(&a->committed, ARENA_KEEP);
+            if (was == ARENA_KEEP || os_decommit((uint8_t *)a + ARENA_KEEP, was - ARENA_KEEP) == 0) {
+                a->state = ARENA_DECOMMITTED;
+                empty_list_remove(h, a);
+            } else {
+                store_relaxed(&a->committed, was);
+            }
         }
         a = next;
     }
@@ -242,6 +271,7 @@ static inline void set_next_prev(const arena *a, chunk *c, uint32_t size)
  * bins. The previous chunk is looked at only when with_prev. */
 static void make_free(heap *h, arena *a, chunk *c, uint32_t size, int with_prev)
 {
+    c->check = 0; /* a header merged into the chunk before it must not look live any more */
     if (with_prev && c->prev_size != 0) {
         chunk *prev = chunk_at(c, -(size_t)c->prev_size);
         if (cflags(prev) == CHUNK_FREE) {
@@ -260,7 +290,10 @@ static void make_free(heap *h, arena *a, chunk *c, uint32_t size, int with_prev)
     store_relaxed(&c->size_flags, size | CHUNK_FREE);
     c->check = 0;
     set_next_prev(a, c, size);
-    bin_insert(&h->medium, c, size);
+    if (size == ARENA_FIRST_SIZE)
+        bin_insert_empty_arena(&h->medium, c, size); /* behind any remainder of its bin */
+    else
+        bin_insert(&h->medium, c, size);
 }
 
 /* Returns the live chunk c (flags already cleared of the caller's claim) to the arena. */
@@ -316,7 +349,8 @@ size_t medium_usable(const void *p)
 static void *take(heap *h, arena *a, chunk *c, uint32_t have, uint32_t need)
 {
     int split = have - need >= SPLIT_MIN;
-    size_t end = (size_t)((uint8_t *)c - (uint8_t *)a) + (split ? need + CHUNK_HEADER : have);
+    /* A remainder's header and links must be committed: bin_insert writes them. */
+    size_t end = (size_t)((uint8_t *)c - (uint8_t *)a) + (split ? need + CHUNK_MIN : have);
     if (ensure_committed(a, end) != 0) {
         bin_insert(&h->medium, c, have);
         return NULL;
@@ -339,10 +373,19 @@ static void *take(heap *h, arena *a, chunk *c, uint32_t have, uint32_t need)
     return (uint8_t *)c + CHUNK_HEADER;
 }
 
+/* Every 256th medium operation of a heap with empty arenas beyond the one kept looks at their age, so
+ * that a thread that keeps working inside its other arenas still gives them back. */
+static inline void maybe_trim(heap *h)
+{
+    if (unlikely(h->empty_arena_count >= 2) && (++h->medium_ops & 255u) == 0)
+        medium_trim(h);
+}
+
 void *medium_alloc(heap *h, size_t size)
 {
     if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
         medium_drain_delayed(h);
+    maybe_trim(h);
     uint32_t need = chunk_need(size);
     chunk *c = bin_find(&h->medium, need);
     if (c == NULL) {
@@ -361,6 +404,7 @@ void medium_free_local(heap *h, void *p)
 {
     if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
         medium_drain_delayed(h);
+    maybe_trim(h);
     arena *a = arena_of(p);
     uint32_t size;
     chunk *c = chunk_at(p, -(size_t)CHUNK_HEADER);
@@ -425,7 +469,7 @@ void *medium_resize_in_place(heap *h, void *p, size_t size)
         return NULL;
     uint32_t total = have + csize(next);
     int split = total - need >= SPLIT_MIN;
-    size_t end = (size_t)((uint8_t *)c - (uint8_t *)a) + (split ? need + CHUNK_HEADER : total);
+    size_t end = (size_t)((uint8_t *)c - (uint8_t *)a) + (split ? need + CHUNK_MIN : total);
     if (ensure_committed(a, end) != 0)
         return NULL;
     bin_remove(&h->medium, next, csize(next));
@@ -470,7 +514,8 @@ static int check_arena(const heap *h, const arena *a)
     while (p < arena_end(a)) {
         const chunk *c = (const chunk *)p;
         uint32_t sf = load_relaxed(&c->size_flags), s = sf & ~CHUNK_FLAGS, f = sf & CHUNK_FLAGS;
-        if ((size_t)(p - (const uint8_t *)a) + CHUNK_HEADER > a->committed || s < CHUNK_MIN || (s & 15) != 0 ||
+        if ((size_t)(p - (const uint8_t *)a) + (f == CHUNK_FREE ? CHUNK_MIN : CHUNK_HEADER) > a->committed ||
+            s < CHUNK_MIN || (s & 15) != 0 ||
             s > (size_t)(arena_end(a) - p) || c->prev_size != prev_size)
             return bad + 1; /* the chain is broken: nothing further can be trusted */
         if (f == CHUNK_FREE) {

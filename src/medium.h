@@ -20,10 +20,12 @@
  * they free onto the arena's thread_free list with one CAS, the low bit of the word meaning "queued at
  * the owner"; the owner takes the list whole on its next medium operation and merges each chunk.
  *
- * An arena whose blocks are all free is one free chunk again and stays in the bins, where TLSF reaches
- * it only when no smaller chunk fits, that is, when a new arena would be needed. The most recently
- * emptied arena stays committed; the others give back all but their first 64 KB once empty for
- * SHARD_DECOMMIT_DELAY_MS, keeping their addresses.
+ * An arena whose blocks are all free is one free chunk again and stays in the bins, in the last bin
+ * behind the remainders of 3.75 MB and more that share it (and in front of arenas emptied earlier), so
+ * TLSF reaches it only when nothing else fits, that is, when a new arena would be needed. The most recently emptied arena stays
+ * committed; the others give back all but their first 64 KB once empty for SHARD_DECOMMIT_DELAY_MS,
+ * keeping their addresses (checked when an arena empties, when a new one is needed, and every 256th
+ * medium operation while there are such arenas).
  *
  * Depends on: segment.h, sync.h, port.h, error.h, libc.h.
  */
