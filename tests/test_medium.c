@@ -2021,3 +2021,66 @@ TEST(medium_blocks_outlive_their_thread_and_the_next_owner_takes_their_frees)
 #endif
     check_heap("after freeing the blocks of exited threads");
 }
+
+/* ---- regressions found in review ---- */
+
+/* The first block of a fresh arena sized so that the remainder's header ends exactly at the first
+ * 64 KB commit boundary: the remainder's links (after its header) must be committed too. Without that
+ * the allocation itself crashed. */
+static void *boundary_body(void *arg)
+{
+    (void)arg;
+    size_t n = 65536 - 4096 - 16 - 16; /* chunk at 4096 + 16 + n, remainder header up to 65536 */
+    unsigned char *p = shard_malloc(n);
+    CHECK(p != NULL);
+    if (p == NULL)
+        return NULL;
+    fill(p, n, 9100);
+    unsigned char *q = shard_malloc(100000); /* the remainder is usable */
+    CHECK(q != NULL);
+    if (q)
+        fill(q, 100000, 9101);
+    CHECK_PATTERN(p, n, 9100, "block ending at the commit boundary");
+    if (q)
+        CHECK_PATTERN(q, 100000, 9101, "block after it");
+#if SHARD_RULES
+    CHECK_EQ(shard_check(), 0);
+#endif
+    shard_free(q);
+    shard_free(p);
+    return NULL;
+}
+
+TEST(a_remainder_at_the_commit_boundary_is_committed_with_its_links)
+{
+    run_on_fresh_heap(boundary_body, NULL);
+}
+
+/* A block freed by another thread whose chunk the owner then merges into a free chunk before it: a
+ * second free of it, its usable size and a realloc reach the error hook (its old header, now inside a
+ * free chunk, must not look live). */
+TEST(a_block_merged_after_a_foreign_free_is_not_live_any_more)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    unsigned char *x = shard_malloc(100000), *y = shard_malloc(100000), *z = shard_malloc(100000);
+    CHECK(x != NULL && y != NULL && z != NULL);
+    if (!x || !y || !z)
+        return;
+    shard_free(x);                   /* x is a free chunk before y */
+    run_thread(free_one, y);         /* y pending at the owner */
+    void *w = shard_malloc(20000);   /* the owner drains: y merges into x's chunk */
+    CHECK(w != NULL);
+    shard_error_fn previous = shard_set_error_hook(recording_hook, NULL);
+    hook_reset();
+    CHECK_EQ(shard_usable_size(y), 0);
+    shard_free(y);
+    CHECK(shard_realloc(y, 200000) == NULL);
+    CHECKF(hook_record.calls == 3, "hook called %d times for 3 uses of a merged block", hook_record.calls);
+    shard_set_error_hook(previous, NULL);
+    shard_free(w);
+    shard_free(z);
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
