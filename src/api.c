@@ -37,15 +37,16 @@ static inline void *page_pop(page *pg)
     return b;
 }
 
-/* A small block for a thread without a heap in its slot: its first allocation, or one made after its
- * exit hook ran, with a heap lent for this one block. */
+/* A small or medium block for a thread without a heap in its slot: its first allocation, or one made
+ * after its exit hook ran, with a heap lent for this one block. */
 static __attribute__((noinline)) void *malloc_without_heap(size_t size)
 {
     int lent = 0;
     heap *h = heap_get_or_create(&lent);
     if (h == NULL)
         return NULL;
-    void *p = size > SHARD_SMALL_MAX ? medium_alloc(h, size) : small_alloc_slow(h, class_by_size16[(size + 15) >> 4]);
+    void *p = size > SHARD_SMALL_MAX ? medium_alloc(h, size)
+                                     : small_alloc_slow(h, class_by_size16[(size + 15) >> 4]);
     if (lent)
         heap_give_back(h); /* a thread past its exit hook: the heap goes back after this one block */
     return p;
@@ -53,7 +54,7 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
 
 static __attribute__((noinline)) void *malloc_generic(size_t size)
 {
-    if (size > SHARD_SMALL_MAX && size > SHARD_MEDIUM_MAX)
+    if (size > SHARD_MEDIUM_MAX)
         return large_alloc(size);
     heap *h = port_heap_slot();
     if (unlikely(h == NULL))
