@@ -344,29 +344,43 @@ size_t medium_usable(const void *p)
     return valid_live(arena_of(p), p, &s) ? s - CHUNK_HEADER : 0;
 }
 
+/* Commits what handing out the first need of the total bytes at c writes: the whole chunk, or the front
+ * and, when the rest is split off, the rest's header and links (bin_insert writes them). 0 or -1. */
+static int commit_for(arena *a, const chunk *c, uint32_t need, uint32_t total)
+{
+    size_t start = (size_t)((const uint8_t *)c - (const uint8_t *)a);
+    return ensure_committed(a, start + (total - need >= SPLIT_MIN ? need + CHUNK_MIN : total));
+}
+
+/* Makes c (total bytes, out of the bins, committed by commit_for) a live chunk of need bytes, the rest
+ * split off into the bins when it is SPLIT_MIN or more, else kept. Returns c's size. */
+static uint32_t keep_front(heap *h, arena *a, chunk *c, uint32_t need, uint32_t total)
+{
+    if (total - need >= SPLIT_MIN) {
+        chunk *rest = chunk_at(c, need);
+        rest->prev_size = need;
+        store_relaxed(&rest->size_flags, (total - need) | CHUNK_FREE);
+        rest->check = 0;
+        set_next_prev(a, rest, total - need);
+        bin_insert(&h->medium, rest, total - need);
+    } else {
+        need = total;
+        set_next_prev(a, c, total);
+    }
+    store_relaxed(&c->size_flags, need);
+    c->check = check_of(c, need);
+    return need;
+}
+
 /* Hands out c (free, out of the bins) for a chunk of need bytes, splitting the rest off. The block, or
  * NULL (c back in the bins) when the memory cannot be committed. */
 static void *take(heap *h, arena *a, chunk *c, uint32_t have, uint32_t need)
 {
-    int split = have - need >= SPLIT_MIN;
-    /* A remainder's header and links must be committed: bin_insert writes them. */
-    size_t end = (size_t)((uint8_t *)c - (uint8_t *)a) + (split ? need + CHUNK_MIN : have);
-    if (ensure_committed(a, end) != 0) {
+    if (commit_for(a, c, need, have) != 0) {
         bin_insert(&h->medium, c, have);
         return NULL;
     }
-    if (split) {
-        chunk *rest = chunk_at(c, need);
-        rest->prev_size = need;
-        store_relaxed(&rest->size_flags, (have - need) | CHUNK_FREE);
-        rest->check = 0;
-        set_next_prev(a, rest, have - need);
-        bin_insert(&h->medium, rest, have - need);
-    } else {
-        need = have;
-    }
-    store_relaxed(&c->size_flags, need);
-    c->check = check_of(c, need);
+    keep_front(h, a, c, need, have);
     if (a->live++ == 0)
         arena_used(h, a);
     debug_check_arena(h, a, "arena inconsistent after an allocation");
@@ -400,6 +414,20 @@ void *medium_alloc(heap *h, size_t size)
     return take(h, arena_of(c), c, have, need);
 }
 
+/* The chunk of p, claimed for a free (PENDING set), or NULL after the error hook when p is not a live
+ * block. The claim is a CAS, so that of two frees of one block racing on two threads one loses. */
+static chunk *claim_for_free(arena *a, void *p, uint32_t *size)
+{
+    chunk *c = chunk_at(p, -(size_t)CHUNK_HEADER);
+    if (!valid_live(a, p, size) ||
+        !__atomic_compare_exchange_n(&c->size_flags, size, *size | CHUNK_PENDING, false, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED)) {
+        error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
+        return NULL;
+    }
+    return c;
+}
+
 void medium_free_local(heap *h, void *p)
 {
     if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
@@ -407,14 +435,9 @@ void medium_free_local(heap *h, void *p)
     maybe_trim(h);
     arena *a = arena_of(p);
     uint32_t size;
-    chunk *c = chunk_at(p, -(size_t)CHUNK_HEADER);
-    /* The claim is a CAS so that a free racing with another thread's free of the same block loses. */
-    if (!valid_live(a, p, &size) ||
-        !__atomic_compare_exchange_n(&c->size_flags, &size, size | CHUNK_PENDING, false, __ATOMIC_RELAXED,
-                                     __ATOMIC_RELAXED)) {
-        error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
+    chunk *c = claim_for_free(a, p, &size);
+    if (c == NULL)
         return;
-    }
     store_relaxed(&c->size_flags, size);
     c->check = 0;
     release_chunk(h, a, c);
@@ -424,13 +447,9 @@ void medium_free_foreign(void *p)
 {
     arena *a = arena_of(p);
     uint32_t size;
-    chunk *c = chunk_at(p, -(size_t)CHUNK_HEADER);
-    if (!valid_live(a, p, &size) ||
-        !__atomic_compare_exchange_n(&c->size_flags, &size, size | CHUNK_PENDING, false, __ATOMIC_RELAXED,
-                                     __ATOMIC_RELAXED)) {
-        error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
+    chunk *c = claim_for_free(a, p, &size);
+    if (c == NULL)
         return;
-    }
     uintptr_t old = load_relaxed(&a->thread_free);
     do {
         c->next_free = (chunk *)(old & ~(uintptr_t)1);
@@ -468,24 +487,10 @@ void *medium_resize_in_place(heap *h, void *p, size_t size)
     if ((uint8_t *)next >= arena_end(a) || cflags(next) != CHUNK_FREE || have + csize(next) < need)
         return NULL;
     uint32_t total = have + csize(next);
-    int split = total - need >= SPLIT_MIN;
-    size_t end = (size_t)((uint8_t *)c - (uint8_t *)a) + (split ? need + CHUNK_MIN : total);
-    if (ensure_committed(a, end) != 0)
+    if (commit_for(a, c, need, total) != 0)
         return NULL;
     bin_remove(&h->medium, next, csize(next));
-    if (split) {
-        chunk *rest = chunk_at(c, need);
-        rest->prev_size = need;
-        store_relaxed(&rest->size_flags, (total - need) | CHUNK_FREE);
-        rest->check = 0;
-        set_next_prev(a, rest, total - need);
-        bin_insert(&h->medium, rest, total - need);
-    } else {
-        need = total;
-        set_next_prev(a, c, total);
-    }
-    store_relaxed(&c->size_flags, need);
-    c->check = check_of(c, need);
+    keep_front(h, a, c, need, total);
     debug_check_arena(h, a, "arena inconsistent after growing a block");
     return p;
 }
