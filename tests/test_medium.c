@@ -43,25 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef TEST_SYSTEM_MALLOC
-/* The system malloc behind the names of shardmm, through functions the compiler does not see into. */
-#include <malloc.h>
-#define SHARD_RULES 0
-#define SYSTEM_WRAPPER __attribute__((noinline, unused)) static
-SYSTEM_WRAPPER void *system_malloc(size_t n) { return malloc(n); }
-SYSTEM_WRAPPER void *system_calloc(size_t c, size_t n) { return calloc(c, n); }
-SYSTEM_WRAPPER void *system_realloc(void *p, size_t n) { return realloc(p, n); }
-SYSTEM_WRAPPER void system_free(void *p) { free(p); }
-SYSTEM_WRAPPER size_t system_usable_size(const void *p) { return p ? malloc_usable_size((void *)p) : 0; }
-#define shard_malloc(n) system_malloc(n)
-#define shard_calloc(c, n) system_calloc(c, n)
-#define shard_realloc(p, n) system_realloc(p, n)
-#define shard_free(p) system_free(p)
-#define shard_usable_size(p) system_usable_size(p)
-#else
-#include "shardmm.h"
-#define SHARD_RULES 1
-#endif
+#include "allocator.h"
 
 #include "realloc_pairs.h"
 
