@@ -92,6 +92,12 @@ int port_release(void *addr, size_t size)
     return sys_failed(sys3(SYS_munmap, (long)addr, (long)size, 0)) ? -1 : 0;
 }
 
+void port_hint_large_pages(void *addr, size_t size)
+{
+    enum { MADV_HUGEPAGE_ = 14 };
+    sys3(SYS_madvise, (long)addr, (long)size, MADV_HUGEPAGE_); /* a hint: a kernel without THP says no */
+}
+
 int port_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
 {
     enum { MREMAP_MAYMOVE_ = 1, MREMAP_FIXED_ = 2 };

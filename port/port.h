@@ -40,6 +40,12 @@ int port_decommit(void *addr, size_t size);
 /* Release a whole reservation: addr and size exactly as port_reserve gave and took them. 0 or -1. */
 int port_release(void *addr, size_t size);
 
+/* A hint that [addr, addr+size) of a reservation is used in large contiguous pieces, so that the OS may
+ * back its committed parts with large pages (Linux: transparent huge pages, MADV_HUGEPAGE; one fault
+ * then maps 2 MB). Only a range committed as a whole gets them, so nothing outside what was committed
+ * becomes resident. Windows does nothing: its large pages need a privilege and cannot be decommitted. */
+void port_hint_large_pages(void *addr, size_t size);
+
 /* Optional, where PORT_MOVES_PAGES is 1 (Linux; Windows has no way to move private pages): move the
  * pages of [from, from+size), committed and inside the reservation [reservation, +reservation_size),
  * to [to, to+size) inside another reservation, without copying (their contents and commitment go with

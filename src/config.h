@@ -43,6 +43,13 @@
 #ifndef SHARD_LARGE_SPAN_MIN
 #define SHARD_LARGE_SPAN_MIN ((size_t)16 << 20)
 #endif
+/* Ask the OS for large pages under large blocks (port_hint_large_pages). On Linux with transparent huge
+ * pages in "madvise" mode (Debian's default) a buffer grown from 1 MB to 1 GB took 545 thousand page
+ * faults and 1.6 s without, 43 thousand and 1.05 s with it. The cost: a block used sparsely becomes
+ * resident 2 MB at a time where it is touched, and khugepaged may fill in more of it later. 0 turns it off. */
+#ifndef SHARD_LARGE_PAGES
+#define SHARD_LARGE_PAGES 1
+#endif
 /* The cache of freed large blocks: at most this many blocks and this much committed memory; a block
  * committed above the latter is never cached. */
 #ifndef SHARD_LARGE_CACHE_BLOCKS

@@ -93,6 +93,8 @@ static large_header *reserve_block(size_t need, size_t commit_from, unsigned kin
     if (r == NULL)
         return NULL;
     large_header *h = (large_header *)round_up((uintptr_t)r, SEGMENT_SIZE);
+    if (SHARD_LARGE_PAGES)
+        port_hint_large_pages(h, span);
     if (need > commit_from && os_commit((uint8_t *)h + commit_from, need - commit_from) != 0) {
         os_release(r, reserved_for(span), 0);
         return NULL;
@@ -153,11 +155,16 @@ static unsigned take_oldest(unsigned n, large_header **out)
     return n;
 }
 
-/* Under the lock: how many of the first entries have waited the delay. */
+/* Whether a block freed at `then` has waited the delay. Signed: another thread may have read a later
+ * time than `now` before it stamped its entry. */
+static int expired(uint64_t then, uint64_t now) { return (int64_t)(now - then) >= SHARD_LARGE_CACHE_DELAY_MS; }
+
+/* Under the lock: how many of the first entries have waited the delay. The clock is read under the
+ * lock too, so that the entries stay in the order of their times. */
 static unsigned expired_count(uint64_t now)
 {
     unsigned n = 0;
-    while (n < cache.count && now - cache.entry[n].freed_at >= SHARD_LARGE_CACHE_DELAY_MS)
+    while (n < cache.count && expired(cache.entry[n].freed_at, now))
         n++;
     return n;
 }
@@ -176,14 +183,11 @@ static void release_all(large_header **victims, unsigned n)
 void large_cache_expire(void)
 {
     uint64_t oldest = load_relaxed(&cache.oldest_at);
-    if (oldest == UINT64_MAX)
-        return;
-    uint64_t now = port_clock_ms();
-    if (now - oldest < SHARD_LARGE_CACHE_DELAY_MS)
+    if (oldest == UINT64_MAX || !expired(oldest, port_clock_ms()))
         return;
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
     spin_lock(&cache.lock);
-    unsigned n = take_oldest(expired_count(now), victims);
+    unsigned n = take_oldest(expired_count(port_clock_ms()), victims);
     publish_oldest();
     spin_unlock(&cache.lock);
     release_all(victims, n);
@@ -195,10 +199,9 @@ static large_header *cache_take(size_t need, size_t *committed)
 {
     if (load_relaxed(&cache.oldest_at) == UINT64_MAX)
         return NULL; /* an empty cache costs one load */
-    uint64_t now = port_clock_ms();
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS], *h = NULL;
     spin_lock(&cache.lock);
-    unsigned n = take_oldest(expired_count(now), victims);
+    unsigned n = take_oldest(expired_count(port_clock_ms()), victims);
     unsigned best = cache.count;
     for (unsigned i = 0; i < cache.count; i++) {
         const cached *c = &cache.entry[i];
@@ -232,9 +235,9 @@ static void cache_put(large_header *h)
         release_block(h);
         return;
     }
-    uint64_t now = port_clock_ms();
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
     spin_lock(&cache.lock);
+    uint64_t now = port_clock_ms();
     unsigned n = expired_count(now);
     /* Room for one more entry and its bytes: the oldest go first. */
     size_t bytes = cache.bytes;
