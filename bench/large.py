@@ -35,9 +35,10 @@ import datetime
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
+
+from runner import binary_path, comma_list, duration, fail, numbers, run_line
 
 SCENARIOS = ["grow", "burst", "churn"]
 DEFAULT_ALLOCS = ["shard", "mimalloc", "jemalloc", "system"]
@@ -69,26 +70,6 @@ TEXT_FIELDS = {"fill"}
 ROUGH_S = {"grow": 12.0, "burst": 3.0, "churn": 3.0}
 
 
-def fail(message):
-    sys.exit("large.py: error: " + message)
-
-
-def comma_list(text):
-    return [item for item in text.split(",") if item]
-
-
-def binary_path(build_dir, alloc):
-    return os.path.join(build_dir, "bench", "large-" + alloc)
-
-
-def duration(seconds):
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def scenario_command(binary, scenario, args):
     command = [binary, scenario, "-scale", repr(args.scale)]
     if scenario == "grow":
@@ -101,33 +82,19 @@ def scenario_command(binary, scenario, args):
 def run_one(command, scenario, env):
     """Runs one process with `env` added to the environment; returns its fields as a dict, or stops
     the runner with an error."""
-    shown = shlex.join([f"{key}={value}" for key, value in env.items()] + command)
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              env=dict(os.environ, **env))
-    except subprocess.TimeoutExpired:
-        fail(f"{shown} did not finish within {TIMEOUT_S} s")
-    except OSError as e:
-        fail(f"cannot run {command[0]}: {e}")
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr)
-        fail(f"{shown} exited with status {done.returncode}")
-    words = done.stdout.split()
+    words, shown = run_line(command, TIMEOUT_S, dict(os.environ, **env),
+                            shlex.join([f"{key}={value}" for key, value in env.items()] + command))
     pairs = [word.partition("=") for word in words[1:]]
     keys = [key for key, _, _ in pairs]
     if not words or words[0] != scenario or keys != FIELDS[scenario]:
-        sys.stderr.write(done.stderr)
-        fail(f"{shown} printed {done.stdout!r}, expected '{scenario} "
+        fail(f"{shown} printed {' '.join(words)!r}, expected '{scenario} "
              + " ".join(f"{key}=..." for key in FIELDS[scenario]) + "'")
     result = {}
     for key, _, value in pairs:
         if key in TEXT_FIELDS:
             result[key] = value
             continue
-        try:
-            result[key] = float(value)
-        except ValueError:
-            fail(f"{shown} printed a non-number for {key}: {done.stdout!r}")
+        result[key] = numbers([value], (float,), shown)[0]
     return result
 
 
@@ -173,7 +140,7 @@ def parse_args():
         parser.error(f"bad --scenarios {args.scenarios}; known: {','.join(SCENARIOS)}")
     if args.allocs is None:
         args.allocs = DEFAULT_ALLOCS + [a for a in OPTIONAL_ALLOCS
-                                        if os.path.exists(binary_path(args.build_dir, a))]
+                                        if os.path.exists(binary_path(args.build_dir, "large", a))]
     if not args.allocs or len(set(args.allocs)) != len(args.allocs):
         parser.error("--allocs must name each allocator once")
     return args
@@ -263,7 +230,7 @@ def threads_table(scenario, med, args):
 def main():
     args = parse_args()
     started = datetime.datetime.now().astimezone()
-    binaries = {a: binary_path(args.build_dir, a) for a in args.allocs}
+    binaries = {a: binary_path(args.build_dir, "large", a) for a in args.allocs}
     missing = [path for path in binaries.values() if not os.path.exists(path)]
     if missing:
         fail("missing binaries (build them first with ninja): " + " ".join(missing))

@@ -56,6 +56,7 @@
 #include <string.h>
 
 #include "allocator.h"
+#include "observe.h"
 
 #include "realloc_pairs.h"
 
@@ -257,13 +258,6 @@ static void fill_edges(unsigned char *p, size_t n, uint64_t seed)
 /* ---- statistics, the error hook, the cache ---- */
 
 #if SHARD_RULES
-static shard_stats stats_now(void)
-{
-    shard_stats s;
-    memset(&s, 0, sizeof s);
-    shard_get_stats(&s);
-    return s;
-}
 
 static size_t live_of(const shard_stats *s, enum kind k)
 {
@@ -326,26 +320,6 @@ static void check_moved_out(const shard_stats *a, const shard_stats *b, size_t h
                    "%s, the old block not cached: committed %+lld, expected %+lld (its %zu bytes gone or handed "
                    "over)", what, d, new_commit - (long long)held, held);
     }
-}
-
-static struct {
-    int calls;
-    int error;
-    void *ptr;
-    void *arg;
-} hook_record;
-
-static void recording_hook(void *arg, int error, void *ptr)
-{
-    hook_record.calls++;
-    hook_record.error = error;
-    hook_record.ptr = ptr;
-    hook_record.arg = arg;
-}
-
-static void hook_reset(void)
-{
-    memset(&hook_record, 0, sizeof hook_record);
 }
 
 static int hook_cookie; /* the hook's argument */
