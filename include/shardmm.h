@@ -70,11 +70,13 @@ typedef struct shard_stats {
     size_t medium_arenas;    /* 4 MB arenas of medium blocks */
     size_t medium_arenas_empty;       /* arenas without a live block */
     size_t medium_arenas_decommitted; /* empty arenas that gave back all but their first 64 KB */
+    size_t large_cached;       /* freed large blocks kept in the process's cache for reuse */
+    size_t large_cached_bytes; /* memory those keep committed, bytes (their headers included) */
 } shard_stats;
 SHARD_API void shard_get_stats(shard_stats *out);
 
 /* Consistency check of the calling thread's heap: every page's lists and counts, every medium arena's
- * chunks, the bins and their bitmaps. Returns the number of
+ * chunks, the bins and their bitmaps; and of the large-block cache. Returns the number of
  * problems found (each is also reported through the fatal-message channel without aborting). Meant for
  * tests; safe to call at any time from the owner thread. */
 SHARD_API int shard_check(void);

@@ -26,7 +26,7 @@
 
 enum {
     SYS_read = 0, SYS_write = 1, SYS_close = 3, SYS_mmap = 9, SYS_mprotect = 10, SYS_munmap = 11, SYS_rt_sigprocmask = 14,
-    SYS_sched_yield = 24, SYS_madvise = 28, SYS_getpid = 39, SYS_kill = 62, SYS_clock_gettime = 228, SYS_exit_group = 231,
+    SYS_sched_yield = 24, SYS_mremap = 25, SYS_madvise = 28, SYS_getpid = 39, SYS_kill = 62, SYS_clock_gettime = 228, SYS_exit_group = 231,
     SYS_openat = 257
 };
 enum { PROT_NONE_ = 0, PROT_RW_ = 3 };
@@ -90,6 +90,26 @@ int port_decommit(void *addr, size_t size)
 int port_release(void *addr, size_t size)
 {
     return sys_failed(sys3(SYS_munmap, (long)addr, (long)size, 0)) ? -1 : 0;
+}
+
+void port_hint_large_pages(void *addr, size_t size)
+{
+    enum { MADV_HUGEPAGE_ = 14 };
+    sys3(SYS_madvise, (long)addr, (long)size, MADV_HUGEPAGE_); /* a hint: a kernel without THP says no */
+}
+
+int port_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
+{
+    enum { MREMAP_MAYMOVE_ = 1, MREMAP_FIXED_ = 2 };
+    long r = sys6(SYS_mremap, (long)from, (long)size, (long)size, MREMAP_MAYMOVE_ | MREMAP_FIXED_, (long)to, 0);
+    if (sys_failed(r))
+        return -1;
+    uintptr_t start = (uintptr_t)reservation, end = start + reservation_size, a = (uintptr_t)from;
+    if (a > start)
+        sys3(SYS_munmap, (long)start, (long)(a - start), 0);
+    if (a + size < end)
+        sys3(SYS_munmap, (long)(a + size), (long)(end - a - size), 0);
+    return 0;
 }
 
 static pthread_key_t exit_key;

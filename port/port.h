@@ -40,6 +40,20 @@ int port_decommit(void *addr, size_t size);
 /* Release a whole reservation: addr and size exactly as port_reserve gave and took them. 0 or -1. */
 int port_release(void *addr, size_t size);
 
+/* A hint that [addr, addr+size) of a reservation is used in large contiguous pieces, so that the OS may
+ * back its committed parts with large pages (Linux: transparent huge pages, MADV_HUGEPAGE; one fault
+ * then maps 2 MB). Only a range committed as a whole gets them, so nothing outside what was committed
+ * becomes resident. Windows does nothing: its large pages need a privilege and cannot be decommitted. */
+void port_hint_large_pages(void *addr, size_t size);
+
+/* Optional, where PORT_MOVES_PAGES is 1 (Linux; Windows has no way to move private pages): move the
+ * pages of [from, from+size), committed and inside the reservation [reservation, +reservation_size),
+ * to [to, to+size) inside another reservation, without copying (their contents and commitment go with
+ * them; what was at `to` is replaced), and release the rest of the source reservation. 0; or -1 with
+ * nothing changed. One call, because after the move the source addresses are free for anyone's
+ * mapping, so only the source's other parts may still be released. */
+int port_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to);
+
 /* Register fn to be called at the exit of every thread that has set its heap slot to non-NULL, with
  * the slot's value, once per thread; the slot reads NULL when fn runs. Called once per process,
  * before the first port_heap_slot_set. 0 or -1. */
@@ -68,10 +82,12 @@ _Noreturn void port_abort(void);
 static inline void *port_heap_slot(void);
 
 #if defined(__linux__) && defined(__x86_64__)
+#define PORT_MOVES_PAGES 1
 /* Initial-exec TLS: one fs-relative load. Defined in port/linux.c. */
 extern __thread void *port_linux_heap_slot __attribute__((tls_model("initial-exec")));
 static inline void *port_heap_slot(void) { return port_linux_heap_slot; }
 #elif defined(_WIN64)
+#define PORT_MOVES_PAGES 0
 /* The TEB's TLS slots: gs:[0x1480 + 8*i] for an index below 64. port_win64_slot_offset is that offset
  * once port_thread_exit_hook has taken the index, 0 before it and for an index of 64 or above, whose
  * slot lives behind the TEB's expansion pointer. Then the read calls port_win64_heap_slot_far, an

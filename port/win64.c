@@ -162,6 +162,12 @@ uint64_t port_clock_ms(void)
     return t / 10000u;
 }
 
+/* Large pages need SeLockMemoryPrivilege and cannot be decommitted: the hint is not taken here. */
+void port_hint_large_pages(void *addr, size_t size)
+{
+    (void)addr, (void)size;
+}
+
 void port_yield(void) { SwitchToThread(); }
 
 void port_write_error(const char *msg, size_t len)

@@ -5,7 +5,7 @@
  * - shard_malloc, sizes up to 2 KB: heap slot, direct[(size + 15) >> 4], the page's `free` item, its
  *   link, `used` + 1; about a dozen instructions and one test that fails rarely (no free item, or no
  *   heap yet). 2-16 KB go through the class table first. Everything else is malloc_generic(): medium
- *   blocks (16 KB - 1 MB, medium.c) from the heap's arenas, larger ones from large.c.
+ *   blocks (16 KB - 1 MB, medium.c) from the heap's arenas, larger ones from large.c (no heap needed).
  * - shard_free of a small block of the own thread: segment map (two loads), the owner in descriptor 0
  *   against the heap slot, the item test (below the carved end, a multiple of the class size by one
  *   multiply), push onto `local_free`, `used` - 1; no atomic operation. Nothing is written before the
@@ -55,7 +55,7 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
 static __attribute__((noinline)) void *malloc_generic(size_t size)
 {
     if (size > SHARD_MEDIUM_MAX)
-        return large_alloc(size);
+        return large_alloc(size, 0);
     heap *h = port_heap_slot();
     if (unlikely(h == NULL))
         return malloc_without_heap(size);
@@ -84,9 +84,11 @@ void *shard_calloc(size_t count, size_t size)
     size_t total;
     if (__builtin_mul_overflow(count, size, &total))
         return NULL;
+    if (total > SHARD_MEDIUM_MAX)
+        return large_alloc(total, 1); /* zeroes only what a cached block had committed */
     void *p = shard_malloc(total);
-    if (p != NULL && total <= SHARD_MEDIUM_MAX)
-        mem_zero(p, total); /* the temporary large path hands out freshly committed, zero memory */
+    if (p != NULL)
+        mem_zero(p, total);
     return p;
 }
 
@@ -169,13 +171,20 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
         heap *h = port_heap_slot();
         if (h != NULL && segment_of(p)->owner == h) /* the owner resizes in place when it can */
             q = medium_resize_in_place(h, p, size);
-    } else {
+    } else if (kind == SEG_LARGE) {
         q = large_resize_in_place(p, size);
     }
     if (q != NULL)
         return q;
     size_t target = size;
-    if (size > old && size <= SHARD_SMALL_MAX) {
+    if (size > old && size > SHARD_MEDIUM_MAX && size < ((size_t)1 << 60)) {
+        /* Large blocks grow with 1/16 of headroom (on top of their reservation's own), so that a buffer
+         * grown step by step moves no more often than it doubles. Where the OS can, a large block's pages
+         * move to the new reservation without a copy. */
+        target = size + size / 16;
+        if (kind == SEG_LARGE && (q = large_move(p, target)) != NULL)
+            return q;
+    } else if (size > old && size <= SHARD_SMALL_MAX) {
         /* Growth headroom for small blocks: half plus 32 bytes (without the 32, a short string appended
          * a character at a time would move on every class step), but never out of the small range. */
         target = size + size / 2 + 32;
@@ -188,6 +197,8 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
             target = SHARD_MEDIUM_MAX;
     }
     q = shard_malloc(target);
+    if (q == NULL && target != size)
+        q = shard_malloc(size); /* short of memory: without the headroom it may still fit */
     if (q == NULL)
         return NULL;
     mem_copy(q, p, old < size ? old : size);
@@ -225,7 +236,8 @@ void shard_get_stats(shard_stats *out)
     out->committed = t.committed;
     out->committed_peak = t.committed_peak;
     out->os_calls = t.calls;
-    large_live_counts(&out->live_medium, &out->live_large);
+    out->live_large = large_live_count();
+    large_cache_counts(&out->large_cached, &out->large_cached_bytes);
     out->heaps_free = heap_free_count();
     medium_counts mc = {0, 0, 0, 0};
     for (heap *h = heap_all(); h != NULL; h = h->next_all) {
@@ -259,10 +271,10 @@ void shard_get_stats(shard_stats *out)
 
 int shard_check(void)
 {
+    int problems = large_check();
     heap *h = port_heap_slot();
     if (h == NULL)
-        return 0;
-    int problems = 0;
+        return problems;
     for (segment *s = h->segments; s != NULL; s = s->next) {
         if (s->owner != h || segmap_kind((uintptr_t)s) != SEG_SMALL) {
             report_error("segment with a wrong owner or map entry:", (uintptr_t)s);

@@ -14,6 +14,7 @@
 #include "heap.h"
 
 #include "../port/port.h"
+#include "large.h"
 #include "libc.h"
 
 static pair128 free_stack;       /* ptr: heap *, count: changes */
@@ -47,6 +48,7 @@ static void on_thread_exit(void *arg)
     if (load_relaxed(&h->delayed_arenas) != NULL)
         medium_drain_delayed(h);
     heap_give_back(h);
+    large_cache_expire();
 }
 
 static heap *pop_free_heap(void)

@@ -1,19 +1,28 @@
-/* large.h - blocks above 1 MB. TEMPORARY: until the large-block issue (reservations with headroom, a
- * shared cache) lands, every such block is one OS reservation of its own. */
+/* large.h - blocks above 1 MB: a reservation each with headroom, and a cache shared by the process
+ * (large.c has the design). Large blocks belong to no thread: any thread frees or resizes them. */
 #ifndef SHARD_LARGE_H
 #define SHARD_LARGE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-void *large_alloc(size_t size);
-/* Free p if it is a live block (its first 4 MB is SEG_LARGE in the map); -1 if it is not. */
+/* A block of size bytes (> 1 MB), zeroed when zero is set; NULL out of memory or for an impossible size. */
+void *large_alloc(size_t size, int zero);
+/* Free p if it is a live large block; -1 (and nothing changes) if it is not. */
 int large_free(void *p);
 /* The usable size of a live block, or 0 if p is not one. */
 size_t large_usable(const void *p);
-/* Resize in place if the committed part allows; NULL if it must move (or p is not a live block). */
+/* Resize a live block to size (> 1 MB) within its reservation: p, or NULL when it must move (or the OS
+ * refuses to commit; p is then unchanged). */
 void *large_resize_in_place(void *p, size_t size);
-/* Live blocks, split at 1 MB for the statistics. */
-void large_live_counts(size_t *medium, size_t *large);
+/* Move a live block to a new reservation for size bytes, handing its pages over without a copy: the new
+ * address, or NULL when the OS cannot do that (then p is unchanged and the caller copies). */
+void *large_move(void *p, size_t size);
+/* Give cached blocks older than the delay back to the OS; one load when the cache is empty. */
+void large_cache_expire(void);
+size_t large_live_count(void);
+void large_cache_counts(size_t *blocks, size_t *bytes);
+/* Problems in the cache (reported through report_error); 0 when it is consistent. */
+int large_check(void);
 
 #endif

@@ -57,6 +57,17 @@ int os_release(void *addr, size_t size, size_t committed)
     return 0;
 }
 
+#if PORT_MOVES_PAGES
+int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
+{
+    count_call();
+    if (port_move_release(reservation, reservation_size, from, size, to) != 0)
+        return -1;
+    fetch_add_relaxed(&totals.reserved, -reservation_size);
+    return 0;
+}
+#endif
+
 void os_get_totals(os_totals *out)
 {
     out->reserved = load_relaxed(&totals.reserved);

@@ -38,8 +38,7 @@
 enum seg_kind {
     SEG_NONE = 0,       /* not ours */
     SEG_SMALL = 1,      /* a segment of small-block pages */
-    SEG_LARGE = 2,      /* the first 4 MB of a block above 1 MB (temporary path, see large.c) */
-    SEG_LARGE_TAIL = 3, /* the rest of such a block */
+    SEG_LARGE = 2,      /* the first 4 MB of a block above 1 MB (large.c); the rest of its reservation is NONE */
     SEG_MEDIUM = 4      /* an arena of medium blocks (medium.c) */
 };
 
@@ -90,6 +89,9 @@ int os_commit(void *addr, size_t size);
 int os_decommit(void *addr, size_t size);
 /* committed: how much of the reservation was committed (for the accounting). */
 int os_release(void *addr, size_t size, size_t committed);
+
+/* port_move_release (where PORT_MOVES_PAGES): the moved pages stay committed, the source reservation goes. */
+int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to);
 
 typedef struct os_totals {
     size_t reserved, committed, committed_peak, calls;

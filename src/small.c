@@ -22,6 +22,7 @@
 #include "../port/port.h"
 #include "error.h"
 #include "heap.h"
+#include "large.h"
 #include "libc.h"
 
 page small_empty_page;
@@ -195,6 +196,7 @@ static void page_retire(heap *h, page *pg, int in_list)
     h->pages_retired++;
     if (h->free_count > SHARD_KEEP_FREE_PAGES)
         trim_at(h, now);
+    large_cache_expire(); /* one of the seed's moments to check the large cache's age */
 }
 
 /* All items of pg are back. The only page of its class stays in it, so that a thread that frees and

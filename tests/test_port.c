@@ -115,6 +115,46 @@ TEST(a_reservation_beyond_the_address_space_is_refused)
         CHECK_EQ(port_release(r, (size_t)1 << 20), 0);
 }
 
+#if PORT_MOVES_PAGES
+/* Whether any mapping of the process overlaps [lo, hi), from /proc/self/maps. */
+static int mapped_in(uintptr_t lo, uintptr_t hi)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (f == NULL)
+        return -1;
+    unsigned long a, b;
+    int found = 0;
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%lx-%lx", &a, &b) == 2 && a < hi && b > lo)
+            found = 1;
+    fclose(f);
+    return found;
+}
+
+TEST(move_release_hands_pages_over_and_releases_the_rest_of_the_source)
+{
+    const size_t size = (size_t)8 << 20, off = (size_t)1 << 20, len = (size_t)2 << 20;
+    unsigned char *from = port_reserve(size), *to = port_reserve(size);
+    CHECK(from != NULL && to != NULL);
+    if (from == NULL || to == NULL)
+        return;
+    CHECK_EQ(port_commit(from + off, len), 0);
+    fill(from + off, len, 21);
+    CHECK_EQ(port_commit(to + 6 * off, off), 0); /* a committed part of the target outside the move */
+    fill(to + 6 * off, off, 22);
+    port_hint_large_pages(to, size); /* a hint: nothing visible changes */
+    CHECK_EQ(port_move_release(from, size, from + off, len, to), 0);
+    CHECK(check_pattern(to, len, 21));
+    CHECK(check_pattern(to + 6 * off, off, 22));
+    CHECK_EQ(mapped_in((uintptr_t)from, (uintptr_t)from + size), 0);
+    CHECK_EQ(port_commit(to + len, PORT_PAGE), 0); /* the rest of the target is still ours */
+    CHECK_EQ(bytes_not_equal(to + len, PORT_PAGE, 0), PORT_PAGE);
+    CHECK_EQ(port_release(to, size), 0);
+    CHECK_EQ(mapped_in((uintptr_t)to, (uintptr_t)to + size), 0);
+}
+#endif
+
 static void *slot_thread(void *arg)
 {
     CHECK(slot_checked() == NULL);
