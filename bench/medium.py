@@ -25,9 +25,10 @@ import datetime
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
+
+from runner import binary_path, comma_list, duration, fail, numbers, run_line
 
 # The rows of bench/medium.c, in its order (keep in sync with its row table).
 ROWS = ["64k-1m", "16k-256k", "8k-16k"]
@@ -43,47 +44,13 @@ TIMEOUT_S = 3600  # per process; a hung binary is an error too
 ROUGH_S = {"64k-1m": (1.5, 12.0), "16k-256k": (0.3, 2.5), "8k-16k": (0.05, 0.3)}
 
 
-def fail(message):
-    sys.exit("medium.py: error: " + message)
-
-
-def comma_list(text):
-    return [item for item in text.split(",") if item]
-
-
-def binary_path(build_dir, alloc):
-    return os.path.join(build_dir, "bench", "medium-" + alloc)
-
-
-def duration(seconds):
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def run_one(binary, row, scale):
     """Runs one row of one binary; returns (ms, peak_mb, faults), or stops the runner with an error."""
     command = [binary, row, "-scale", repr(scale)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        fail(f"{shlex.join(command)} did not finish within {TIMEOUT_S} s")
-    except OSError as e:
-        fail(f"cannot run {binary}: {e}")
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr)
-        fail(f"{shlex.join(command)} exited with status {done.returncode}")
-    fields = done.stdout.split()
+    fields, shown = run_line(command, TIMEOUT_S)
     if len(fields) != 4 or fields[0] != row:
-        sys.stderr.write(done.stderr)
-        fail(f"{shlex.join(command)} printed {done.stdout!r}, "
-             f"expected '{row} <ms> <peak_rss_mb> <page_faults>'")
-    try:
-        return float(fields[1]), float(fields[2]), int(fields[3])
-    except ValueError:
-        fail(f"{shlex.join(command)} printed a non-number: {done.stdout!r}")
+        fail(f"{shown} printed {' '.join(fields)!r}, expected '{row} <ms> <peak_rss_mb> <page_faults>'")
+    return numbers(fields[1:], (float, float, int), shown)
 
 
 def parse_args():
@@ -113,7 +80,7 @@ def parse_args():
         parser.error(f"unknown rows {unknown}; known: {','.join(ROWS)}")
     if args.allocs is None:
         args.allocs = DEFAULT_ALLOCS + [a for a in OPTIONAL_ALLOCS
-                                        if os.path.exists(binary_path(args.build_dir, a))]
+                                        if os.path.exists(binary_path(args.build_dir, "medium", a))]
     if not args.allocs or len(set(args.allocs)) != len(args.allocs):
         parser.error("--allocs must name each allocator once")
     return args
@@ -122,7 +89,7 @@ def parse_args():
 def main():
     args = parse_args()
     started = datetime.datetime.now().astimezone()
-    binaries = {a: binary_path(args.build_dir, a) for a in args.allocs}
+    binaries = {a: binary_path(args.build_dir, "medium", a) for a in args.allocs}
     missing = [path for path in binaries.values() if not os.path.exists(path)]
     if missing:
         fail("missing binaries (build them first): " + " ".join(missing))

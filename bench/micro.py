@@ -25,8 +25,9 @@ import datetime
 import os
 import shlex
 import statistics
-import subprocess
 import sys
+
+from runner import binary_path, comma_list, fail, numbers, run_line
 
 # The rows of bench/micro.c, in its order (keep in sync with its row table).
 ROWS = ["fixed-32", "mixed-lifo", "mixed-fifo", "lifo-1000", "fifo-1000",
@@ -37,22 +38,14 @@ BASELINE = "shard"
 TIMEOUT_S = 600  # per process; a hung binary is an error too
 
 
-def fail(message):
-    sys.exit("micro.py: error: " + message)
-
-
-def comma_list(text):
-    return [item for item in text.split(",") if item]
-
-
 WINE = "/usr/lib/wine/wine64"
 WINE_ALLOCS = ["shard", "system"]
 
 
-def binary_path(build_dir, alloc, wine=False):
+def micro_binary(build_dir, alloc, wine=False):
     if wine:
         return os.path.join(build_dir, "win64", "micro-" + alloc + ".exe")
-    return os.path.join(build_dir, "bench", "micro-" + alloc)
+    return binary_path(build_dir, "micro", alloc)
 
 
 def wine_env(build_dir):
@@ -69,23 +62,10 @@ def run_one(binary, row, scale, wine_build_dir=None):
     if wine_build_dir is not None:
         command = [WINE] + command
         env = wine_env(wine_build_dir)
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
-    except subprocess.TimeoutExpired:
-        fail(f"{shlex.join(command)} did not finish within {TIMEOUT_S} s")
-    except OSError as e:
-        fail(f"cannot run {binary}: {e}")
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr)
-        fail(f"{shlex.join(command)} exited with status {done.returncode}")
-    fields = done.stdout.replace("\r", "").split()
+    fields, shown = run_line(command, TIMEOUT_S, env)
     if len(fields) != 2 or fields[0] != row:
-        sys.stderr.write(done.stderr)
-        fail(f"{shlex.join(command)} printed {done.stdout!r}, expected '{row} <ns_per_pair>'")
-    try:
-        return float(fields[1])
-    except ValueError:
-        fail(f"{shlex.join(command)} printed a non-number: {done.stdout!r}")
+        fail(f"{shown} printed {' '.join(fields)!r}, expected '{row} <ns_per_pair>'")
+    return numbers(fields[1:], (float,), shown)[0]
 
 
 def parse_args():
@@ -120,7 +100,7 @@ def parse_args():
         args.allocs = list(WINE_ALLOCS)
     if args.allocs is None:
         args.allocs = DEFAULT_ALLOCS + [a for a in OPTIONAL_ALLOCS
-                                        if os.path.exists(binary_path(args.build_dir, a))]
+                                        if os.path.exists(micro_binary(args.build_dir, a))]
     if not args.allocs or len(set(args.allocs)) != len(args.allocs):
         parser.error("--allocs must name each allocator once")
     return args
@@ -129,7 +109,7 @@ def parse_args():
 def main():
     args = parse_args()
     started = datetime.datetime.now().astimezone()
-    binaries = {a: binary_path(args.build_dir, a, args.wine) for a in args.allocs}
+    binaries = {a: micro_binary(args.build_dir, a, args.wine) for a in args.allocs}
     missing = [path for path in binaries.values() if not os.path.exists(path)]
     if missing:
         fail("missing binaries (build them first): " + " ".join(missing))

@@ -1,3 +1,2132 @@
-/* PLACEHOLDER: being written (issue 5); replaced before this branch merges. */
+/* test_large.c - deterministic tests of shardmm's large blocks (above 1 MB) and their cache.
+ *
+ * Fixed sizes in a fixed order, each test one documented behaviour: the size, address and usable size
+ * of a fresh block, realloc in place within the reservation and moves beyond it, the decommit of a
+ * shrunk tail, the process's cache of freed blocks (what it takes, which block a malloc gets, its
+ * limits and its delay), calloc on dirty cached memory, the error hook, out of memory and blocks that
+ * change threads. Every block is filled with the pattern of its own seed (64-bit words: the blocks are
+ * megabytes) and checked after realloc, after a hand-over to another thread and before it is freed.
+ *
+ * The rules, as this file reads them (the large-block issue's rules, README.md, include/shardmm.h):
+ * - n > 1 MB is large, n <= 1 MB small or medium. need(n) = round_up(n + 32, 4 KB) is committed for a
+ *   fresh block (a 32-byte header included), at p with p % 4 MB == 32; its usable size is need(n) - 32.
+ *   Its reservation, counted from the header, is R(n) = round_up(max(16 MB, need + min(need, 1 GB)), 4 MB).
+ * - realloc(p, m) of a large block with C committed: m <= 1 MB moves to a small or medium block;
+ *   need(m) <= C stays, decommitting the tail exactly when need(m) < C / 2; C < need(m) <= R stays and
+ *   commits need(m) - C; beyond R it moves to a block of t = m + m/16 bytes (usable need(t) - 32 when
+ *   fresh), contents kept up to the old usable size. A small or medium block that moves into the large
+ *   range gets the same 1/16. The usable size is need(m) - 32 after every in-place change. What becomes
+ *   of the old block of a move the rules leave open: cached like a free, or its memory given back or
+ *   handed to the new block (Linux moves the pages); either way it is accounted for.
+ * - free(p) of a block with C <= 128 MB puts it into the process's cache, still committed (large_cached
+ *   and large_cached_bytes count it); above 128 MB it is released at once. At most 32 blocks and 128 MB
+ *   are cached; a free that passes either releases the oldest cached blocks until both hold.
+ * - malloc(n > 1 MB) takes a cached block whose R >= need(n): the one with the smallest C >= need(n),
+ *   else the one with the most C (committed up to need(n) in place). The excess C - need(n) goes back
+ *   when it is both above 4 need(n) and above 16 MB (the seed: a block "may keep up to 16 MB, or four
+ *   times the request, committed beyond what it needs"); otherwise the block keeps it (growth into it
+ *   is free).
+ * - A cached block expires 1 s after its free, released on the next large malloc/free/realloc, when a
+ *   small page becomes free, or at a thread's exit; shard_get_stats alone releases nothing.
+ * - calloc of a large size is zero over the whole usable size, also on a dirty cached block.
+ * - A double free, an interior pointer, realloc and usable_size of them reach the error hook and change
+ *   nothing; a double-freed block comes back from the cache once. Impossible sizes give NULL and leave
+ *   the block given to realloc as it was. Any thread may resize or free any large block.
+ *
+ * The cache makes the address of a new block depend on what earlier tests freed. A test that needs
+ * fresh reservations first drains the cache: it allocates 1 MB + 1 bytes (any cached block fits) until
+ * large_cached is 0 and keeps those blocks until it ends. The realloc pairs need a fresh reservation
+ * for every one of some 300 pairs: there the cache is emptied through its byte limit (see cache_flush).
+ * The process's committed bytes are exact in these tests, except that a fresh reservation may add one
+ * 64 KB commit of the allocator's own tables (the segment map grows per 4 GB of address space).
+ *
+ * Built with -DTEST_SYSTEM_MALLOC the same file runs on the system malloc: the checks of shardmm's own
+ * rules (addresses, usable sizes, statistics, the cache, the error hook, shard_check) are left out and
+ * the tests made only of them report "skip"; the contents are still checked. That is a check of the tests.
+ *
+ * Build: see build.ninja (build/test-large, build/win64/test-large.exe and their variants).
+ * Run:   build/test-large [test names]
+ */
 #define HARNESS_MAIN
 #include "harness.h"
+#include "platform.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "allocator.h"
+#include "observe.h"
+
+#include "realloc_pairs.h"
+
+/* ---- the rules, written out independently of the allocator ---- */
+
+#define KB ((size_t)1 << 10)
+#define MB ((size_t)1 << 20)
+#define GB ((size_t)1 << 30)
+#define SMALL_MAX ((size_t)16384)
+#define MEDIUM_MAX MB
+#define LARGE_MIN (MEDIUM_MAX + 1)
+#define LARGE_HEADER ((size_t)32)
+#define LARGE_PAGE ((size_t)4096)
+#define LARGE_GRANULE (4 * MB)      /* a block's header starts a 4 MB granule */
+#define RESERVE_MIN (16 * MB)       /* the least reservation */
+#define RESERVE_EXTRA_MAX GB        /* the reservation beyond need is need, at most 1 GB */
+#define MOVE_HEADROOM 16            /* a growing block that moves gets 1/16 more */
+#define CACHE_MAX_BLOCKS 32
+#define CACHE_MAX_BYTES (128 * MB)  /* also the most a cached block may hold committed */
+#define CACHE_DELAY_MS 1000
+#define TRIM_FACTOR 4               /* a taken block gives back its excess beyond 4 need ... */
+#define TRIM_MIN (16 * MB)          /* ... when that excess is above 16 MB too */
+#define META_COMMIT (64 * KB)       /* one commit of the allocator's own tables */
+
+enum kind { KIND_SMALL, KIND_MEDIUM, KIND_LARGE };
+
+static enum kind kind_of_size(size_t n)
+{
+    return n <= SMALL_MAX ? KIND_SMALL : n <= MEDIUM_MAX ? KIND_MEDIUM : KIND_LARGE;
+}
+
+__attribute__((unused)) static const char *kind_name(enum kind k)
+{
+    return k == KIND_SMALL ? "small" : k == KIND_MEDIUM ? "medium" : "large";
+}
+
+static size_t round_up(size_t n, size_t to)
+{
+    return (n + to - 1) / to * to;
+}
+
+/* The bytes a fresh block of n bytes commits, its header included. */
+static size_t need(size_t n)
+{
+    return round_up(n + LARGE_HEADER, LARGE_PAGE);
+}
+
+/* The reservation of a fresh block of n bytes, counted from its header. */
+static size_t reservation(size_t n)
+{
+    size_t c = need(n), r = c + (c < RESERVE_EXTRA_MAX ? c : RESERVE_EXTRA_MAX);
+    return round_up(r < RESERVE_MIN ? RESERVE_MIN : r, LARGE_GRANULE);
+}
+
+/* The usable size of a fresh block of n bytes (and of any large block after realloc to n in place). */
+static size_t fresh_usable(size_t n)
+{
+    return need(n) - LARGE_HEADER;
+}
+
+/* The largest size whose need is c (a multiple of the page). */
+static size_t with_need(size_t c)
+{
+    return c - LARGE_HEADER;
+}
+
+/* The size of the block a growing block moves to. */
+static size_t move_target(size_t m)
+{
+    return m + m / MOVE_HEADROOM;
+}
+
+/* Whether realloc to m of a block with `committed` bytes committed (m within them) decommits the tail. */
+static int shrink_decommits(size_t committed, size_t m)
+{
+    return need(m) < committed / 2;
+}
+
+/* Whether malloc(n) taking a cached block with `committed` bytes gives back the excess. */
+static int take_trims(size_t committed, size_t n)
+{
+    size_t c = need(n);
+    return committed - c > TRIM_FACTOR * c && committed - c > TRIM_MIN;
+}
+
+/* Whether p is where a large block's address must be: 32 bytes into a 4 MB granule. */
+__attribute__((unused)) static int large_address(const void *p)
+{
+    return (uintptr_t)p % LARGE_GRANULE == LARGE_HEADER;
+}
+
+static int aligned16(const void *p)
+{
+    return ((uintptr_t)p & 15) == 0;
+}
+
+static size_t min_size(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
+/* ---- patterns in 64-bit words: the same bytes as the harness's fill(), written and read 8 at a time ---- */
+
+static void fill64(void *p, size_t n, uint64_t seed)
+{
+    unsigned char *b = p;
+    size_t words = n / 8, w, i;
+    for (w = 0; w < words; w++) {
+        uint64_t x = pattern_word(seed, w);
+        memcpy(b + 8 * w, &x, 8);
+    }
+    for (i = words * 8; i < n; i++)
+        b[i] = pattern_byte(seed, i);
+}
+
+/* Index of the first byte of the n at p that is not the pattern of seed, or n. */
+static size_t mismatch64(const void *p, size_t n, uint64_t seed)
+{
+    const unsigned char *b = p;
+    size_t words = n / 8, w, i;
+    for (w = 0; w < words; w++) {
+        uint64_t x;
+        memcpy(&x, b + 8 * w, 8);
+        if (x != pattern_word(seed, w))
+            break;
+    }
+    for (i = w * 8; i < n; i++)
+        if (b[i] != pattern_byte(seed, i))
+            return i;
+    return n;
+}
+
+/* Index of the first byte of the n at p that is not zero, or n. */
+static size_t nonzero64(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    size_t words = n / 8, w, i;
+    for (w = 0; w < words; w++) {
+        uint64_t x;
+        memcpy(&x, b + 8 * w, 8);
+        if (x != 0)
+            break;
+    }
+    for (i = w * 8; i < n; i++)
+        if (b[i] != 0)
+            return i;
+    return n;
+}
+
+/* The n bytes at p hold the pattern of seed; the message names the block (printf arguments). */
+#define CHECK_BLOCK(p, n, seed, ...)                                                                     \
+    do {                                                                                                 \
+        size_t n_ = (n), bad_ = mismatch64((p), n_, (seed));                                             \
+        if (bad_ != n_) {                                                                                \
+            char what_[200];                                                                             \
+            snprintf(what_, sizeof what_, __VA_ARGS__);                                                  \
+            harness_fail(__FILE__, __LINE__, "%s: byte %zu of %zu differs from the pattern", what_, bad_, \
+                         n_);                                                                            \
+        }                                                                                                \
+    } while (0)
+
+#define CHECK_ZERO(p, n, ...)                                                                            \
+    do {                                                                                                 \
+        size_t n_ = (n), bad_ = nonzero64((p), n_);                                                      \
+        if (bad_ != n_) {                                                                                \
+            char what_[200];                                                                             \
+            snprintf(what_, sizeof what_, __VA_ARGS__);                                                  \
+            harness_fail(__FILE__, __LINE__, "%s: byte %zu of %zu is 0x%02x, not zero", what_, bad_, n_,  \
+                         ((const unsigned char *)(p))[bad_]);                                            \
+        }                                                                                                \
+    } while (0)
+
+/* The first and last EDGE bytes of a block (all of it when shorter): for the blocks of the cache tests,
+ * whose point is where a block comes from, not its megabytes. */
+#define EDGE ((size_t)256 << 10)
+
+static void fill_edges(unsigned char *p, size_t n, uint64_t seed)
+{
+    if (n <= 2 * EDGE) {
+        fill64(p, n, seed);
+        return;
+    }
+    fill64(p, EDGE, seed);
+    fill64(p + n - EDGE, EDGE, seed + 1);
+}
+
+#define CHECK_EDGES(p, n, seed, ...)                                                                     \
+    do {                                                                                                 \
+        const unsigned char *p_ = (const unsigned char *)(p);                                            \
+        size_t m_ = (n);                                                                                 \
+        if (m_ <= 2 * EDGE) {                                                                            \
+            CHECK_BLOCK(p_, m_, (seed), __VA_ARGS__);                                                    \
+        } else {                                                                                         \
+            CHECK_BLOCK(p_, EDGE, (seed), __VA_ARGS__);                                                  \
+            CHECK_BLOCK(p_ + m_ - EDGE, EDGE, (seed) + 1, __VA_ARGS__);                                  \
+        }                                                                                                \
+    } while (0)
+
+/* ---- statistics, the error hook, the cache ---- */
+
+#if SHARD_RULES
+
+static size_t live_of(const shard_stats *s, enum kind k)
+{
+    return k == KIND_SMALL ? s->live_small : k == KIND_MEDIUM ? s->live_medium : s->live_large;
+}
+
+/* Whether committed went from a to b by delta; fresh: a new reservation was made, which may add one
+ * commit of the allocator's own tables. */
+static int committed_by(size_t a, size_t b, long long delta, int fresh)
+{
+    long long d = (long long)b - (long long)a;
+    return d == delta || (fresh && d == delta + (long long)META_COMMIT);
+}
+
+#define CHECK_COMMITTED(a, b, delta, fresh, ...)                                                         \
+    do {                                                                                                 \
+        size_t a_ = (a), b_ = (b);                                                                       \
+        long long delta_ = (delta);                                                                      \
+        if (!committed_by(a_, b_, delta_, (fresh))) {                                                    \
+            char what_[200];                                                                             \
+            snprintf(what_, sizeof what_, __VA_ARGS__);                                                  \
+            harness_fail(__FILE__, __LINE__, "%s: committed %zu -> %zu (%+lld), expected %+lld", what_, a_, \
+                         b_, (long long)b_ - (long long)a_, delta_);                                     \
+        }                                                                                                \
+    } while (0)
+
+/* The cache holds count blocks of bytes committed bytes. */
+#define CHECK_CACHE(s, count, bytes, ...)                                                                \
+    do {                                                                                                 \
+        const shard_stats *s_ = &(s);                                                                    \
+        size_t c_ = (count), b_ = (bytes);                                                               \
+        if (s_->large_cached != c_ || s_->large_cached_bytes != b_) {                                    \
+            char what_[200];                                                                             \
+            snprintf(what_, sizeof what_, __VA_ARGS__);                                                  \
+            harness_fail(__FILE__, __LINE__, "%s: the cache holds %zu blocks of %zu bytes, expected %zu of %zu", \
+                         what_, s_->large_cached, s_->large_cached_bytes, c_, b_);                       \
+        }                                                                                                \
+    } while (0)
+
+/* After a large block holding `held` bytes moved out (realloc beyond its reservation, or to 1 MB or
+ * less) with the cache empty before: the rules leave its old memory to the allocator - cached as a
+ * block (in the cache with `held` bytes), or given back or handed to the new block (out of committed).
+ * new_commit: what the new block commits, -1 when another kind's (not checked). */
+static void check_moved_out(const shard_stats *a, const shard_stats *b, size_t held, long long new_commit,
+                            const char *what)
+{
+    long long d = (long long)b->committed - (long long)a->committed;
+    if (b->large_cached == 1 && held <= CACHE_MAX_BYTES) {
+        CHECKF(b->large_cached_bytes == held, "%s: the old block is cached with %zu bytes, it held %zu", what,
+               b->large_cached_bytes, held);
+        if (new_commit >= 0)
+            CHECKF(committed_by(a->committed, b->committed, new_commit, 1),
+                   "%s, the old block cached: committed %+lld, expected %+lld", what, d, new_commit);
+    } else {
+        CHECKF(b->large_cached == 0 && b->large_cached_bytes == 0,
+               "%s: the cache holds %zu blocks of %zu bytes after one block of %zu bytes moved out", what,
+               b->large_cached, b->large_cached_bytes, held);
+        if (new_commit >= 0)
+            CHECKF(committed_by(a->committed, b->committed, new_commit - (long long)held, 1),
+                   "%s, the old block not cached: committed %+lld, expected %+lld (its %zu bytes gone or handed "
+                   "over)", what, d, new_commit - (long long)held, held);
+    }
+}
+
+static int hook_cookie; /* the hook's argument */
+
+/* Checks that the last call reached the hook exactly once with this error and pointer. */
+#define CHECK_HOOK(err, p, what)                                                                         \
+    CHECKF(hook_record.calls == 1 && hook_record.error == (err) && hook_record.ptr == (void *)(p) &&     \
+               hook_record.arg == &hook_cookie,                                                          \
+           "%s: hook called %d times, error %d (expected %d), pointer %p (expected %p), argument %s", (what), \
+           hook_record.calls, hook_record.error, (err), hook_record.ptr, (void *)(p),                   \
+           hook_record.arg == &hook_cookie ? "right" : "wrong")
+#endif
+
+/* shard_check() of the calling thread's heap and of the large-block cache is 0 (under shardmm). */
+static void check_allocator(const char *where)
+{
+#if SHARD_RULES
+    int problems = shard_check();
+    CHECKF(problems == 0, "shard_check() = %d %s", problems, where);
+#else
+    (void)where;
+#endif
+}
+
+/* Blocks taken out of the cache so that the next large allocations are fresh reservations. */
+enum { DRAIN_MAX = 2 * CACHE_MAX_BLOCKS };
+typedef struct {
+    void *blocks[DRAIN_MAX];
+    size_t count;
+} drained;
+
+/* Allocates 1 MB + 1 bytes (every cached block's reservation fits) until the cache is empty, adding the
+ * blocks to d; they stay live until cache_undrain. */
+static void drain_into(drained *d)
+{
+#if SHARD_RULES
+    while (stats_now().large_cached > 0 && d->count < DRAIN_MAX) {
+        void *p = shard_malloc(LARGE_MIN);
+        CHECKF(p != NULL, "draining the cache: shard_malloc(%zu) returned NULL", LARGE_MIN);
+        if (!p)
+            break;
+        d->blocks[d->count++] = p;
+    }
+    size_t left = stats_now().large_cached;
+    CHECKF(left == 0, "the cache holds %zu blocks after %zu allocations of %zu bytes", left, d->count, LARGE_MIN);
+#else
+    (void)d;
+#endif
+}
+
+static void cache_drain(drained *d)
+{
+    d->count = 0;
+    drain_into(d);
+}
+
+static void cache_undrain(drained *d)
+{
+    for (size_t i = 0; i < d->count; i++)
+        shard_free(d->blocks[i]);
+    d->count = 0;
+}
+
+static void run_thread(void *(*fn)(void *), void *arg)
+{
+    thread_t t;
+    int rc = thread_start(&t, fn, arg);
+    CHECKF(rc == 0, "thread_start: %d", rc);
+    if (rc == 0)
+        thread_join(t);
+}
+
+/* ---- tests ---- */
+
+TEST(rules_of_the_test_are_the_documented_ones)
+{
+    CHECK_EQ(kind_of_size(MB), KIND_MEDIUM);
+    CHECK_EQ(kind_of_size(MB + 1), KIND_LARGE);
+    CHECK_EQ(need(LARGE_MIN), MB + 4096);
+    CHECK_EQ(need(MB + 4064), MB + 4096);
+    CHECK_EQ(need(MB + 4065), MB + 8192);
+    CHECK_EQ(fresh_usable(LARGE_MIN), MB + 4064);
+    CHECK_EQ(reservation(LARGE_MIN), 16 * MB);
+    CHECK_EQ(reservation(8 * MB - 32), 16 * MB);
+    CHECK_EQ(reservation(8 * MB - 31), 20 * MB);
+    CHECK_EQ(reservation(16 * MB - 32), 32 * MB);
+    CHECK_EQ(reservation(40 * MB), 84 * MB);
+    CHECK_EQ(reservation(GB + GB / 2), 2 * GB + GB / 2 + 4 * MB); /* need + 1 GB, not 2 need */
+    CHECK_EQ(move_target(16 * MB), 17 * MB);
+    CHECK_EQ(shrink_decommits(4 * MB, 2 * MB - 32), 0);   /* need exactly half: kept */
+    CHECK_EQ(shrink_decommits(4 * MB, 2 * MB - 4128), 1); /* a page below half */
+    CHECK_EQ(take_trims(80 * MB, 16 * MB - 32), 0);       /* an excess of exactly 4 need */
+    CHECK_EQ(take_trims(80 * MB, 16 * MB - 4128), 1);
+    CHECK_EQ(take_trims(64 * MB, 16 * MB - 4128), 0);     /* 48 MB of excess, above 16 MB but not 4 need */
+    CHECK_EQ(take_trims(20 * MB, 4 * MB - 32), 0);        /* an excess of exactly 16 MB */
+    CHECK_EQ(take_trims(20 * MB, 4 * MB - 4128), 1);
+    CHECK_EQ(take_trims(40 * MB, 12 * MB - 32), 0);       /* 28 MB of excess, but not 4 need */
+    /* The generated pairs hold the edges of the reservation (gen/realloc_pairs.py). */
+    int edges = 0;
+    for (size_t k = 0; k < REALLOC_LARGE_PAIR_COUNT; k++) {
+        size_t from = realloc_large_pairs[k][0], to = realloc_large_pairs[k][1];
+        if (from == LARGE_MIN && (need(to) == reservation(from) || need(to) == reservation(from) + LARGE_PAGE))
+            edges++;
+    }
+    CHECKF(edges == 2, "%d pairs from %zu bytes to need == R and R + 4 KB", edges, LARGE_MIN);
+    /* The word-wise pattern is the harness's. */
+    {
+        unsigned char a[1003], b[1003];
+        fill(a, sizeof a, 42);
+        fill64(b, sizeof b, 42);
+        CHECK(memcmp(a, b, sizeof a) == 0);
+        CHECK_EQ(mismatch64(a, sizeof a, 42), sizeof a);
+        a[517] ^= 1;
+        CHECK_EQ(mismatch64(a, sizeof a, 42), 517);
+        a[517] ^= 1;
+        a[1001] ^= 0x80;
+        CHECK_EQ(mismatch64(a, sizeof a, 42), 1001);
+        memset(a, 0, sizeof a);
+        CHECK_EQ(nonzero64(a, sizeof a), sizeof a);
+        a[999] = 1;
+        CHECK_EQ(nonzero64(a, sizeof a), 999);
+    }
+}
+
+/* ---- sizes ---- */
+
+struct placed {
+    uintptr_t at;
+    size_t usable;
+};
+
+static int compare_placed(const void *a, const void *b)
+{
+    uintptr_t x = ((const struct placed *)a)->at, y = ((const struct placed *)b)->at;
+    return (x > y) - (x < y);
+}
+
+/* One allocation of n bytes (how: 0 malloc, 1 calloc, 2 realloc(NULL)) on a drained cache: 16-byte
+ * aligned, usable >= n; a large one is fresh: 32 bytes into 4 MB, usable need(n) - 32, committing
+ * need(n), live_large + 1, the cache untouched; 1 MB and less is not large. */
+static unsigned char *alloc_checked(size_t n, int how)
+{
+    static const char *const names[] = { "shard_malloc", "shard_calloc", "shard_realloc(NULL)" };
+#if SHARD_RULES
+    shard_stats a = stats_now();
+#endif
+    unsigned char *p = how == 0 ? shard_malloc(n) : how == 1 ? shard_calloc(1, n) : shard_realloc(NULL, n);
+    CHECKF(p != NULL, "%s(%zu) returned NULL", names[how], n);
+    if (!p)
+        return NULL;
+    size_t u = shard_usable_size(p);
+    CHECKF(aligned16(p) && u >= n, "%s(%zu) = %p, usable %zu", names[how], n, (void *)p, u);
+    if (how == 1)
+        CHECK_ZERO(p, u, "%s(%zu) over its usable size", names[how], n);
+#if SHARD_RULES
+    shard_stats b = stats_now();
+    enum kind k = kind_of_size(n);
+    for (enum kind j = KIND_SMALL; j <= KIND_LARGE; j++)
+        CHECKF(live_of(&b, j) == live_of(&a, j) + (j == k), "%s(%zu), a %s size: live %s blocks %zu -> %zu",
+               names[how], n, kind_name(k), kind_name(j), live_of(&a, j), live_of(&b, j));
+    if (k == KIND_LARGE) {
+        CHECKF(large_address(p), "%s(%zu) = %p: %zu bytes into its 4 MB, expected 32", names[how], n, (void *)p,
+               (size_t)((uintptr_t)p % LARGE_GRANULE));
+        CHECKF(u == fresh_usable(n), "%s(%zu): usable %zu, expected need - 32 = %zu", names[how], n, u,
+               fresh_usable(n));
+        CHECK_COMMITTED(a.committed, b.committed, (long long)need(n), 1, "%s(%zu) fresh", names[how], n);
+        CHECK_CACHE(b, 0, 0, "%s(%zu) on a drained cache", names[how], n);
+    } else {
+        CHECKF(u < MEDIUM_MAX + 256, "%s(%zu): usable %zu of a medium block", names[how], n, u);
+    }
+#endif
+    return p;
+}
+
+/* Sizes from 1 MB (medium) through the first large ones and page edges to 64 MB, by malloc, calloc and
+ * realloc(NULL), all live at once: each of its kind, aligned, at its place in its 4 MB granule, of
+ * usable size need - 32, committing need; none overlaps another; contents intact. */
+TEST(sizes_above_1mb_are_large_blocks_at_32_bytes_into_4mb_with_usable_size_need_minus_32)
+{
+    static const size_t sizes[] = { MB,          MB + 1,       MB + 4064,    MB + 4065,   2 * MB,
+                                    3 * MB + 17, 4 * MB - 32,  4 * MB,       4 * MB + 1,  16 * MB - 32,
+                                    16 * MB,     40 * MB + 5,  64 * MB };
+    static const size_t other_ways[] = { MB, MB + 1, 4 * MB, 16 * MB + 3 };
+    enum { S = sizeof sizes / sizeof sizes[0], O = sizeof other_ways / sizeof other_ways[0], N = S + 2 * O };
+    unsigned char *blocks[N];
+    size_t usable[N], count = 0;
+    struct placed placed[N];
+    drained d;
+    cache_drain(&d);
+#if SHARD_RULES
+    shard_stats s0 = stats_now();
+#endif
+    for (size_t i = 0; i < S; i++)
+        blocks[count++] = alloc_checked(sizes[i], 0);
+    for (size_t i = 0; i < O; i++) {
+        blocks[count++] = alloc_checked(other_ways[i], 1);
+        blocks[count++] = alloc_checked(other_ways[i], 2);
+    }
+    size_t np = 0;
+    for (size_t i = 0; i < N; i++) {
+        usable[i] = blocks[i] ? shard_usable_size(blocks[i]) : 0;
+        if (blocks[i]) {
+            fill64(blocks[i], usable[i], 0x1000 + i);
+            placed[np].at = (uintptr_t)blocks[i];
+            placed[np++].usable = usable[i];
+        }
+    }
+    qsort(placed, np, sizeof placed[0], compare_placed);
+    for (size_t i = 0; i + 1 < np; i++)
+        CHECKF(placed[i].at + placed[i].usable <= placed[i + 1].at, "block %p of usable size %zu overlaps block %p",
+               (void *)placed[i].at, placed[i].usable, (void *)placed[i + 1].at);
+    for (size_t i = 0; i < N; i++)
+        if (blocks[i]) {
+            CHECK_BLOCK(blocks[i], usable[i], 0x1000 + i, "block %zu of usable size %zu", i, usable[i]);
+            CHECKF(shard_usable_size(blocks[i]) == usable[i], "usable size of block %zu changed", i);
+            shard_free(blocks[i]);
+        }
+#if SHARD_RULES
+    shard_stats s1 = stats_now();
+    CHECK_EQ(s1.live_large, s0.live_large);
+    CHECK_EQ(s1.live_medium, s0.live_medium);
+#endif
+    cache_undrain(&d);
+    check_allocator("after the sizes around 1 MB");
+}
+
+/* ---- the cache: what goes in, what comes back ---- */
+
+/* free() of a large block puts it into the cache, still committed and reserved; a malloc of a size it
+ * fits takes it back (same address, usable need - 32, nothing committed); realloc(p, 0) frees too; a block
+ * taken for a smaller size keeps its committed memory, and growing into that commits nothing. */
+TEST(a_freed_large_block_stays_committed_in_the_cache_and_the_next_malloc_that_fits_takes_it)
+{
+    const size_t n = 3 * MB, smaller = 2 * MB;
+    drained d;
+    cache_drain(&d);
+    unsigned char *p = shard_malloc(n), *q;
+    CHECK(p != NULL);
+    if (!p) {
+        cache_undrain(&d);
+        return;
+    }
+    fill64(p, shard_usable_size(p), 0x2000);
+    CHECK_BLOCK(p, shard_usable_size(p), 0x2000, "block of %zu bytes", n);
+#if SHARD_RULES
+    shard_stats s0 = stats_now();
+#endif
+    shard_free(p);
+#if SHARD_RULES
+    shard_stats s1 = stats_now();
+    CHECK_CACHE(s1, 1, need(n), "after free(%zu bytes)", n);
+    CHECK_EQ(s1.live_large + 1, s0.live_large);
+    CHECK_COMMITTED(s0.committed, s1.committed, 0, 0, "free into the cache");
+    CHECK_EQ(s1.reserved, s0.reserved);
+#endif
+    q = shard_malloc(n);
+    CHECK(q != NULL);
+    if (!q) {
+        cache_undrain(&d);
+        return;
+    }
+#if SHARD_RULES
+    shard_stats s2 = stats_now();
+    CHECKF(q == p, "malloc(%zu) after free of a %zu-byte block: %p, the cached block is %p", n, n, (void *)q,
+           (void *)p);
+    CHECK_EQ(shard_usable_size(q), fresh_usable(n));
+    CHECK_CACHE(s2, 0, 0, "after the block was taken back");
+    CHECK_EQ(s2.live_large, s0.live_large);
+    CHECK_COMMITTED(s1.committed, s2.committed, 0, 0, "taking a cached block of the same size");
+    CHECK_EQ(s2.reserved, s0.reserved);
+#endif
+    fill64(q, shard_usable_size(q), 0x2001);
+    CHECK_BLOCK(q, shard_usable_size(q), 0x2001, "block taken from the cache");
+    /* realloc(q, 0) frees q into the cache; a smaller malloc takes it with all its committed memory. */
+    CHECK(shard_realloc(q, 0) == NULL);
+#if SHARD_RULES
+    shard_stats s3 = stats_now();
+    CHECK_CACHE(s3, 1, need(n), "after realloc(p, 0)");
+    CHECK_EQ(s3.live_large + 1, s0.live_large);
+#endif
+    q = shard_malloc(smaller);
+    CHECK(q != NULL);
+    if (!q) {
+        cache_undrain(&d);
+        return;
+    }
+    fill64(q, smaller, 0x2002);
+#if SHARD_RULES
+    shard_stats s4 = stats_now();
+    CHECKF(q == p, "malloc(%zu) with a cached %zu-byte block: %p, the cached block is %p", smaller, n, (void *)q,
+           (void *)p);
+    CHECKF(shard_usable_size(q) == fresh_usable(smaller), "a cached block taken for %zu bytes: usable %zu, "
+           "expected %zu (need - 32, whatever it holds committed)", smaller, shard_usable_size(q),
+           fresh_usable(smaller));
+    CHECK_COMMITTED(s3.committed, s4.committed, 0, 0, "taking a %zu-byte cached block for %zu bytes (kept)", n,
+                    smaller);
+#endif
+    unsigned char *r = shard_realloc(q, n);
+    CHECK(r != NULL);
+    if (r) {
+#if SHARD_RULES
+        shard_stats s5 = stats_now();
+        CHECKF(r == q, "growing back into the block's committed memory moved it");
+        CHECK_EQ(shard_usable_size(r), fresh_usable(n));
+        CHECK_COMMITTED(s4.committed, s5.committed, 0, 0, "growing %zu -> %zu within the kept memory", smaller, n);
+#endif
+        CHECK_BLOCK(r, smaller, 0x2002, "block grown into its kept memory");
+        q = r;
+    }
+    shard_free(q);
+    cache_undrain(&d);
+    check_allocator("after the cache took a block back");
+}
+
+/* The cache takes blocks by their committed size, header included, up to 128 MB exactly: a block of
+ * 128 MB - 32 bytes (128 MB committed) is cached; grown in place by one page, or shrunk without a
+ * decommit from 200 MB to 100 MB, it is released at once (reserved and committed drop); shrunk from
+ * 200 MB below half it is cached. */
+TEST(a_block_holding_more_than_128mb_committed_is_released_at_once_and_128mb_is_cached)
+{
+    const size_t at_limit = with_need(CACHE_MAX_BYTES), big = 200 * MB;
+    drained d;
+    cache_drain(&d);
+    unsigned char *p = shard_malloc(at_limit), *q;
+    CHECK(p != NULL);
+    if (!p) {
+        cache_undrain(&d);
+        return;
+    }
+    fill_edges(p, at_limit, 0x2100);
+#if SHARD_RULES
+    shard_stats s0 = stats_now();
+#endif
+    shard_free(p);
+#if SHARD_RULES
+    shard_stats s1 = stats_now();
+    CHECK_CACHE(s1, 1, CACHE_MAX_BYTES, "after free of a block committing exactly 128 MB");
+    CHECK_COMMITTED(s0.committed, s1.committed, 0, 0, "free of a block committing exactly 128 MB");
+#endif
+    q = shard_malloc(at_limit);
+    CHECK(q != NULL);
+    if (!q) {
+        cache_undrain(&d);
+        return;
+    }
+#if SHARD_RULES
+    CHECKF(q == p, "the cached 128 MB block did not come back for the same size");
+#endif
+    fill_edges(q, at_limit, 0x2101);
+    p = shard_realloc(q, at_limit + 1);
+    CHECK(p != NULL);
+    if (!p) {
+        shard_free(q);
+        cache_undrain(&d);
+        return;
+    }
+    CHECK_EDGES(p, at_limit, 0x2101, "128 MB block grown by a page");
+#if SHARD_RULES
+    shard_stats s2 = stats_now();
+    CHECKF(p == q, "growing a 128 MB block by a page within its reservation moved it");
+    CHECK_COMMITTED(s1.committed, s2.committed, (long long)LARGE_PAGE, 0, "growing to 128 MB + 4 KB");
+#endif
+    shard_free(p);
+#if SHARD_RULES
+    shard_stats s3 = stats_now();
+    CHECK_CACHE(s3, 0, 0, "after free of a block committing 128 MB + 4 KB");
+    CHECK_COMMITTED(s2.committed, s3.committed, -(long long)(CACHE_MAX_BYTES + LARGE_PAGE), 0,
+                    "free of a block committing 128 MB + 4 KB");
+    CHECKF(s2.reserved - s3.reserved >= reservation(at_limit), "free of a 128 MB + 4 KB block: reserved %zu -> %zu, "
+           "expected a drop of %zu or more", s2.reserved, s3.reserved, reservation(at_limit));
+    CHECK_EQ(s3.live_large + 1, s2.live_large);
+#endif
+    /* 200 MB shrunk to 100 MB: need is above half of what is committed, nothing goes back, the block
+     * still holds 200 MB when it is freed. */
+    for (int below_half = 0; below_half <= 1; below_half++) {
+        size_t to = below_half ? 90 * MB : 100 * MB;
+        p = shard_malloc(big);
+        CHECK(p != NULL);
+        if (!p)
+            break;
+        fill_edges(p, 2 * MB, 0x2110 + (uint64_t)below_half);
+#if SHARD_RULES
+        shard_stats a = stats_now();
+#endif
+        q = shard_realloc(p, to);
+        CHECK(q != NULL);
+        if (!q) {
+            shard_free(p);
+            break;
+        }
+        CHECK_EDGES(q, 2 * MB, 0x2110 + (uint64_t)below_half, "200 MB block shrunk to %zu", to);
+#if SHARD_RULES
+        shard_stats b = stats_now();
+        CHECKF(q == p, "shrinking 200 MB to %zu moved the block", to);
+        CHECK_EQ(shrink_decommits(need(big), to), below_half);
+        CHECK_COMMITTED(a.committed, b.committed, below_half ? -(long long)(need(big) - need(to)) : 0, 0,
+                        "shrinking 200 MB to %zu bytes", to);
+        size_t held = below_half ? need(to) : need(big);
+#endif
+        shard_free(q);
+#if SHARD_RULES
+        shard_stats c = stats_now();
+        if (held > CACHE_MAX_BYTES) {
+            CHECK_CACHE(c, 0, 0, "after free of a block shrunk to %zu bytes, holding %zu committed", to, held);
+            CHECK_COMMITTED(b.committed, c.committed, -(long long)held, 0, "free of a block holding %zu", held);
+        } else {
+            CHECK_CACHE(c, 1, held, "after free of a block shrunk to %zu bytes, holding %zu committed", to, held);
+            CHECK_COMMITTED(b.committed, c.committed, 0, 0, "free of a block holding %zu", held);
+        }
+#endif
+    }
+    cache_undrain(&d);
+    check_allocator("after the 128 MB limit of a cached block");
+}
+
+/* ---- realloc: the generated pairs ---- */
+
+#if SHARD_RULES
+/* A live block committing exactly 128 MB. Freed, it reaches the cache's byte limit alone, so the cache
+ * releases every other block (the oldest first until 128 MB hold); taken back by a malloc of its size
+ * (then the only cached block) it leaves the cache empty. */
+static void *flusher;
+
+/* Empties the cache through its byte limit; whether it is empty. The rules this relies on have tests of
+ * their own (a_block_holding_more..., the_cache_keeps_at_most_128mb...). */
+static int cache_flush(void)
+{
+    const size_t n = with_need(CACHE_MAX_BYTES);
+    if (flusher == NULL)
+        flusher = shard_malloc(n);
+    shard_free(flusher);
+    flusher = shard_malloc(n);
+    CHECKF(flusher != NULL, "emptying the cache: shard_malloc(%zu) returned NULL", n);
+    size_t left = stats_now().large_cached;
+    CHECKF(left == 0, "freeing and taking back a block of 128 MB left %zu other blocks in the cache", left);
+    return flusher != NULL && left == 0;
+}
+#endif
+
+/* realloc(from -> to) of a fresh block: the contents up to the smaller of its usable size and `to`
+ * survive. A large block stays in place exactly while need(to) fits its reservation
+ * (and `to` is above 1 MB), with usable need(to) - 32 and the commit or decommit of the rules; it moves
+ * beyond to a block of need(to + to/16) - 32 usable bytes, and its old block goes into the cache. A
+ * small or medium block moving into the large range gets the same 1/16. */
+static void check_large_pair(size_t from, size_t to, uint64_t seed)
+{
+#if SHARD_RULES
+    if (!cache_flush())
+        return;
+#endif
+    unsigned char *p = shard_malloc(from), *q;
+    CHECKF(p != NULL, "shard_malloc(%zu) returned NULL", from);
+    if (!p)
+        return;
+    size_t u = shard_usable_size(p), keep = min_size(u, to);
+    fill64(p, keep, seed); /* what must survive; the rest of a block to shrink is left as it is */
+#if SHARD_RULES
+    enum kind kf = kind_of_size(from);
+    size_t c = need(from), r = reservation(from);
+    if (kf == KIND_LARGE)
+        CHECKF(u == fresh_usable(from) && large_address(p), "shard_malloc(%zu) on an empty cache = %p, usable %zu",
+               from, (void *)p, u);
+    shard_stats a = stats_now();
+#endif
+    q = shard_realloc(p, to);
+    CHECKF(q != NULL, "shard_realloc(%zu -> %zu) returned NULL", from, to);
+    if (!q) {
+        shard_free(p);
+        return;
+    }
+    size_t nu = shard_usable_size(q), bad = mismatch64(q, keep, seed);
+    CHECKF(bad == keep, "shard_realloc(%zu -> %zu) %s: byte %zu of %zu lost", from, to, q == p ? "in place" : "moved",
+           bad, keep);
+    CHECKF(aligned16(q) && nu >= to, "shard_realloc(%zu -> %zu) = %p, usable %zu", from, to, (void *)q, nu);
+#if SHARD_RULES
+    shard_stats b = stats_now();
+    enum kind kt = q == p ? kf : kind_of_size(to);
+    for (enum kind j = KIND_SMALL; j <= KIND_LARGE; j++)
+        CHECKF(live_of(&b, j) + (j == kf) == live_of(&a, j) + (j == kt),
+               "shard_realloc(%zu -> %zu) %s: live %s %zu -> %zu", from, to, q == p ? "in place" : "moved",
+               kind_name(j), live_of(&a, j), live_of(&b, j));
+    if (kf == KIND_LARGE) {
+        const char *rule;
+        int in_place = 0;
+        size_t want = 0; /* the usable size the rules give, 0 when they leave it to another kind */
+        long long grew = -1;
+        if (to <= MEDIUM_MAX) {
+            rule = "to 1 MB or less: moves";
+        } else if (need(to) <= c) {
+            rule = "within the committed part: stays";
+            in_place = 1;
+            want = fresh_usable(to);
+            grew = shrink_decommits(c, to) ? -(long long)(c - need(to)) : 0;
+        } else if (need(to) <= r) {
+            rule = "within the reservation: stays";
+            in_place = 1;
+            want = fresh_usable(to);
+            grew = (long long)(need(to) - c);
+        } else {
+            rule = "beyond the reservation: moves with 1/16";
+            want = fresh_usable(move_target(to));
+            grew = (long long)need(move_target(to));
+        }
+        CHECKF((q == p) == in_place, "shard_realloc(%zu -> %zu), committed %zu, reservation %zu (%s): %s", from, to, c,
+               r, rule, q == p ? "stayed" : "moved");
+        if (want)
+            CHECKF(nu == want, "shard_realloc(%zu -> %zu) (%s): usable %zu, expected %zu", from, to, rule, nu, want);
+        if ((q == p) == in_place) {
+            if (in_place) {
+                CHECK_COMMITTED(a.committed, b.committed, grew, 0, "shard_realloc(%zu -> %zu) (%s)", from, to, rule);
+                CHECKF(b.reserved == a.reserved, "shard_realloc(%zu -> %zu) in place: reserved %zu -> %zu", from, to,
+                       a.reserved, b.reserved);
+                CHECK_CACHE(b, 0, 0, "shard_realloc(%zu -> %zu) (%s)", from, to, rule);
+            } else {
+                char what[160];
+                snprintf(what, sizeof what, "shard_realloc(%zu -> %zu) (%s)", from, to, rule);
+                check_moved_out(&a, &b, c, grew, what);
+                if (want)
+                    CHECKF(large_address(q), "shard_realloc(%zu -> %zu) moved to %p", from, to, (void *)q);
+            }
+        }
+    } else if (kind_of_size(to) == KIND_LARGE) {
+        if (q == p)
+            CHECKF(to <= u, "shard_realloc(%zu -> %zu) of a %s block of usable size %zu stayed in place", from, to,
+                   kind_name(kf), u);
+        else
+            CHECKF(nu == fresh_usable(move_target(to)) && large_address(q),
+                   "shard_realloc(%zu -> %zu) of a %s block moved to %p, usable %zu, expected %zu (1/16 more)", from,
+                   to, kind_name(kf), (void *)q, nu, fresh_usable(move_target(to)));
+        CHECK_CACHE(b, 0, 0, "shard_realloc(%zu -> %zu) of a %s block", from, to, kind_name(kf));
+    }
+#endif
+    shard_free(q);
+}
+
+/* Every pair of tests/realloc_pairs.h's large table (sizes at 1 MB, at page edges, at half of what a
+ * block commits, at the edges of reservations of 16, 20, 32 and 64 MB, up to 64 MB), each on a fresh
+ * block (the cache emptied before each): the contents survive, and a block is in place exactly where
+ * the reservation rules put it. */
+TEST(realloc_pairs_into_and_out_of_the_large_range_stay_within_the_reservation_and_keep_contents)
+{
+    for (size_t k = 0; k < REALLOC_LARGE_PAIR_COUNT; k++)
+        check_large_pair(realloc_large_pairs[k][0], realloc_large_pairs[k][1], 0x3000 + k);
+#if SHARD_RULES
+    shard_free(flusher);
+    flusher = NULL;
+#endif
+    check_allocator("after the realloc pairs");
+}
+
+/* ---- realloc: in place within the reservation, moves beyond ---- */
+
+/* A block followed through reallocs, with what the rules say it holds. */
+struct tracked {
+    unsigned char *p;
+    size_t c;        /* committed, header included */
+    size_t r;        /* reservation, from the header */
+    size_t valid;    /* bytes from the start that hold the pattern of seed */
+    uint64_t seed;
+};
+
+/* A fresh block of n bytes (the cache drained), its first fill_bytes (at most its usable size) filled. */
+static int track_alloc(struct tracked *b, size_t n, size_t fill_bytes, uint64_t seed)
+{
+    b->p = shard_malloc(n);
+    CHECKF(b->p != NULL, "shard_malloc(%zu) returned NULL", n);
+    if (!b->p)
+        return 0;
+    b->c = need(n);
+    b->r = reservation(n);
+    b->seed = seed;
+    b->valid = min_size(fill_bytes, shard_usable_size(b->p));
+    fill64(b->p, b->valid, seed);
+#if SHARD_RULES
+    CHECKF(large_address(b->p) && shard_usable_size(b->p) == fresh_usable(n),
+           "fresh shard_malloc(%zu) = %p, usable %zu, expected %zu", n, (void *)b->p, shard_usable_size(b->p),
+           fresh_usable(n));
+#endif
+    return 1;
+}
+
+/* realloc(b->p, m) on an empty cache: the contents survive, and under shardmm's rules the block stays or
+ * moves, has the usable size and changes the committed bytes as the rules say; a move puts the old
+ * block into the cache, which is drained again (into d) so that the next step starts from an empty one. */
+static int track_realloc(struct tracked *b, size_t m, drained *d)
+{
+#if SHARD_RULES
+    shard_stats a = stats_now();
+    const char *rule;
+    int in_place = 0;
+    size_t c2 = 0, r2 = 0, want = 0;
+    long long grew = 0;
+    if (m <= MEDIUM_MAX) {
+        rule = "to 1 MB or less: moves";
+    } else if (need(m) <= b->c) {
+        rule = "within the committed part: stays";
+        in_place = 1;
+        c2 = shrink_decommits(b->c, m) ? need(m) : b->c;
+        r2 = b->r;
+        want = fresh_usable(m);
+        grew = (long long)c2 - (long long)b->c;
+    } else if (need(m) <= b->r) {
+        rule = "within the reservation: stays";
+        in_place = 1;
+        c2 = need(m);
+        r2 = b->r;
+        want = fresh_usable(m);
+        grew = (long long)(c2 - b->c);
+    } else {
+        rule = "beyond the reservation: moves with 1/16";
+        c2 = need(move_target(m));
+        r2 = reservation(move_target(m));
+        want = fresh_usable(move_target(m));
+        grew = (long long)c2;
+    }
+#endif
+    size_t old_usable = shard_usable_size(b->p);
+    unsigned char *q = shard_realloc(b->p, m);
+    CHECKF(q != NULL, "shard_realloc(usable %zu -> %zu) returned NULL", old_usable, m);
+    if (!q)
+        return 0;
+    size_t keep = min_size(b->valid, m);
+    CHECK_BLOCK(q, keep, b->seed, "shard_realloc(usable %zu -> %zu) %s", old_usable, m,
+                q == b->p ? "in place" : "moved");
+    CHECK(shard_usable_size(q) >= m);
+#if SHARD_RULES
+    shard_stats s = stats_now();
+    size_t nu = shard_usable_size(q);
+    CHECKF((q == b->p) == in_place, "shard_realloc(usable %zu -> %zu), committed %zu, reservation %zu (%s): %s",
+           old_usable, m, b->c, b->r, rule, q == b->p ? "stayed" : "moved");
+    if (want)
+        CHECKF(nu == want, "shard_realloc(usable %zu -> %zu) (%s): usable %zu, expected %zu", old_usable, m, rule, nu,
+               want);
+    if (in_place && q == b->p) {
+        CHECK_COMMITTED(a.committed, s.committed, grew, 0, "shard_realloc(usable %zu -> %zu) (%s)", old_usable, m,
+                        rule);
+        CHECKF(s.reserved == a.reserved, "shard_realloc(usable %zu -> %zu) in place: reserved %zu -> %zu", old_usable,
+               m, a.reserved, s.reserved);
+        CHECK_CACHE(s, 0, 0, "shard_realloc(usable %zu -> %zu) (%s)", old_usable, m, rule);
+    }
+    if (!in_place && q != b->p) {
+        char what[160];
+        snprintf(what, sizeof what, "shard_realloc(usable %zu -> %zu) (%s)", old_usable, m, rule);
+        check_moved_out(&a, &s, b->c, m > MEDIUM_MAX ? grew : -1, what);
+        if (m > MEDIUM_MAX)
+            CHECKF(large_address(q), "shard_realloc(usable %zu -> %zu) moved to %p", old_usable, m, (void *)q);
+    }
+    b->c = c2;
+    b->r = r2;
+#endif
+    int moved = q != b->p;
+    b->p = q;
+    b->valid = keep;
+    if (moved)
+        drain_into(d);
+    return 1;
+}
+
+/* Blocks grown step by step: in place while need fits the reservation - up to exactly R (16 MB for the
+ * least, 20 MB for need 8 MB + 4 KB, 84 MB for 40 MB) - committing what they grow by, reserving
+ * nothing; one page beyond R they move, to a block with 1/16 of headroom. Shrinking leaves the
+ * reservation as it was. */
+TEST(realloc_grows_a_large_block_in_place_up_to_its_reservation_and_moves_with_1_16_beyond)
+{
+    static const struct {
+        size_t first;
+        size_t steps[5];
+    } plans[] = {
+        { LARGE_MIN, { 2 * MB + 1, 8 * MB - 32, 16 * MB - 32, 16 * MB - 31, 0 } },
+        { 8 * MB - 31, { 12 * MB, 20 * MB - 32, 20 * MB - 31, 0, 0 } },
+        { 40 * MB, { 84 * MB - 32, 2 * MB, 84 * MB - 32, 84 * MB - 31, 0 } },
+    };
+    drained d;
+    cache_drain(&d);
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
+        struct tracked b;
+        if (!track_alloc(&b, plans[i].first, plans[i].first, 0x4000 + 16 * i))
+            continue;
+        for (size_t j = 0; j < 5 && plans[i].steps[j]; j++)
+            if (!track_realloc(&b, plans[i].steps[j], &d))
+                break;
+        shard_free(b.p);
+        drain_into(&d);
+    }
+    cache_undrain(&d);
+    check_allocator("after growing large blocks");
+}
+
+/* The reservation beyond need is need, but at most 1 GB: a block of 1.5 GB stays in place up to
+ * 2.5 GB + 4 MB (need + 1 GB, rounded to 4 MB) and moves one page beyond (with 2 need it would stay up
+ * to 3 GB). Shrunk to 2 MB on the way, so that the move copies little; the memory is committed, never
+ * touched beyond the first MB. */
+TEST(the_reservation_of_a_large_block_is_need_plus_need_but_at_most_1gb_more)
+{
+    const size_t n = GB + GB / 2, r = reservation(n);
+    drained d;
+    cache_drain(&d);
+    struct tracked b;
+    if (track_alloc(&b, n, MB, 0x4100)) {
+        if (track_realloc(&b, with_need(r), &d) && track_realloc(&b, 2 * MB, &d))
+            track_realloc(&b, with_need(r) + 1, &d);
+        shard_free(b.p);
+    }
+    cache_undrain(&d);
+    check_allocator("after the 1 GB cap of the reservation");
+}
+
+/* Shrinking within the committed part is in place; the tail goes back to the OS exactly when the new need
+ * is below half of what is committed (need == half keeps it, a page less gives back all beyond need);
+ * a block that kept its tail grows back into it without committing. To 1 MB or less the block moves. */
+TEST(shrinking_below_half_of_the_committed_size_decommits_the_tail_and_less_keeps_it)
+{
+    static const struct {
+        size_t first;
+        size_t steps[8];
+    } plans[] = {
+        { 4 * MB - 32, { 2 * MB - 32, 4 * MB - 32, 2 * MB - 33, 2 * MB - 4128, 3 * MB, LARGE_MIN, MB, 0 } },
+        { 64 * MB, { 32 * MB - 31, 32 * MB - 32, LARGE_MIN, 100, 0 } },
+    };
+    drained d;
+    cache_drain(&d);
+    for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++) {
+        struct tracked b;
+        if (!track_alloc(&b, plans[i].first, plans[i].first, 0x4200 + 16 * i))
+            continue;
+        for (size_t j = 0; j < 8 && plans[i].steps[j]; j++)
+            if (!track_realloc(&b, plans[i].steps[j], &d))
+                break;
+        CHECK_BLOCK(b.p, b.valid, b.seed, "block shrunk step by step");
+        shard_free(b.p);
+        drain_into(&d);
+    }
+    cache_undrain(&d);
+    check_allocator("after shrinking large blocks");
+}
+
+/* ---- calloc ---- */
+
+/* calloc of a large size is zero over the whole usable size when it takes a dirty cached block: of the
+ * same size, of a larger committed size (kept, and growing into it keeps the zeros), and of a smaller one
+ * (committed up to need in place) - with the count and the size given either way round. */
+TEST(calloc_of_a_large_size_is_zero_over_its_usable_size_on_a_dirty_cached_block)
+{
+    static const struct {
+        size_t dirty;        /* the block freed full of 0xA5 */
+        size_t count, size;  /* the calloc that takes it */
+    } cases[] = {
+        { 8 * MB, 1, 8 * MB },
+        { 8 * MB, 8 * MB, 1 },
+        { 16 * MB - 32, 512, 4096 },      /* 2 MB from a block holding 16 MB: keeps it */
+        { 2 * MB, 3, 2 * MB + 5 },        /* 6 MB + 15 from a block holding 2 MB: commits the rest */
+        { 5 * MB + 3, 4096, 1025 },       /* 4 MB + 4 KB */
+    };
+    drained d;
+    cache_drain(&d);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t total = cases[i].count * cases[i].size;
+        unsigned char *p = shard_malloc(cases[i].dirty), *q;
+        CHECK(p != NULL);
+        if (!p)
+            continue;
+        size_t du = shard_usable_size(p);
+        memset(p, 0xA5, du);
+        shard_free(p);
+#if SHARD_RULES
+        shard_stats a = stats_now();
+        CHECK_CACHE(a, 1, need(cases[i].dirty), "after freeing the dirty block of case %zu", i);
+#endif
+        q = shard_calloc(cases[i].count, cases[i].size);
+        CHECKF(q != NULL, "shard_calloc(%zu, %zu) returned NULL", cases[i].count, cases[i].size);
+        if (!q)
+            continue;
+        size_t u = shard_usable_size(q);
+        CHECK(u >= total);
+        CHECK_ZERO(q, u, "shard_calloc(%zu, %zu) on a dirty block of %zu bytes", cases[i].count, cases[i].size,
+                   cases[i].dirty);
+#if SHARD_RULES
+        shard_stats s = stats_now();
+        size_t held = need(cases[i].dirty);
+        CHECKF(q == p, "shard_calloc(%zu, %zu) did not take the cached block of %zu bytes", cases[i].count,
+               cases[i].size, cases[i].dirty);
+        CHECK_EQ(u, fresh_usable(total));
+        CHECK_CACHE(s, 0, 0, "after shard_calloc(%zu, %zu)", cases[i].count, cases[i].size);
+        CHECK_COMMITTED(a.committed, s.committed, held >= need(total) ? 0 : (long long)(need(total) - held), 0,
+                        "shard_calloc(%zu, %zu) on a cached block holding %zu", cases[i].count, cases[i].size, held);
+        if (held > need(total)) {
+            /* Growing into the kept memory: in place, nothing committed, the zeros stay. */
+            unsigned char *r = shard_realloc(q, with_need(held));
+            CHECK(r != NULL);
+            if (r) {
+                shard_stats g = stats_now();
+                CHECKF(r == q, "growing a calloc block into its kept memory moved it");
+                CHECK_COMMITTED(s.committed, g.committed, 0, 0, "growing into the kept memory");
+                CHECK_ZERO(r, u, "calloc block grown into its kept memory");
+                q = r;
+            }
+        }
+#endif
+        shard_free(q);
+        drain_into(&d);
+    }
+    cache_undrain(&d);
+    check_allocator("after calloc on dirty blocks");
+}
+
+/* ---- the cache: which block a malloc takes ---- */
+
+/* Four cached blocks (committed 6, 4, 8 and 3 MB; reservations 16, 16, 16 and 20 MB), freed in that
+ * order: need 3 MB + 4 KB takes the smallest committed-enough (4 MB, neither the oldest nor the newest);
+ * need 10 MB, which none holds, the most committed (8 MB, committing 2 MB in place); need 17 MB only fits
+ * the 20 MB reservation, though another holds more; need 17 MB again fits none and is fresh; 1 MB + 1
+ * takes the last. */
+TEST(malloc_takes_the_smallest_cached_block_committed_enough_else_the_most_committed_that_fits)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    enum { A, B, C, D, N };
+    static const size_t sizes[N] = { 6 * MB - 32, 4 * MB - 32, 8 * MB - 32, 8 * MB - 31 };
+    unsigned char *blocks[N];
+    drained d;
+    cache_drain(&d);
+    for (int i = 0; i < N; i++) {
+        blocks[i] = shard_malloc(sizes[i]);
+        CHECK(blocks[i] != NULL);
+        if (blocks[i])
+            fill_edges(blocks[i], sizes[i], 0x5000 + (uint64_t)i);
+    }
+    unsigned char *dd = blocks[D] ? shard_realloc(blocks[D], 3 * MB - 32) : NULL; /* 3 MB in a 20 MB reservation */
+    CHECK(dd == blocks[D]);
+    int ok = 1;
+    for (int i = 0; i < N; i++)
+        ok &= blocks[i] != NULL;
+    if (!ok || dd != blocks[D]) {
+        for (int i = 0; i < N; i++)
+            shard_free(i == D && dd ? dd : blocks[i]);
+        cache_undrain(&d);
+        return;
+    }
+    const size_t held[N] = { 6 * MB, 4 * MB, 8 * MB, 3 * MB };
+    for (int i = 0; i < N; i++)
+        shard_free(blocks[i]);
+    shard_stats s = stats_now();
+    CHECK_CACHE(s, 4, held[A] + held[B] + held[C] + held[D], "four blocks freed");
+    static const struct {
+        size_t n;
+        int expect;  /* the block taken, or -1 for a fresh one */
+        const char *why;
+    } takes[] = {
+        { 3 * MB + 4064, B, "the smallest committed-enough" },
+        { 10 * MB - 32, C, "none committed enough: the most committed" },
+        { 17 * MB - 32, D, "the only one whose reservation fits" },
+        { 17 * MB - 32, -1, "none fits: fresh" },
+        { LARGE_MIN, A, "the last one" },
+    };
+    enum { T = sizeof takes / sizeof takes[0] };
+    unsigned char *got[T];
+    size_t cached = 4, bytes = s.large_cached_bytes;
+    for (size_t i = 0; i < T; i++) {
+        shard_stats a = stats_now();
+        got[i] = shard_malloc(takes[i].n);
+        CHECK(got[i] != NULL);
+        if (!got[i])
+            continue;
+        shard_stats b = stats_now();
+        int e = takes[i].expect;
+        int which = -1;
+        for (int j = 0; j < N; j++)
+            if (got[i] == blocks[j])
+                which = j;
+        CHECKF(which == e, "malloc(%zu) (%s): took block %d (%p), expected %d", takes[i].n, takes[i].why, which,
+               (void *)got[i], e);
+        CHECK_EQ(shard_usable_size(got[i]), fresh_usable(takes[i].n));
+        if (e >= 0) {
+            cached--;
+            bytes -= held[e];
+            long long grew = held[e] >= need(takes[i].n) ? 0 : (long long)(need(takes[i].n) - held[e]);
+            CHECK_COMMITTED(a.committed, b.committed, grew, 0, "malloc(%zu) taking the block holding %zu", takes[i].n,
+                            held[e]);
+            CHECK_EQ(b.reserved, a.reserved);
+        } else {
+            CHECK_COMMITTED(a.committed, b.committed, (long long)need(takes[i].n), 1, "malloc(%zu) fresh", takes[i].n);
+        }
+        CHECK_CACHE(b, cached, bytes, "after malloc(%zu) (%s)", takes[i].n, takes[i].why);
+        fill64(got[i], shard_usable_size(got[i]), 0x5100 + i);
+    }
+    for (size_t i = 0; i < T; i++)
+        if (got[i]) {
+            CHECK_BLOCK(got[i], shard_usable_size(got[i]), 0x5100 + i, "block %zu taken from the cache", i);
+            shard_free(got[i]);
+        }
+    cache_undrain(&d);
+    check_allocator("after the cache choice");
+#endif
+}
+
+/* A cached block taken for a smaller size gives back its committed memory beyond need when that excess is
+ * both above 4 need and above 16 MB, and keeps it otherwise: 80 MB for need 16 MB (an excess of exactly
+ * 4 need) is kept and growing back into it commits nothing, for a page less it is trimmed (and growing by
+ * that page commits it); 64 MB for need 16 MB - 4 KB (48 MB more, but not 4 need) is kept; 20 MB for
+ * need 4 MB (exactly 16 MB more) is kept, for a page less trimmed; 40 MB for need 12 MB - 4 KB (28 MB
+ * more, but not 4 need) is kept. */
+TEST(a_cached_block_taken_for_a_smaller_size_gives_back_an_excess_beyond_4x_and_16mb)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    static const struct {
+        size_t block;   /* committed with_need(block) */
+        size_t n;       /* the malloc that takes it */
+    } cases[] = {
+        { 80 * MB, 16 * MB - 32 },  { 80 * MB, 16 * MB - 4128 }, { 64 * MB, 16 * MB - 4128 },
+        { 20 * MB, 4 * MB - 32 },   { 20 * MB, 4 * MB - 4128 },  { 40 * MB, 12 * MB - 4128 },
+    };
+    enum { N = sizeof cases / sizeof cases[0] };
+    unsigned char *kept[N] = { 0 };
+    drained d;
+    cache_drain(&d);
+    for (size_t i = 0; i < N; i++) {
+        size_t held = cases[i].block, n = cases[i].n;
+        unsigned char *p = shard_malloc(with_need(held)), *q;
+        CHECK(p != NULL);
+        if (!p)
+            continue;
+        fill_edges(p, with_need(held), 0x5200 + i);
+        shard_free(p);
+        shard_stats a = stats_now();
+        CHECK_CACHE(a, 1, held, "a block of %zu bytes committed, freed", held);
+        q = shard_malloc(n);
+        CHECK(q != NULL);
+        if (!q)
+            continue;
+        kept[i] = q;
+        shard_stats b = stats_now();
+        int trims = take_trims(held, n);
+        CHECKF(q == p, "malloc(%zu) did not take the only cached block", n);
+        CHECK_EQ(shard_usable_size(q), fresh_usable(n));
+        CHECK_CACHE(b, 0, 0, "after malloc(%zu) took the block", n);
+        CHECK_COMMITTED(a.committed, b.committed, trims ? -(long long)(held - need(n)) : 0, 0,
+                        "malloc(%zu) taking a block holding %zu (%s)", n, held, trims ? "trimmed" : "kept");
+        fill64(q, shard_usable_size(q), 0x5210 + i);
+        /* Growing back: free into kept memory, or committing again what was trimmed. */
+        size_t to = trims ? with_need(need(n) + LARGE_PAGE) : with_need(held);
+        unsigned char *r = shard_realloc(q, to);
+        CHECK(r != NULL);
+        if (!r)
+            continue;
+        kept[i] = r;
+        shard_stats c = stats_now();
+        CHECKF(r == q, "growing a taken block to %zu moved it", to);
+        CHECK_COMMITTED(b.committed, c.committed, trims ? (long long)LARGE_PAGE : 0, 0,
+                        "growing a block taken for %zu bytes to %zu (%s)", n, to, trims ? "trimmed" : "kept");
+        CHECK_BLOCK(r, fresh_usable(n), 0x5210 + i, "block taken from the cache and grown");
+    }
+    for (size_t i = 0; i < N; i++)
+        shard_free(kept[i]);
+    cache_undrain(&d);
+    check_allocator("after trimming taken blocks");
+#endif
+}
+
+/* ---- the cache: its limits ---- */
+
+/* Whether p is one of the count blocks. */
+__attribute__((unused)) static int one_of(const void *p, unsigned char *const *blocks, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        if (p == blocks[i])
+            return 1;
+    return 0;
+}
+
+/* 33 blocks of 1 MB + 1 freed in a scrambled order: the cache holds each, up to 32; the 33rd free
+ * releases the block freed first (its committed bytes go, the freed one stays committed). Taken back,
+ * the 32 cached blocks are exactly the 32 freed last. */
+TEST(the_cache_keeps_at_most_32_blocks_releasing_the_oldest_first)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    enum { N = CACHE_MAX_BLOCKS + 1 };
+    unsigned char *blocks[N], *back[N];
+    size_t order[N];
+    const size_t c = need(LARGE_MIN);
+    drained d;
+    cache_drain(&d);
+    int ok = 1;
+    for (size_t i = 0; i < N; i++) {
+        blocks[i] = shard_malloc(LARGE_MIN);
+        CHECK(blocks[i] != NULL);
+        ok &= blocks[i] != NULL;
+        if (blocks[i])
+            fill64(blocks[i], LARGE_MIN, 0x6000 + i);
+        order[i] = (i * 7 + 5) % N; /* 7 and 33 have no common factor: a permutation */
+    }
+    if (!ok) {
+        for (size_t i = 0; i < N; i++)
+            shard_free(blocks[i]);
+        cache_undrain(&d);
+        return;
+    }
+    for (size_t k = 0; k < N; k++) {
+        size_t i = order[k];
+        CHECK_BLOCK(blocks[i], LARGE_MIN, 0x6000 + i, "block %zu before its free", i);
+        shard_stats a = stats_now();
+        shard_free(blocks[i]);
+        shard_stats b = stats_now();
+        if (k < CACHE_MAX_BLOCKS) {
+            CHECK_CACHE(b, k + 1, (k + 1) * c, "after free number %zu", k + 1);
+            CHECK_COMMITTED(a.committed, b.committed, 0, 0, "free number %zu into the cache", k + 1);
+        } else {
+            CHECK_CACHE(b, (size_t)CACHE_MAX_BLOCKS, CACHE_MAX_BLOCKS * c, "after free number %zu", k + 1);
+            CHECK_COMMITTED(a.committed, b.committed, -(long long)c, 0, "free number %zu: the oldest released", k + 1);
+            CHECKF(a.reserved - b.reserved >= reservation(LARGE_MIN), "free number %zu: reserved %zu -> %zu", k + 1,
+                   a.reserved, b.reserved);
+        }
+    }
+    for (size_t k = 0; k < CACHE_MAX_BLOCKS; k++) {
+        back[k] = shard_malloc(LARGE_MIN);
+        CHECK(back[k] != NULL);
+        if (!back[k])
+            continue;
+        CHECKF(back[k] != blocks[order[0]], "the block freed first (%p) came back from the cache", (void *)back[k]);
+        CHECKF(one_of(back[k], blocks, N), "malloc number %zu (%p) is none of the cached blocks", k + 1,
+               (void *)back[k]);
+        CHECKF(!one_of(back[k], back, k), "malloc number %zu (%p) came back twice", k + 1, (void *)back[k]);
+        fill64(back[k], LARGE_MIN, 0x6100 + k);
+    }
+    shard_stats s = stats_now();
+    CHECK_CACHE(s, 0, 0, "after 32 blocks were taken back");
+    for (size_t k = 0; k < CACHE_MAX_BLOCKS; k++)
+        if (back[k]) {
+            CHECK_BLOCK(back[k], LARGE_MIN, 0x6100 + k, "block %zu taken back", k);
+            shard_free(back[k]);
+        }
+    cache_undrain(&d);
+    check_allocator("after the 32-block limit");
+#endif
+}
+
+/* Nine blocks committing 16 MB freed in a scrambled order: eight fill the cache's 128 MB exactly and
+ * stay; the ninth releases the block freed first. A block of 64 MB then releases the four oldest. Taken
+ * back, the cached ones are exactly the 64 MB block and the four 16 MB blocks freed last. */
+TEST(the_cache_keeps_at_most_128mb_releasing_the_oldest_first)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    enum { N = 9, BIG = N, ALL = N + 1 };
+    static const size_t order[N] = { 3, 7, 0, 5, 8, 1, 6, 2, 4 };
+    const size_t c = 16 * MB, big = 64 * MB;
+    unsigned char *blocks[ALL], *back[5];
+    drained d;
+    cache_drain(&d);
+    int ok = 1;
+    for (size_t i = 0; i < ALL; i++) {
+        size_t n = with_need(i == BIG ? big : c);
+        blocks[i] = shard_malloc(n);
+        CHECK(blocks[i] != NULL);
+        ok &= blocks[i] != NULL;
+        if (blocks[i])
+            fill_edges(blocks[i], n, 0x6200 + i);
+    }
+    if (!ok) {
+        for (size_t i = 0; i < ALL; i++)
+            shard_free(blocks[i]);
+        cache_undrain(&d);
+        return;
+    }
+    for (size_t k = 0; k < N; k++) {
+        size_t i = order[k];
+        CHECK_EDGES(blocks[i], with_need(c), 0x6200 + i, "block %zu before its free", i);
+        shard_stats a = stats_now();
+        shard_free(blocks[i]);
+        shard_stats b = stats_now();
+        size_t count = k < 8 ? k + 1 : 8;
+        CHECK_CACHE(b, count, count * c, "after free number %zu of a block committing 16 MB", k + 1);
+        CHECK_COMMITTED(a.committed, b.committed, k < 8 ? 0 : -(long long)c, 0, "free number %zu", k + 1);
+    }
+    {
+        shard_stats a = stats_now();
+        shard_free(blocks[BIG]);
+        shard_stats b = stats_now();
+        CHECK_CACHE(b, 5, big + 4 * c, "after the free of a block committing 64 MB");
+        CHECK_COMMITTED(a.committed, b.committed, -(long long)(4 * c), 0, "the free of 64 MB: 4 oldest released");
+    }
+    back[0] = shard_malloc(with_need(big));
+    CHECKF(back[0] == blocks[BIG], "malloc(64 MB - 32) = %p, the cached 64 MB block is %p", (void *)back[0],
+           (void *)blocks[BIG]);
+    for (size_t k = 1; k < 5; k++) {
+        back[k] = shard_malloc(with_need(c));
+        CHECK(back[k] != NULL);
+        int newest = 0;
+        for (size_t j = N - 4; j < N; j++)
+            newest |= back[k] == blocks[order[j]];
+        CHECKF(newest, "malloc(16 MB - 32) number %zu = %p: not one of the four blocks freed last", k, (void *)back[k]);
+        CHECKF(!one_of(back[k], back, k), "malloc number %zu (%p) came back twice", k, (void *)back[k]);
+    }
+    shard_stats s = stats_now();
+    CHECK_CACHE(s, 0, 0, "after the cached blocks were taken back");
+    for (size_t k = 0; k < 5; k++)
+        if (back[k]) {
+            size_t n = k ? with_need(c) : with_need(big);
+            fill_edges(back[k], n, 0x6300 + k);
+            CHECK_EDGES(back[k], n, 0x6300 + k, "block taken back");
+            shard_free(back[k]);
+        }
+    cache_undrain(&d);
+    check_allocator("after the 128 MB limit");
+#endif
+}
+
+/* ---- the cache: its delay ---- */
+
+#if SHARD_RULES
+struct exit_trigger {
+    size_t seen_before; /* what the cache held after the thread's medium allocation and free */
+};
+
+/* A thread whose only allocation is a medium block (so that it has a heap and its exit runs the heap's
+ * exit hook, with no small page freed and no large call): it records the cache before it exits. */
+static void *medium_and_exit(void *arg)
+{
+    struct exit_trigger *e = arg;
+    unsigned char *p = shard_malloc(20000);
+    CHECK(p != NULL);
+    if (p) {
+        fill64(p, 20000, 0x7300);
+        CHECK_BLOCK(p, 20000, 0x7300, "medium block of the exiting thread");
+    }
+    shard_free(p);
+    e->seen_before = stats_now().large_cached;
+    return NULL;
+}
+#endif
+
+/* Cached blocks expire a second after their free. Five groups of blocks are freed 0.55 s apart (A at 0,
+ * B at 0.55 s, ..., E at 2.2 s); 1.1 s after each group's free one kind of trigger releases that group
+ * but not the next one (0.55 s old): a large malloc (A), the free that empties a small page (B), a
+ * thread's exit (C), a large free (D) and a large realloc (E). A large malloc right after a free, and
+ * shard_get_stats at any time, release nothing. */
+TEST(cached_blocks_expire_a_second_after_their_free_on_a_large_call_a_freed_small_page_or_a_thread_exit)
+{
+#if !SHARD_RULES
+    SKIP_TEST(); /* only the rules to check; and 3 s of sleeping */
+#else
+    enum { A, B, C, D, E, GROUPS, PER = 2, N = GROUPS * PER, SMALL = 12, SMALL_SIZE = 14000 };
+    const long step_ms = 550; /* 0.45 s to spare below the delay, 0.1 s above it after two steps */
+    /* Committed 2, 3, 5, 6 and 7 MB: reservations of 16 MB, which a malloc of 17 MB never takes. */
+    static const size_t held[GROUPS] = { 2 * MB, 3 * MB, 5 * MB, 6 * MB, 7 * MB };
+    const size_t big = 17 * MB;
+    unsigned char *blocks[N], *m = NULL, *x = NULL, *small[SMALL];
+    drained d;
+    cache_drain(&d);
+    int ok = 1;
+    for (size_t i = 0; i < N; i++) {
+        blocks[i] = shard_malloc(with_need(held[i / PER]));
+        CHECK(blocks[i] != NULL);
+        ok &= blocks[i] != NULL;
+        if (blocks[i])
+            fill_edges(blocks[i], with_need(held[i / PER]), 0x7000 + i);
+    }
+    if (!ok) {
+        for (size_t i = 0; i < N; i++)
+            shard_free(blocks[i]);
+        cache_undrain(&d);
+        return;
+    }
+#define FREE_GROUP(g)                                                                                    \
+    for (size_t i_ = (g) * PER; i_ < ((g) + 1) * PER; i_++) {                                           \
+        CHECK_EDGES(blocks[i_], with_need(held[(g)]), 0x7000 + i_, "block %zu before its free", i_);    \
+        shard_free(blocks[i_]);                                                                          \
+    }
+#define CACHE_IS(count, bytes, ...)                                                                      \
+    do {                                                                                                 \
+        shard_stats now_ = stats_now();                                                                  \
+        CHECK_CACHE(now_, (count), (bytes), __VA_ARGS__);                                                \
+    } while (0)
+    /* 0 s: A freed; a large malloc at once releases nothing. */
+    FREE_GROUP(A);
+    m = shard_malloc(big);
+    CHECK(m != NULL);
+    CACHE_IS(PER, PER * held[A], "A freed, then a large malloc at once");
+    sleep_ms(step_ms);
+    /* 0.55 s */
+    FREE_GROUP(B);
+    CACHE_IS(2 * PER, PER * (held[A] + held[B]), "B freed");
+    sleep_ms(step_ms);
+    /* 1.1 s: a large malloc releases A. */
+    CACHE_IS(2 * PER, PER * (held[A] + held[B]), "1.1 s after A: shard_get_stats alone");
+    x = shard_malloc(big);
+    CHECK(x != NULL);
+    CACHE_IS(PER, PER * held[B], "a large malloc 1.1 s after A, 0.55 s after B");
+    FREE_GROUP(C);
+    sleep_ms(step_ms);
+    /* 1.65 s: small blocks of one class, allocated and freed; the free that empties a page releases B. */
+    CACHE_IS(2 * PER, PER * (held[B] + held[C]), "1.1 s after B: shard_get_stats alone");
+    for (size_t i = 0; i < SMALL; i++) {
+        small[i] = shard_malloc(SMALL_SIZE);
+        CHECK(small[i] != NULL);
+        if (small[i])
+            fill64(small[i], SMALL_SIZE, 0x7100 + i);
+    }
+    CACHE_IS(2 * PER, PER * (held[B] + held[C]), "after small allocations");
+    int page_freed = 0;
+    for (size_t i = 0; i < SMALL; i++) {
+        if (!small[i])
+            continue;
+        CHECK_BLOCK(small[i], SMALL_SIZE, 0x7100 + i, "small block %zu", i);
+        size_t retired = stats_now().small_pages_retired;
+        shard_free(small[i]);
+        if (page_freed)
+            continue;
+        page_freed = stats_now().small_pages_retired > retired;
+        if (page_freed)
+            CACHE_IS(PER, PER * held[C], "the free that emptied a small page, 1.1 s after B, 0.55 s after C");
+        else
+            CACHE_IS(2 * PER, PER * (held[B] + held[C]), "a small free that emptied no page");
+    }
+    CHECKF(page_freed, "%d small blocks of %d bytes freed, and no small page became free", SMALL, SMALL_SIZE);
+    FREE_GROUP(D);
+    sleep_ms(step_ms);
+    /* 2.2 s: a thread that exits releases C. */
+    CACHE_IS(2 * PER, PER * (held[C] + held[D]), "1.1 s after C: shard_get_stats alone");
+    struct exit_trigger e = { 0 };
+    run_thread(medium_and_exit, &e);
+    CHECKF(e.seen_before == 2 * PER, "the cache held %zu blocks before the thread's exit, expected %d (a medium "
+           "allocation and free are no trigger)", e.seen_before, 2 * PER);
+    CACHE_IS(PER, PER * held[D], "after a thread exited 1.1 s after C, 0.55 s after D");
+    FREE_GROUP(E);
+    sleep_ms(step_ms);
+    /* 2.75 s: a large free releases D; the freed block stays. */
+    CACHE_IS(2 * PER, PER * (held[D] + held[E]), "1.1 s after D: shard_get_stats alone");
+    shard_free(m);
+    CACHE_IS(PER + 1, PER * held[E] + need(big), "a large free 1.1 s after D, 0.55 s after E");
+    sleep_ms(step_ms);
+    /* 3.3 s: a large realloc in place releases E, not the block freed 0.55 s ago. */
+    CACHE_IS(PER + 1, PER * held[E] + need(big), "1.1 s after E: shard_get_stats alone");
+    unsigned char *y = x ? shard_realloc(x, big - LARGE_PAGE) : NULL;
+    CHECKF(y == x && y != NULL, "shard_realloc(%zu -> %zu) = %p, not in place (%p)", big, big - LARGE_PAGE,
+           (void *)y, (void *)x);
+    CACHE_IS(1, need(big), "a large realloc 1.1 s after E, 0.55 s after the last free");
+#undef FREE_GROUP
+#undef CACHE_IS
+    shard_free(y ? y : x);
+    cache_undrain(&d);
+    check_allocator("after the delay of the cache");
+#endif
+}
+
+/* ---- the error hook ---- */
+
+#if SHARD_RULES
+/* free, realloc (to a small, a large and a larger size) and usable_size of p, which is not a live block:
+ * each reaches the hook once with p; realloc gives NULL, usable_size 0; no statistic changes. */
+static void check_not_live(void *p, const char *what)
+{
+    static const size_t sizes[] = { 100, 3 * MB, 20 * MB };
+    shard_stats a = stats_now();
+    hook_reset();
+    shard_free(p);
+    CHECKF(hook_record.calls == 1 && hook_record.error == SHARD_ERROR_INVALID_FREE && hook_record.ptr == p &&
+               hook_record.arg == &hook_cookie,
+           "shard_free(%s %p): hook called %d times, error %d, pointer %p", what, p, hook_record.calls,
+           hook_record.error, hook_record.ptr);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        hook_reset();
+        void *q = shard_realloc(p, sizes[i]);
+        CHECKF(q == NULL, "shard_realloc(%s %p, %zu) = %p", what, p, sizes[i], q);
+        CHECKF(hook_record.calls == 1 && hook_record.error == SHARD_ERROR_INVALID_REALLOC && hook_record.ptr == p &&
+                   hook_record.arg == &hook_cookie,
+               "shard_realloc(%s %p, %zu): hook called %d times, error %d, pointer %p", what, p, sizes[i],
+               hook_record.calls, hook_record.error, hook_record.ptr);
+    }
+    hook_reset();
+    size_t u = shard_usable_size(p);
+    CHECKF(u == 0, "shard_usable_size(%s %p) = %zu", what, p, u);
+    CHECKF(hook_record.calls == 1 && hook_record.error == SHARD_ERROR_INVALID_SIZE_QUERY && hook_record.ptr == p &&
+               hook_record.arg == &hook_cookie,
+           "shard_usable_size(%s %p): hook called %d times, error %d, pointer %p", what, p, hook_record.calls,
+           hook_record.error, hook_record.ptr);
+    shard_stats b = stats_now();
+    CHECKF(b.live_large == a.live_large && b.large_cached == a.large_cached &&
+               b.large_cached_bytes == a.large_cached_bytes && b.committed == a.committed && b.reserved == a.reserved,
+           "%s %p given to free, realloc and usable_size: live_large %zu -> %zu, cached %zu -> %zu (%zu -> %zu bytes), "
+           "committed %zu -> %zu, reserved %zu -> %zu", what, p, a.live_large, b.live_large, a.large_cached,
+           b.large_cached, a.large_cached_bytes, b.large_cached_bytes, a.committed, b.committed, a.reserved,
+           b.reserved);
+}
+
+static void *check_not_live_from_thread(void *p)
+{
+    check_not_live(p, "(from another thread) a cached block");
+    return NULL;
+}
+
+struct not_live {
+    unsigned char *base;
+    const long *offsets;
+    size_t count;
+    const char *what;
+};
+
+/* check_not_live of base + every offset. */
+static void *check_offsets(void *arg)
+{
+    struct not_live *c = arg;
+    for (size_t i = 0; i < c->count; i++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s %+ld", c->what, c->offsets[i]);
+        check_not_live(c->base + c->offsets[i], what);
+    }
+    return NULL;
+}
+#endif
+
+/* A second free of a large block - cached, or released because it held more than 128 MB - reaches the
+ * error hook from its thread and from another, as do realloc and usable_size of it; nothing changes. The
+ * cached block comes back from the cache once: the next malloc of its size is a fresh block. */
+TEST(a_double_free_of_a_large_block_reaches_the_error_hook_and_the_block_comes_back_once)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    const size_t n = 2 * MB + 1, big = 129 * MB;
+    drained d;
+    cache_drain(&d);
+    unsigned char *p = shard_malloc(n), *other = shard_malloc(n), *r1 = NULL, *r2 = NULL;
+    CHECK(p != NULL && other != NULL);
+    if (!p || !other) {
+        shard_free(p);
+        shard_free(other);
+        cache_undrain(&d);
+        return;
+    }
+    fill64(p, n, 0x8000);
+    fill64(other, n, 0x8001);
+    shard_free(p);
+    shard_error_fn previous = shard_set_error_hook(recording_hook, &hook_cookie);
+    check_not_live(p, "a cached block");
+    run_thread(check_not_live_from_thread, p);
+    shard_set_error_hook(previous, NULL);
+    shard_stats s = stats_now();
+    CHECK_CACHE(s, 1, need(n), "after the double frees");
+    check_allocator("after double frees of a cached block");
+    r1 = shard_malloc(n);
+    r2 = shard_malloc(n);
+    CHECK(r1 != NULL && r2 != NULL);
+    CHECKF(r1 == p, "malloc(%zu) after the double frees = %p, the cached block is %p", n, (void *)r1, (void *)p);
+    CHECKF(r2 != p && r2 != other && r2 != NULL && large_address(r2),
+           "the second malloc(%zu) = %p: the cached block %p came back twice", n, (void *)r2, (void *)p);
+    shard_stats s1 = stats_now();
+    CHECK_CACHE(s1, 0, 0, "after the block came back");
+    if (r1)
+        fill64(r1, n, 0x8002);
+    if (r2)
+        fill64(r2, n, 0x8003);
+    CHECK_BLOCK(other, n, 0x8001, "live block next to the double frees");
+    if (r1)
+        CHECK_BLOCK(r1, n, 0x8002, "the block that came back");
+    if (r2)
+        CHECK_BLOCK(r2, n, 0x8003, "the fresh block after it");
+    /* A block holding more than 128 MB: released at its free, so its second free finds nothing. */
+    unsigned char *b = shard_malloc(big);
+    CHECK(b != NULL);
+    if (b) {
+        fill_edges(b, MB, 0x8004);
+        CHECK_EDGES(b, MB, 0x8004, "block of 129 MB");
+        shard_free(b);
+        previous = shard_set_error_hook(recording_hook, &hook_cookie);
+        check_not_live(b, "a released block");
+        shard_set_error_hook(previous, NULL);
+    }
+    shard_free(r1);
+    shard_free(r2);
+    shard_free(other);
+    cache_undrain(&d);
+    check_allocator("after double frees of large blocks");
+#endif
+}
+
+/* Pointers into a live 8 MB block (committed 8 MB + 4 KB of a 16 MB reservation) - p + 16, + 4 KB,
+ * + 1 MB, the start of its second 4 MB and 32 bytes into it (where a block of its own would be), its
+ * last 16 bytes, 32 bytes into its third 4 MB (reserved, not committed: nothing may read there), and
+ * p - 16, p - 32 (its header) - in a block full of a pattern and one full of zeros, given to free,
+ * realloc and usable_size by its thread and by another, reach the error hook; so do pointers into the
+ * block once cached. The blocks keep their contents and usable sizes, and the cached one comes back. */
+TEST(interior_pointers_of_live_and_cached_large_blocks_reach_the_error_hook_and_change_nothing)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    const size_t n = 8 * MB;
+    drained d;
+    cache_drain(&d);
+    unsigned char *p = shard_malloc(n), *z = shard_calloc(1, n);
+    CHECK(p != NULL && z != NULL);
+    if (!p || !z) {
+        shard_free(p);
+        shard_free(z);
+        cache_undrain(&d);
+        return;
+    }
+    const size_t u = shard_usable_size(p);
+    CHECK_EQ(u, fresh_usable(n));
+    CHECK_EQ(shard_usable_size(z), u);
+    fill64(p, u, 0x8100);
+    const long offsets[] = { 16, 4096, (long)MB, (long)(4 * MB - 32), (long)(4 * MB), (long)(4 * MB + 16),
+                             (long)(u - 16), (long)(12 * MB), -16, -32 };
+    struct not_live live_p = { p, offsets, sizeof offsets / sizeof offsets[0], "live filled block" };
+    struct not_live live_z = { z, offsets, sizeof offsets / sizeof offsets[0], "live zeroed block" };
+    shard_error_fn previous = shard_set_error_hook(recording_hook, &hook_cookie);
+    check_offsets(&live_p);
+    check_offsets(&live_z);
+    run_thread(check_offsets, &live_p);
+    run_thread(check_offsets, &live_z);
+    shard_set_error_hook(previous, NULL);
+    CHECK_BLOCK(p, u, 0x8100, "block after bad pointers into it");
+    CHECK_ZERO(z, u, "zeroed block after bad pointers into it");
+    CHECK_EQ(shard_usable_size(p), u);
+    CHECK_EQ(shard_usable_size(z), u);
+    check_allocator("after interior pointers of live blocks");
+    /* The same pointers once the block is cached. */
+    shard_free(p);
+    struct not_live cached_p = { p, offsets, sizeof offsets / sizeof offsets[0], "cached block" };
+    previous = shard_set_error_hook(recording_hook, &hook_cookie);
+    check_offsets(&cached_p);
+    shard_set_error_hook(previous, NULL);
+    shard_stats s = stats_now();
+    CHECK_CACHE(s, 1, need(n), "after interior pointers of the cached block");
+    unsigned char *q = shard_malloc(n);
+    CHECKF(q == p, "malloc(%zu) = %p, the cached block is %p", n, (void *)q, (void *)p);
+    if (q) {
+        fill64(q, u, 0x8101);
+        CHECK_BLOCK(q, u, 0x8101, "block back from the cache");
+    }
+    hook_reset();
+    previous = shard_set_error_hook(recording_hook, &hook_cookie);
+    q = q ? shard_realloc(q, 2 * n) : NULL;
+    CHECK(q != NULL);
+    shard_free(q);
+    shard_free(z);
+    CHECKF(hook_record.calls == 0, "valid calls reached the hook %d times", hook_record.calls);
+    shard_set_error_hook(previous, NULL);
+    cache_undrain(&d);
+    check_allocator("after interior pointers of large blocks");
+#endif
+}
+
+/* ---- out of memory ---- */
+
+/* Impossible sizes give NULL from malloc, calloc and realloc, and reserve nothing that stays: SIZE_MAX,
+ * 2^62, 4 TB (the address space may be there, the memory is not) and calloc products that overflow. A
+ * large block given to realloc of those, and a medium and a small one given to realloc of the first three,
+ * stay live with their address, usable size and contents; a realloc and an allocation of ordinary sizes
+ * succeed afterwards. */
+TEST(impossible_sizes_give_null_and_leave_a_block_given_to_realloc_as_it_was)
+{
+#define FOUR_TB ((size_t)4 << 40)
+    static const size_t impossible[] = { SIZE_MAX, SIZE_MAX - 4095, (size_t)1 << 62, FOUR_TB };
+    enum { I = sizeof impossible / sizeof impossible[0] };
+    drained d;
+    cache_drain(&d);
+#if SHARD_RULES
+    /* A block that a failed realloc did not leave live would reach the hook here, not abort. */
+    shard_error_fn previous = shard_set_error_hook(recording_hook, &hook_cookie);
+    hook_reset();
+    shard_stats s0 = stats_now();
+#endif
+    for (size_t i = 0; i < I; i++) {
+        void *p = shard_malloc(impossible[i]);
+        CHECKF(p == NULL, "shard_malloc(%zu) = %p", impossible[i], p);
+        if (p)
+            shard_free(p);
+    }
+    {
+        void *p = shard_calloc(SIZE_MAX / 2 + 1, 2), *q = shard_calloc((size_t)1 << 31, (size_t)1 << 31),
+             *r = shard_calloc((size_t)3 << 62, 5);
+        CHECKF(p == NULL && q == NULL && r == NULL, "shard_calloc of 2^64, 2^62 and 15 * 2^62 = %p %p %p", p, q, r);
+        shard_free(p);
+        shard_free(q);
+        shard_free(r);
+    }
+#if SHARD_RULES
+    shard_stats s1 = stats_now();
+    CHECKF(s1.reserved == s0.reserved && s1.committed == s0.committed && s1.live_large == s0.live_large &&
+               s1.large_cached == s0.large_cached,
+           "after impossible allocations: reserved %zu -> %zu, committed %zu -> %zu, live_large %zu -> %zu, cached "
+           "%zu -> %zu", s0.reserved, s1.reserved, s0.committed, s1.committed, s0.live_large, s1.live_large,
+           s0.large_cached, s1.large_cached);
+#endif
+    static const size_t kinds[] = { 8 * MB + 5, 500000, 100 };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        drain_into(&d); /* nothing in the cache can expire during the slow failures (Wine: 1 s per 4 TB) */
+        unsigned char *p = shard_malloc(kinds[k]);
+        CHECK(p != NULL);
+        if (!p)
+            continue;
+        size_t u = shard_usable_size(p);
+        fill64(p, u, 0x9000 + k);
+#if SHARD_RULES
+        shard_stats a = stats_now();
+#endif
+        for (size_t i = 0; i < I; i++) {
+            if (impossible[i] == FOUR_TB && k > 0)
+                continue; /* 4 TB once, for the large block: the impossible size that gets furthest */
+            void *q = shard_realloc(p, impossible[i]);
+            CHECKF(q == NULL, "shard_realloc(%zu-byte block, %zu) = %p", kinds[k], impossible[i], q);
+            if (q) {
+                p = q;
+                break;
+            }
+            CHECKF(shard_usable_size(p) == u, "a %zu-byte block after realloc to %zu: usable %zu -> %zu", kinds[k],
+                   impossible[i], u, shard_usable_size(p));
+            CHECK_BLOCK(p, u, 0x9000 + k, "%zu-byte block after realloc to %zu failed", kinds[k], impossible[i]);
+        }
+#if SHARD_RULES
+        shard_stats b = stats_now();
+        CHECKF(b.reserved == a.reserved && b.committed == a.committed && b.live_large == a.live_large &&
+                   b.live_medium == a.live_medium && b.live_small == a.live_small,
+               "failed reallocs of a %zu-byte block: reserved %zu -> %zu, committed %zu -> %zu, live large %zu -> "
+               "%zu, medium %zu -> %zu, small %zu -> %zu", kinds[k], a.reserved, b.reserved, a.committed,
+               b.committed, a.live_large, b.live_large, a.live_medium, b.live_medium, a.live_small, b.live_small);
+#endif
+        unsigned char *q = shard_realloc(p, 2 * u);
+        CHECKF(q != NULL, "shard_realloc(%zu -> %zu) after the failures", u, 2 * u);
+        if (q) {
+            CHECK_BLOCK(q, u, 0x9000 + k, "block grown after failed reallocs");
+            p = q;
+        }
+        shard_free(p);
+    }
+    unsigned char *p = shard_malloc(16 * MB);
+    CHECK(p != NULL);
+    if (p) {
+        fill64(p, 16 * MB, 0x9010);
+        CHECK_BLOCK(p, 16 * MB, 0x9010, "a large block after the failures");
+        shard_free(p);
+    }
+#if SHARD_RULES
+    CHECKF(hook_record.calls == 0, "a block given to a failed realloc was not live afterwards: the hook was called "
+           "%d times, last with error %d and %p", hook_record.calls, hook_record.error, hook_record.ptr);
+    shard_set_error_hook(previous, NULL);
+#endif
+    cache_undrain(&d);
+    check_allocator("after impossible sizes");
+}
+
+/* ---- other threads ---- */
+
+enum { HANDED = 5 };
+
+struct handover {
+    unsigned char *blocks[HANDED];
+    size_t sizes[HANDED];   /* the bytes that hold the pattern */
+    size_t to[HANDED];      /* realloc to this, 0: free */
+    uint64_t seeds[HANDED];
+};
+
+/* The other thread: checks each block, resizes it (or frees it) and fills it with the next seed. Under
+ * shardmm's rules, a block stays in place exactly as it would for the thread that allocated it. */
+static void *resize_handed(void *arg)
+{
+    struct handover *h = arg;
+    for (int i = 0; i < HANDED; i++) {
+        unsigned char *p = h->blocks[i], *q;
+        CHECK_BLOCK(p, h->sizes[i], h->seeds[i], "large block %d handed to another thread", i);
+        if (h->to[i] == 0) {
+            shard_free(p);
+            h->blocks[i] = NULL;
+            continue;
+        }
+        q = shard_realloc(p, h->to[i]);
+        CHECKF(q != NULL, "shard_realloc(%zu -> %zu) by another thread", h->sizes[i], h->to[i]);
+        if (!q)
+            continue;
+        CHECK_BLOCK(q, min_size(h->sizes[i], h->to[i]), h->seeds[i], "large block %d resized by another thread", i);
+#if SHARD_RULES
+        size_t m = h->to[i];
+        int stays = m > MEDIUM_MAX && need(m) <= reservation(h->sizes[i]);
+        CHECKF((q == p) == stays, "another thread's realloc(%zu -> %zu) of a fresh block %s", h->sizes[i], m,
+               q == p ? "stayed" : "moved");
+        if (m > MEDIUM_MAX)
+            CHECKF(shard_usable_size(q) == (stays ? fresh_usable(m) : fresh_usable(move_target(m))),
+                   "another thread's realloc(%zu -> %zu): usable %zu", h->sizes[i], m, shard_usable_size(q));
+#endif
+        h->blocks[i] = q;
+        h->sizes[i] = h->to[i];
+        h->seeds[i] += 100;
+        fill64(q, h->sizes[i], h->seeds[i]);
+    }
+    check_allocator("in the thread that resized handed blocks");
+    return NULL;
+}
+
+/* Fresh blocks of the main thread resized by another: grown within the reservation and shrunk below half
+ * in place, grown beyond it and shrunk to a medium size by a move, one freed; the main thread checks the
+ * new contents and frees them. The block the other thread freed is in the one cache of the process: the
+ * main thread's next malloc of its size takes it. */
+TEST(large_blocks_resized_and_freed_by_another_thread_keep_contents_and_share_one_cache)
+{
+    struct handover h = {
+        { 0 },
+        { 2 * MB + 1, 6 * MB, 17 * MB, 40 * MB, 3 * MB },
+        { 12 * MB, LARGE_MIN, 40 * MB, 500000, 0 },
+        { 0xa000, 0xa001, 0xa002, 0xa003, 0xa004 },
+    };
+    drained d;
+    cache_drain(&d);
+    int ok = 1;
+    for (int i = 0; i < HANDED; i++) {
+        h.blocks[i] = shard_malloc(h.sizes[i]);
+        CHECK(h.blocks[i] != NULL);
+        ok &= h.blocks[i] != NULL;
+        if (h.blocks[i])
+            fill64(h.blocks[i], h.sizes[i], h.seeds[i]);
+    }
+    if (!ok) {
+        for (int i = 0; i < HANDED; i++)
+            shard_free(h.blocks[i]);
+        cache_undrain(&d);
+        return;
+    }
+    unsigned char *freed_there = h.blocks[HANDED - 1];
+#if SHARD_RULES
+    shard_stats s0 = stats_now();
+#endif
+    run_thread(resize_handed, &h);
+#if SHARD_RULES
+    shard_stats s1 = stats_now();
+    /* The freed 3 MB block is cached; the old blocks of the two moves (17 MB and 40 MB) may be. */
+    int consistent = 0;
+    for (int moved_17 = 0; moved_17 <= 1; moved_17++)
+        for (int moved_40 = 0; moved_40 <= 1; moved_40++)
+            consistent |= s1.large_cached == (size_t)(1 + moved_17 + moved_40) &&
+                          s1.large_cached_bytes == need(3 * MB) + (moved_17 ? need(17 * MB) : 0) +
+                                                       (moved_40 ? need(40 * MB) : 0);
+    CHECKF(consistent, "after another thread's free of 3 MB and moves out of 17 and 40 MB blocks, the cache holds "
+           "%zu blocks of %zu bytes", s1.large_cached, s1.large_cached_bytes);
+    CHECKF(s1.live_large + 2 == s0.live_large, "live_large %zu -> %zu: one block freed, one moved to medium",
+           s0.live_large, s1.live_large);
+#endif
+    unsigned char *again = shard_malloc(3 * MB);
+    CHECK(again != NULL);
+#if SHARD_RULES
+    CHECKF(again == freed_there, "malloc(3 MB) = %p, the block another thread freed into the cache is %p",
+           (void *)again, (void *)freed_there);
+#else
+    (void)freed_there;
+#endif
+    if (again) {
+        fill64(again, 3 * MB, 0xa010);
+        CHECK_BLOCK(again, 3 * MB, 0xa010, "block back from another thread's free");
+    }
+    for (int i = 0; i < HANDED; i++)
+        if (h.blocks[i]) {
+            CHECK_BLOCK(h.blocks[i], h.sizes[i], h.seeds[i], "block %d back from another thread", i);
+            shard_free(h.blocks[i]);
+        }
+    shard_free(again);
+    cache_undrain(&d);
+    check_allocator("after blocks resized by another thread");
+}
+
+struct outlive {
+    unsigned char *blocks[3];
+    size_t sizes[3];
+    uint64_t seed;
+};
+
+static void *allocate_and_exit(void *arg)
+{
+    struct outlive *o = arg;
+    for (int i = 0; i < 3; i++) {
+        o->blocks[i] = shard_malloc(o->sizes[i]);
+        CHECK(o->blocks[i] != NULL);
+        if (o->blocks[i])
+            fill64(o->blocks[i], o->sizes[i], o->seed + (uint64_t)i);
+    }
+    return NULL;
+}
+
+/* Large blocks outlive the thread that allocated them: after it exited, the main thread finds them intact,
+ * grows one in place, shrinks one in place, moves one, and frees them. */
+TEST(large_blocks_outlive_their_thread_and_any_thread_resizes_them_in_place)
+{
+    struct outlive o = { { 0 }, { 2 * MB, 5 * MB + 7, 9 * MB }, 0xa100 };
+    static const size_t to[3] = { 10 * MB, LARGE_MIN, 30 * MB };
+    drained d;
+    cache_drain(&d);
+    run_thread(allocate_and_exit, &o);
+    for (int i = 0; i < 3; i++) {
+        unsigned char *p = o.blocks[i], *q;
+        if (!p)
+            continue;
+        CHECK_BLOCK(p, o.sizes[i], o.seed + (uint64_t)i, "block %d of an exited thread", i);
+        q = shard_realloc(p, to[i]);
+        CHECK(q != NULL);
+        if (!q) {
+            shard_free(p);
+            continue;
+        }
+#if SHARD_RULES
+        int stays = need(to[i]) <= reservation(o.sizes[i]);
+        CHECKF((q == p) == stays, "realloc(%zu -> %zu) of an exited thread's block %s", o.sizes[i], to[i],
+               q == p ? "stayed" : "moved");
+#endif
+        CHECK_BLOCK(q, min_size(o.sizes[i], to[i]), o.seed + (uint64_t)i, "block %d of an exited thread resized", i);
+        shard_free(q);
+    }
+    cache_undrain(&d);
+    check_allocator("after blocks of an exited thread");
+}
+
+/* Threads trading large blocks through shared slots: each takes a block another may have left, checks
+ * it, resizes, frees or replaces it and leaves it for the others. Interleaving varies from run to run;
+ * the contents are checked at every hand-over and the cache stays within its limits. */
+enum { SLOTS = 8, TRADERS = 4, TRADES = 24 };
+
+static struct {
+    unsigned char *p;
+    size_t n;
+    uint64_t seed;
+    int busy;
+} slots[SLOTS];
+static mutex_t slots_lock = MUTEX_INIT;
+
+static size_t trade_size(size_t id, size_t k)
+{
+    if (k % 7 == 3)
+        return 300000 + 1000 * id; /* now and then a medium block */
+    return LARGE_MIN + (id * 7919 + k * 104729) % (3 * MB);
+}
+
+static void *trader(void *arg)
+{
+    size_t id = (size_t)(uintptr_t)arg;
+    for (size_t k = 0; k < TRADES; k++) {
+        size_t i = (id * 5 + k * 3) % SLOTS;
+        mutex_lock(&slots_lock);
+        if (slots[i].busy) {
+            mutex_unlock(&slots_lock);
+            continue;
+        }
+        slots[i].busy = 1;
+        unsigned char *p = slots[i].p;
+        size_t n = slots[i].n;
+        uint64_t seed = slots[i].seed;
+        mutex_unlock(&slots_lock);
+        size_t m = trade_size(id, k);
+        uint64_t next = 0xb000 + 1000 * id + k;
+        if (p)
+            CHECK_BLOCK(p, n, seed, "slot %zu taken by trader %zu", i, id);
+        if (p && k % 3 != 2) {
+            unsigned char *q = shard_realloc(p, m);
+            CHECKF(q != NULL, "trader %zu: shard_realloc(%zu -> %zu)", id, n, m);
+            if (q) {
+                CHECK_BLOCK(q, min_size(n, m), seed, "slot %zu resized by trader %zu", i, id);
+                p = q;
+            } else {
+                m = n;
+            }
+        } else {
+            shard_free(p);
+            p = shard_malloc(m);
+            CHECKF(p != NULL, "trader %zu: shard_malloc(%zu)", id, m);
+        }
+        if (p)
+            fill64(p, m, next);
+        mutex_lock(&slots_lock);
+        slots[i].p = p;
+        slots[i].n = p ? m : 0;
+        slots[i].seed = next;
+        slots[i].busy = 0;
+        mutex_unlock(&slots_lock);
+    }
+    check_allocator("in a trader thread");
+    return NULL;
+}
+
+TEST(threads_trading_large_blocks_keep_their_contents_and_the_cache_within_its_limits)
+{
+    thread_t t[TRADERS];
+    int started[TRADERS];
+#if SHARD_RULES
+    size_t live_before = stats_now().live_large;
+#endif
+    memset(slots, 0, sizeof slots);
+    for (size_t i = 0; i < TRADERS; i++) {
+        started[i] = thread_start(&t[i], trader, (void *)(uintptr_t)i) == 0;
+        CHECKF(started[i], "trader %zu did not start", i);
+    }
+    for (size_t i = 0; i < TRADERS; i++)
+        if (started[i])
+            thread_join(t[i]);
+    for (size_t i = 0; i < SLOTS; i++)
+        if (slots[i].p) {
+            CHECK_BLOCK(slots[i].p, slots[i].n, slots[i].seed, "slot %zu after the trade", i);
+            shard_free(slots[i].p);
+            slots[i].p = NULL;
+        }
+#if SHARD_RULES
+    shard_stats s = stats_now();
+    CHECKF(s.live_large == live_before, "live_large %zu before the trade, %zu after every block was freed",
+           live_before, s.live_large);
+    CHECKF(s.large_cached <= CACHE_MAX_BLOCKS && s.large_cached_bytes <= CACHE_MAX_BYTES,
+           "the cache holds %zu blocks of %zu bytes", s.large_cached, s.large_cached_bytes);
+#endif
+    check_allocator("after the trade");
+}

@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "allocator.h"
+#include "observe.h"
 
 #include "realloc_pairs.h"
 
@@ -114,37 +115,10 @@ static void run_thread(void *(*fn)(void *), void *arg)
 }
 
 #if SHARD_RULES
-static shard_stats stats_now(void)
-{
-    shard_stats s;
-    memset(&s, 0, sizeof s);
-    shard_get_stats(&s);
-    return s;
-}
 
 static size_t live_of(const shard_stats *s, enum kind k)
 {
     return k == KIND_SMALL ? s->live_small : k == KIND_MEDIUM ? s->live_medium : s->live_large;
-}
-
-static struct {
-    int calls;
-    int error;
-    void *ptr;
-    void *arg;
-} hook_record;
-
-static void recording_hook(void *arg, int error, void *ptr)
-{
-    hook_record.calls++;
-    hook_record.error = error;
-    hook_record.ptr = ptr;
-    hook_record.arg = arg;
-}
-
-static void hook_reset(void)
-{
-    memset(&hook_record, 0, sizeof hook_record);
 }
 
 /* Checks that the last call reached the hook exactly once with this error and pointer. */

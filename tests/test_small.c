@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "allocator.h"
+#include "observe.h"
 
 #include "realloc_pairs.h"
 
@@ -117,16 +118,6 @@ static int in_sorted(const uintptr_t *sorted, size_t n, const void *p)
     uintptr_t key = (uintptr_t)p;
     return bsearch(&key, sorted, n, sizeof *sorted, compare_ptr) != NULL;
 }
-
-#if SHARD_RULES
-static shard_stats stats_now(void)
-{
-    shard_stats s;
-    memset(&s, 0, sizeof s);
-    shard_get_stats(&s);
-    return s;
-}
-#endif
 
 /* Allocates count blocks of size bytes and fills each with its pattern (seed: seed_base + index). */
 __attribute__((unused)) static void alloc_and_fill_blocks(void **blocks, size_t count, size_t size, uint64_t seed_base)
@@ -822,26 +813,6 @@ TEST(committed_bytes_follow_blocks_above_16kb_and_refused_commits_give_null)
 }
 
 #if SHARD_RULES
-static struct {
-    int calls;
-    int error;
-    void *ptr;
-    void *arg;
-} hook_record;
-
-static void recording_hook(void *arg, int error, void *ptr)
-{
-    hook_record.calls++;
-    hook_record.error = error;
-    hook_record.ptr = ptr;
-    hook_record.arg = arg;
-}
-
-static void hook_reset(void)
-{
-    memset(&hook_record, 0, sizeof hook_record);
-}
-
 static unsigned char static_block[256] __attribute__((aligned(16)));
 
 struct bad_pointer {

@@ -1,0 +1,56 @@
+"""bench/runner.py - what the benchmark runners (micro.py, medium.py, large.py, ...) share: their error
+exit, comma-separated options, where a benchmark binary is, durations for the progress line, and
+running one benchmark process: a time limit, its exit status and its one line of output.
+
+Standard library only; the runners import it from their own folder.
+"""
+import os
+import shlex
+import subprocess
+import sys
+
+
+def fail(message):
+    sys.exit(f"{os.path.basename(sys.argv[0])}: error: {message}")
+
+
+def comma_list(text):
+    return [item for item in text.split(",") if item]
+
+
+def binary_path(build_dir, bench, alloc):
+    """build/bench/<bench>-<alloc>: one binary per benchmark and allocator (build.ninja)."""
+    return os.path.join(build_dir, "bench", f"{bench}-{alloc}")
+
+
+def duration(seconds):
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def run_line(command, timeout_s, env=None, shown=None):
+    """Runs one benchmark process and returns (its output's words, a printable command), or stops the
+    runner with an error: not started, over the time limit, or a nonzero exit status (its stderr is
+    passed on). env: the whole environment, or None for ours. Carriage returns (Wine) are dropped."""
+    shown = shown or shlex.join(command)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        fail(f"{shown} did not finish within {timeout_s} s")
+    except OSError as e:
+        fail(f"cannot run {command[0]}: {e}")
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        fail(f"{shown} exited with status {done.returncode}")
+    return done.stdout.replace("\r", "").split(), shown
+
+
+def numbers(words, kinds, shown):
+    """words converted by kinds (float, int, ...), or stop the runner naming the command."""
+    try:
+        return tuple(kind(word) for kind, word in zip(kinds, words))
+    except ValueError:
+        fail(f"{shown} printed a non-number: {' '.join(words)!r}")

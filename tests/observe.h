@@ -1,0 +1,42 @@
+/* observe.h - what the tests of shardmm's own rules observe it through (include after allocator.h;
+ * empty with TEST_SYSTEM_MALLOC):
+ * - stats_now(): a snapshot of shard_get_stats;
+ * - an error hook that records its calls: recording_hook is installed with shard_set_error_hook,
+ *   hook_record holds the number of calls and the last call's error, pointer and argument, hook_reset
+ *   clears it. */
+#ifndef TEST_OBSERVE_H
+#define TEST_OBSERVE_H
+#if SHARD_RULES
+
+#include <string.h>
+
+__attribute__((unused)) static shard_stats stats_now(void)
+{
+    shard_stats s;
+    memset(&s, 0, sizeof s);
+    shard_get_stats(&s);
+    return s;
+}
+
+static struct {
+    int calls;
+    int error;
+    void *ptr;
+    void *arg;
+} hook_record;
+
+__attribute__((unused)) static void recording_hook(void *arg, int error, void *ptr)
+{
+    hook_record.calls++;
+    hook_record.error = error;
+    hook_record.ptr = ptr;
+    hook_record.arg = arg;
+}
+
+__attribute__((unused)) static void hook_reset(void)
+{
+    memset(&hook_record, 0, sizeof hook_record);
+}
+
+#endif /* SHARD_RULES */
+#endif
