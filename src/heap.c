@@ -16,7 +16,8 @@
  * heap in it to what a running thread keeps (SHARD_KEEP_FREE_PAGES pages, one empty arena) and puts the
  * heaps back. The test is one load of `reserve_due` while nothing is due, and the port's clock (no
  * system call on either OS) after that. A thread that finds the stack empty while it is being trimmed
- * waits for the heaps to come back rather than make a new heap (`trimming`).
+ * waits for the heaps to come back rather than make a new heap: `trimming` is odd while the stack is
+ * taken, and a pop believes an empty top only when `trimming` was even and unchanged around reading it.
  *
  * Code that runs in a thread after its exit hook (a destructor of thread-local data) may still allocate:
  * the port refuses to arm the hook again (PORT_SLOT_EXITED), so such a thread borrows a heap for each
@@ -32,7 +33,7 @@ static pair128 free_stack;       /* ptr: heap *, count: changes */
 static heap *all_heaps;          /* pushed with a CAS, never popped */
 static uint32_t init_state;      /* 0 not started, 1 running, 2 done, 3 failed */
 uint64_t heap_reserve_due;       /* port_clock_ms() when the reserves in the stack expire; 0: none */
-static uint32_t trimming;        /* the stack is taken whole for trimming: a pop finding it empty waits */
+static uint32_t trimming;        /* odd while the stack is taken whole (trim, check); +1 at take and put back */
 
 /* The top as two plain loads: a torn pair only makes the following cmpxchg16b fail and retry. */
 static pair128 read_top(void)
@@ -100,8 +101,12 @@ void heap_thread_done(void)
 /* Take the stack whole (NULL when empty); `trimming` makes new threads wait for it, not make heaps. */
 static heap *take_stack(void)
 {
-    for (unsigned i = 0; exchange_acq_rel(&trimming, 1u) != 0; i++)
+    for (unsigned i = 0;; i++) {
+        uint32_t seq = load_relaxed(&trimming);
+        if ((seq & 1) == 0 && cas_acq_rel(&trimming, &seq, seq + 1))
+            break;
         pause_or_yield(i); /* another trim or check: they are short */
+    }
     pair128 old = read_top();
     while (!cas128(&free_stack, &old, (pair128){NULL, old.count + 1})) {
     }
@@ -116,7 +121,7 @@ static void put_back_stack(heap *first)
             last = last->next_free;
         push_chain(first, last);
     }
-    store_release(&trimming, 0u);
+    __atomic_fetch_add(&trimming, 1u, __ATOMIC_RELEASE);
 }
 
 /* Trim every heap in the stack to what a running thread keeps. */
@@ -163,18 +168,20 @@ int heap_check_stack(void)
 
 static heap *pop_free_heap(void)
 {
-    pair128 old = read_top(), desired;
-    do {
-        for (unsigned i = 0; old.ptr == NULL; i++) {
-            if (load_acquire(&trimming) == 0)
-                return NULL;
+    for (unsigned i = 0;; i++) {
+        uint32_t seq = load_acquire(&trimming);
+        pair128 old = read_top();
+        if (old.ptr == NULL) {
+            __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the top is read before `trimming` again */
+            if ((seq & 1) == 0 && load_relaxed(&trimming) == seq)
+                return NULL; /* empty, and not because a trim or check had taken it */
             pause_or_yield(i); /* the heaps are being trimmed and come back soon */
-            old = read_top();
+            continue;
         }
-        desired.ptr = ((heap *)old.ptr)->next_free;
-        desired.count = old.count + 1;
-    } while (!cas128(&free_stack, &old, desired));
-    return old.ptr;
+        pair128 desired = {((heap *)old.ptr)->next_free, old.count + 1};
+        if (cas128(&free_stack, &old, desired))
+            return old.ptr;
+    }
 }
 
 /* Once per process: register the thread-exit hook. */
@@ -218,9 +225,12 @@ heap *heap_get_or_create(int *lent)
     if (init_once() != 0)
         return NULL;
     h = pop_free_heap();
-    if (h != NULL)
-        drain(h); /* what other threads freed into it while it waited */
-    else
+    if (h != NULL) {
+        /* What other threads freed into it while it waited; pages that emptied become free pages
+         * (the only page of a class stays in it only while its thread runs). */
+        drain(h);
+        small_keep(h, UINT32_MAX, 1);
+    } else
         h = heap_new();
     if (h == NULL)
         return NULL;
