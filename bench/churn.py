@@ -30,9 +30,10 @@ import datetime
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
+
+from runner import binary_path, comma_list, duration, fail, numbers, run_line
 
 DEFAULT_ALLOCS = ["shard", "shard-noreserve", "mimalloc", "jemalloc", "system"]
 OPTIONAL_ALLOCS = ["tcmalloc"]  # added to the default when its binary exists
@@ -50,52 +51,19 @@ ROUGH_S_PER_MSTEP = {"shard": 0.07, "shard-noreserve": 0.09, "mimalloc": 0.08, "
                      "system": 0.14, "jemalloc": 0.47}
 
 
-def fail(message):
-    sys.exit("churn.py: error: " + message)
-
-
-def comma_list(text):
-    return [item for item in text.split(",") if item]
-
-
-def binary_path(build_dir, alloc):
-    return os.path.join(build_dir, "bench", "churn-" + alloc)
-
-
-def duration(seconds):
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def run_one(binary, params):
     """Runs one binary; returns (ms, peak_mb, minor_faults, errors), or stops the runner with an error."""
     command = [binary]
     for name in ("threads", "rounds", "objects", "mix", "scale"):
         command += ["-" + name, repr(params[name]) if name == "scale" else str(params[name])]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        fail(f"{shlex.join(command)} did not finish within {TIMEOUT_S} s")
-    except OSError as e:
-        fail(f"cannot run {binary}: {e}")
-    fields = done.stdout.split()
-    try:
-        if len(fields) != 5 or fields[0] != "churn":
-            raise ValueError
-        result = float(fields[1]), float(fields[2]), int(fields[3]), int(fields[4])
-    except ValueError:
-        sys.stderr.write(done.stderr)
-        fail(f"{shlex.join(command)} (status {done.returncode}) printed {done.stdout!r}, "
-             f"expected 'churn <ms> <peak_rss_mb> <minor_faults> <errors>'")
     # Status 1 with errors counted is a failed check, reported in the table; anything else is broken.
-    if done.returncode != (1 if result[3] > 0 else 0):
-        sys.stderr.write(done.stderr)
-        fail(f"{shlex.join(command)} exited with status {done.returncode}")
-    if result[3] > 0:
-        sys.stderr.write(done.stderr)
+    fields, shown, status = run_line(command, TIMEOUT_S, statuses=(0, 1))
+    if len(fields) != 5 or fields[0] != "churn":
+        fail(f"{shown} (status {status}) printed {' '.join(fields)!r}, "
+             f"expected 'churn <ms> <peak_rss_mb> <minor_faults> <errors>'")
+    result = numbers(fields[1:], (float, float, int, int), shown)
+    if status != (1 if result[3] > 0 else 0):
+        fail(f"{shown} exited with status {status}")
     return result
 
 
@@ -134,7 +102,7 @@ def parse_args():
         parser.error("--scale must be positive")
     if args.allocs is None:
         args.allocs = DEFAULT_ALLOCS + [a for a in OPTIONAL_ALLOCS
-                                        if os.path.exists(binary_path(args.build_dir, a))]
+                                        if os.path.exists(binary_path(args.build_dir, "churn", a))]
     if not args.allocs or len(set(args.allocs)) != len(args.allocs):
         parser.error("--allocs must name each allocator once")
     return args
@@ -143,7 +111,7 @@ def parse_args():
 def main():
     args = parse_args()
     started = datetime.datetime.now().astimezone()
-    binaries = {a: binary_path(args.build_dir, a) for a in args.allocs}
+    binaries = {a: binary_path(args.build_dir, "churn", a) for a in args.allocs}
     missing = [path for path in binaries.values() if not os.path.exists(path)]
     if missing:
         fail("missing binaries (build them first): " + " ".join(missing))

@@ -82,7 +82,7 @@ def scenario_command(binary, scenario, args):
 def run_one(command, scenario, env):
     """Runs one process with `env` added to the environment; returns its fields as a dict, or stops
     the runner with an error."""
-    words, shown = run_line(command, TIMEOUT_S, dict(os.environ, **env),
+    words, shown, _ = run_line(command, TIMEOUT_S, dict(os.environ, **env),
                             shlex.join([f"{key}={value}" for key, value in env.items()] + command))
     pairs = [word.partition("=") for word in words[1:]]
     keys = [key for key, _, _ in pairs]

@@ -47,7 +47,7 @@ ROUGH_S = {"64k-1m": (1.5, 12.0), "16k-256k": (0.3, 2.5), "8k-16k": (0.05, 0.3)}
 def run_one(binary, row, scale):
     """Runs one row of one binary; returns (ms, peak_mb, faults), or stops the runner with an error."""
     command = [binary, row, "-scale", repr(scale)]
-    fields, shown = run_line(command, TIMEOUT_S)
+    fields, shown, _ = run_line(command, TIMEOUT_S)
     if len(fields) != 4 or fields[0] != row:
         fail(f"{shown} printed {' '.join(fields)!r}, expected '{row} <ms> <peak_rss_mb> <page_faults>'")
     return numbers(fields[1:], (float, float, int), shown)

@@ -62,7 +62,7 @@ def run_one(binary, row, scale, wine_build_dir=None):
     if wine_build_dir is not None:
         command = [WINE] + command
         env = wine_env(wine_build_dir)
-    fields, shown = run_line(command, TIMEOUT_S, env)
+    fields, shown, _ = run_line(command, TIMEOUT_S, env)
     if len(fields) != 2 or fields[0] != row:
         fail(f"{shown} printed {' '.join(fields)!r}, expected '{row} <ns_per_pair>'")
     return numbers(fields[1:], (float,), shown)[0]
