@@ -33,7 +33,7 @@ import statistics
 import sys
 import time
 
-from runner import binary_path, comma_list, duration, fail, numbers, run_line
+from runner import binary_path, comma_list, duration, existing, fail, numbers, run_line
 
 DEFAULT_ALLOCS = ["shard", "shard-noreserve", "mimalloc", "jemalloc", "system"]
 OPTIONAL_ALLOCS = ["tcmalloc"]  # added to the default when its binary exists
@@ -111,10 +111,7 @@ def parse_args():
 def main():
     args = parse_args()
     started = datetime.datetime.now().astimezone()
-    binaries = {a: binary_path(args.build_dir, "churn", a) for a in args.allocs}
-    missing = [path for path in binaries.values() if not os.path.exists(path)]
-    if missing:
-        fail("missing binaries (build them first): " + " ".join(missing))
+    binaries = existing({a: binary_path(args.build_dir, "churn", a) for a in args.allocs})
     params = {"threads": args.threads, "rounds": args.rounds, "objects": args.objects,
               "mix": args.mix, "scale": args.scale}
     steps = max(STEPS_PER_SLOT, round(args.objects * args.scale))

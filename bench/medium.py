@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from runner import binary_path, comma_list, duration, fail, numbers, run_line
+from runner import binary_path, comma_list, duration, existing, fail, numbers, run_line
 
 # The rows of bench/medium.c, in its order (keep in sync with its row table).
 ROWS = ["64k-1m", "16k-256k", "8k-16k"]
@@ -89,10 +89,7 @@ def parse_args():
 def main():
     args = parse_args()
     started = datetime.datetime.now().astimezone()
-    binaries = {a: binary_path(args.build_dir, "medium", a) for a in args.allocs}
-    missing = [path for path in binaries.values() if not os.path.exists(path)]
-    if missing:
-        fail("missing binaries (build them first): " + " ".join(missing))
+    binaries = existing({a: binary_path(args.build_dir, "medium", a) for a in args.allocs})
 
     per_run = sum(ROUGH_S[row][0] + ROUGH_S[row][1] * 2.0 * args.scale for row in args.rows)
     estimate = per_run * len(args.allocs) * args.runs

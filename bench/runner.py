@@ -23,6 +23,14 @@ def binary_path(build_dir, bench, alloc):
     return os.path.join(build_dir, "bench", f"{bench}-{alloc}")
 
 
+def existing(binaries):
+    """binaries ({allocator: path}) as given, or stop the runner naming the ones not built."""
+    missing = [path for path in binaries.values() if not os.path.exists(path)]
+    if missing:
+        fail("missing binaries (build them first with ninja): " + " ".join(missing))
+    return binaries
+
+
 def duration(seconds):
     if seconds < 90:
         return f"{seconds:.0f} s"

@@ -53,6 +53,7 @@
 #include <string.h>
 
 #include "allocator.h"
+#include "observe.h"
 
 /* ---- the rules, written out independently of the allocator ---- */
 
@@ -102,14 +103,6 @@ static void run_thread(thread_fn fn, void *arg)
 }
 
 #if SHARD_RULES
-static shard_stats stats_now(void)
-{
-    shard_stats s;
-    memset(&s, 0, sizeof s);
-    shard_get_stats(&s);
-    return s;
-}
-
 /* Empty medium arenas that are still committed (beyond their first 64 KB). */
 static size_t committed_empty_arenas(const shard_stats *s)
 {
@@ -123,17 +116,6 @@ static long long delta(size_t a, size_t b)
 }
 #endif
 
-/* shard_check() is 0 (under shardmm): the calling thread's heap, the stack of waiting heaps and the
- * large cache are consistent. */
-static void check_heaps(const char *where)
-{
-#if SHARD_RULES
-    int problems = shard_check();
-    CHECKF(problems == 0, "shard_check() = %d %s", problems, where);
-#else
-    (void)where;
-#endif
-}
 
 /* ---- blocks with their pattern ---- */
 
@@ -307,7 +289,7 @@ __attribute__((unused)) static void take_and_drain_job(void *unused)
     (void)unused;
     small_op_job(NULL);
     medium_op();
-    check_heaps("in a thread that took a waiting heap");
+    check_allocator("in a thread that took a waiting heap");
 }
 
 struct holders {
@@ -423,7 +405,7 @@ static void outlive_resize_job(void *arg)
         blk_check(b, "block of an ended thread after shrinking");
         blk_free(b);
     }
-    check_heaps("in the thread that resized and freed the blocks of an ended thread");
+    check_allocator("in the thread that resized and freed the blocks of an ended thread");
 }
 
 /* Blocks of every kind outlive the thread that allocated them: another thread, which took its heap
@@ -451,7 +433,7 @@ TEST(blocks_of_every_kind_outlive_their_thread_and_another_resizes_and_frees_the
            "live small/medium/large %zu/%zu/%zu before, %zu/%zu/%zu after every block was freed", before.live_small,
            before.live_medium, before.live_large, after.live_small, after.live_medium, after.live_large);
 #endif
-    check_heaps("after the blocks of an ended thread were freed");
+    check_allocator("after the blocks of an ended thread were freed");
 }
 
 /* The frees made into a waiting heap. */
@@ -498,7 +480,7 @@ static void *drain_taker_thread(void *arg)
 #endif
     blk_check(&b, "block of the thread that took a heap");
     blk_free(&b);
-    check_heaps("in the thread that took a heap with frees made into it");
+    check_allocator("in the thread that took a heap with frees made into it");
     return NULL;
 }
 
@@ -579,7 +561,7 @@ TEST(frees_into_a_waiting_heap_are_taken_by_the_next_thread_to_take_it)
     release_holders(&h);
     for (size_t c = 0; c < DRAIN_SMALL; c++)
         free(d.small[c]);
-    check_heaps("after a heap with frees made into it was taken");
+    check_allocator("after a heap with frees made into it was taken");
 }
 
 struct free_only {
@@ -598,7 +580,7 @@ static void *free_only_thread(void *arg)
     }
 #if SHARD_RULES
     f->after_frees = stats_now(); /* while this thread runs */
-    check_heaps("in a thread that only frees");
+    check_allocator("in a thread that only frees");
 #endif
     return NULL;
 }
@@ -639,7 +621,7 @@ TEST(a_free_from_a_thread_that_never_allocated_creates_no_heap)
     (void)medium;
     (void)large;
 #endif
-    check_heaps("after a thread that only freed");
+    check_allocator("after a thread that only freed");
 }
 
 /* ---- the reserve ---- */
@@ -745,7 +727,7 @@ static void scene_end(struct scene *s)
     }
     agent_stop(&s->slow);
     release_holders(&s->holders);
-    check_heaps("at the end of a reserve test");
+    check_allocator("at the end of a reserve test");
 }
 
 /* Runs the heavy thread; checks that it made a new heap and used what it should. Returns its heap's
@@ -983,7 +965,7 @@ static void *churn_thread(void *arg)
         else
             blk_free(&mine[j]);
     }
-    check_heaps("as a thread of a round ends");
+    check_allocator("as a thread of a round ends");
     return NULL;
 }
 
@@ -1077,7 +1059,7 @@ TEST(heaps_stay_at_the_peak_of_threads_over_50_rounds_of_8_that_hand_blocks_on)
             blk_check(b, "block handed on by a thread of the last round");
             blk_free(b);
         }
-    check_heaps("after the rounds of threads");
+    check_allocator("after the rounds of threads");
 }
 
 /* ---- shard_thread_done ---- */
@@ -1129,7 +1111,7 @@ static void *done_thread(void *arg)
     blk_check(&w->small, "small block once the thread allocates again");
     blk_check(&w->large, "large block once the thread allocates again");
     if (w->took_again) /* else its heap may be in the stack and in use at once */
-        check_heaps("in a thread that allocates again after shard_thread_done");
+        check_allocator("in a thread that allocates again after shard_thread_done");
     return NULL;
 }
 #endif
@@ -1155,7 +1137,7 @@ TEST(shard_thread_done_gives_the_heap_back_and_its_blocks_stay_valid)
         blk_free(blocks[i]);
     }
     if (once && w.took_again) /* a heap in the stack twice would make the checker walk a cycle */
-        check_heaps("after shard_thread_done");
+        check_allocator("after shard_thread_done");
 #endif
 }
 
@@ -1217,6 +1199,6 @@ TEST(shard_thread_done_without_a_heap_does_nothing_and_the_exit_after_it_gives_n
     CHECKF(once, "the exit after shard_thread_done: heaps %zu -> %zu, waiting %zu -> %zu (the heap went back once)",
            d.before.heaps, ended.heaps, d.before.heaps_free, ended.heaps_free);
     if (once) /* a heap in the stack twice would make the checker walk a cycle */
-        check_heaps("after shard_thread_done without a heap");
+        check_allocator("after shard_thread_done without a heap");
 #endif
 }
