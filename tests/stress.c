@@ -1,0 +1,2 @@
+/* PLACEHOLDER: being written (issue 9). */
+int main(void) { return 0; }
