@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 
-from runner import binary_path, comma_list, duration, fail, numbers, run_line
+from runner import binary_path, comma_list, duration, existing, fail, numbers, run_line
 
 SCENARIOS = ["grow", "burst", "churn"]
 DEFAULT_ALLOCS = ["shard", "mimalloc", "jemalloc", "system"]
@@ -82,7 +82,7 @@ def scenario_command(binary, scenario, args):
 def run_one(command, scenario, env):
     """Runs one process with `env` added to the environment; returns its fields as a dict, or stops
     the runner with an error."""
-    words, shown = run_line(command, TIMEOUT_S, dict(os.environ, **env),
+    words, shown, _ = run_line(command, TIMEOUT_S, dict(os.environ, **env),
                             shlex.join([f"{key}={value}" for key, value in env.items()] + command))
     pairs = [word.partition("=") for word in words[1:]]
     keys = [key for key, _, _ in pairs]
@@ -230,10 +230,7 @@ def threads_table(scenario, med, args):
 def main():
     args = parse_args()
     started = datetime.datetime.now().astimezone()
-    binaries = {a: binary_path(args.build_dir, "large", a) for a in args.allocs}
-    missing = [path for path in binaries.values() if not os.path.exists(path)]
-    if missing:
-        fail("missing binaries (build them first with ninja): " + " ".join(missing))
+    binaries = existing({a: binary_path(args.build_dir, "large", a) for a in args.allocs})
 
     per_run = sum(ROUGH_S[s] * args.scale * (args.cycles / 2 if s == "grow" else 1.0)
                   for s in args.scenarios)

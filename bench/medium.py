@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from runner import binary_path, comma_list, duration, fail, numbers, run_line
+from runner import binary_path, comma_list, duration, existing, fail, numbers, run_line
 
 # The rows of bench/medium.c, in its order (keep in sync with its row table).
 ROWS = ["64k-1m", "16k-256k", "8k-16k"]
@@ -47,7 +47,7 @@ ROUGH_S = {"64k-1m": (1.5, 12.0), "16k-256k": (0.3, 2.5), "8k-16k": (0.05, 0.3)}
 def run_one(binary, row, scale):
     """Runs one row of one binary; returns (ms, peak_mb, faults), or stops the runner with an error."""
     command = [binary, row, "-scale", repr(scale)]
-    fields, shown = run_line(command, TIMEOUT_S)
+    fields, shown, _ = run_line(command, TIMEOUT_S)
     if len(fields) != 4 or fields[0] != row:
         fail(f"{shown} printed {' '.join(fields)!r}, expected '{row} <ms> <peak_rss_mb> <page_faults>'")
     return numbers(fields[1:], (float, float, int), shown)
@@ -89,10 +89,7 @@ def parse_args():
 def main():
     args = parse_args()
     started = datetime.datetime.now().astimezone()
-    binaries = {a: binary_path(args.build_dir, "medium", a) for a in args.allocs}
-    missing = [path for path in binaries.values() if not os.path.exists(path)]
-    if missing:
-        fail("missing binaries (build them first): " + " ".join(missing))
+    binaries = existing({a: binary_path(args.build_dir, "medium", a) for a in args.allocs})
 
     per_run = sum(ROUGH_S[row][0] + ROUGH_S[row][1] * 2.0 * args.scale for row in args.rows)
     estimate = per_run * len(args.allocs) * args.runs

@@ -27,7 +27,7 @@ import shlex
 import statistics
 import sys
 
-from runner import binary_path, comma_list, fail, numbers, run_line
+from runner import binary_path, comma_list, existing, fail, numbers, run_line
 
 # The rows of bench/micro.c, in its order (keep in sync with its row table).
 ROWS = ["fixed-32", "mixed-lifo", "mixed-fifo", "lifo-1000", "fifo-1000",
@@ -62,7 +62,7 @@ def run_one(binary, row, scale, wine_build_dir=None):
     if wine_build_dir is not None:
         command = [WINE] + command
         env = wine_env(wine_build_dir)
-    fields, shown = run_line(command, TIMEOUT_S, env)
+    fields, shown, _ = run_line(command, TIMEOUT_S, env)
     if len(fields) != 2 or fields[0] != row:
         fail(f"{shown} printed {' '.join(fields)!r}, expected '{row} <ns_per_pair>'")
     return numbers(fields[1:], (float,), shown)[0]
@@ -109,10 +109,7 @@ def parse_args():
 def main():
     args = parse_args()
     started = datetime.datetime.now().astimezone()
-    binaries = {a: micro_binary(args.build_dir, a, args.wine) for a in args.allocs}
-    missing = [path for path in binaries.values() if not os.path.exists(path)]
-    if missing:
-        fail("missing binaries (build them first): " + " ".join(missing))
+    binaries = existing({a: micro_binary(args.build_dir, a, args.wine) for a in args.allocs})
 
     samples = {(row, a): [] for row in args.rows for a in args.allocs}
     for run in range(1, args.runs + 1):

@@ -23,6 +23,14 @@ def binary_path(build_dir, bench, alloc):
     return os.path.join(build_dir, "bench", f"{bench}-{alloc}")
 
 
+def existing(binaries):
+    """binaries ({allocator: path}) as given, or stop the runner naming the ones not built."""
+    missing = [path for path in binaries.values() if not os.path.exists(path)]
+    if missing:
+        fail("missing binaries (build them first with ninja): " + " ".join(missing))
+    return binaries
+
+
 def duration(seconds):
     if seconds < 90:
         return f"{seconds:.0f} s"
@@ -31,10 +39,11 @@ def duration(seconds):
     return f"{seconds / 3600:.1f} h"
 
 
-def run_line(command, timeout_s, env=None, shown=None):
-    """Runs one benchmark process and returns (its output's words, a printable command), or stops the
-    runner with an error: not started, over the time limit, or a nonzero exit status (its stderr is
-    passed on). env: the whole environment, or None for ours. Carriage returns (Wine) are dropped."""
+def run_line(command, timeout_s, env=None, shown=None, statuses=(0,)):
+    """Runs one benchmark process and returns (its output's words, a printable command, its exit
+    status), or stops the runner with an error: not started, over the time limit, or an exit status
+    not in `statuses` (its stderr is passed on). env: the whole environment, or None for ours.
+    Carriage returns (Wine) are dropped."""
     shown = shown or shlex.join(command)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -42,10 +51,12 @@ def run_line(command, timeout_s, env=None, shown=None):
         fail(f"{shown} did not finish within {timeout_s} s")
     except OSError as e:
         fail(f"cannot run {command[0]}: {e}")
-    if done.returncode != 0:
+    if done.returncode not in statuses:
         sys.stderr.write(done.stderr)
         fail(f"{shown} exited with status {done.returncode}")
-    return done.stdout.replace("\r", "").split(), shown
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+    return done.stdout.replace("\r", "").split(), shown, done.returncode
 
 
 def numbers(words, kinds, shown):

@@ -75,10 +75,22 @@ typedef struct shard_stats {
 } shard_stats;
 SHARD_API void shard_get_stats(shard_stats *out);
 
-/* Consistency check of the calling thread's heap: every page's lists and counts, every medium arena's
- * chunks, the bins and their bitmaps; and of the large-block cache. Returns the number of
- * problems found (each is also reported through the fatal-message channel without aborting). Meant for
- * tests; safe to call at any time from the owner thread. */
+/* For a thread that ends without the OS's thread exit (a custom C runtime's or a VM's own threads, a
+ * pool that parks a thread for good): its heap goes back now, as at thread exit - it keeps a reserve
+ * of free memory for the next thread (for a second) and returns the rest. Blocks stay valid and any
+ * thread may free them. If the thread allocates again it takes a heap again. */
+SHARD_API void shard_thread_done(void);
+
+/* Return now what the delays would return later: the calling thread's free small pages beyond the 16
+ * it keeps and its empty medium arenas beyond the most recent one, the reserves of exited threads'
+ * heaps, and every block of the large-block cache. For runtimes that trim at idle or after a
+ * collection; without it an idle process keeps that memory until some thread passes a slow path. */
+SHARD_API void shard_collect(void);
+
+/* Consistency check of the calling thread's heap (every page's lists and counts, every medium arena's
+ * chunks, the bins and their bitmaps), of the heaps waiting in the stack of free heaps and of the
+ * large-block cache. Returns the number of problems found (each is also reported through the
+ * fatal-message channel without aborting). Meant for tests; safe to call at any time. */
 SHARD_API int shard_check(void);
 
 #ifdef __cplusplus

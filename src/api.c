@@ -48,7 +48,7 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
     void *p = size > SHARD_SMALL_MAX ? medium_alloc(h, size)
                                      : small_alloc_slow(h, class_by_size16[(size + 15) >> 4]);
     if (lent)
-        heap_give_back(h); /* a thread past its exit hook: the heap goes back after this one block */
+        heap_retire(h); /* a thread past its exit hook: the heap goes back after this one block, as at exit */
     return p;
 }
 
@@ -271,48 +271,15 @@ void shard_get_stats(shard_stats *out)
 
 int shard_check(void)
 {
-    int problems = large_check();
+    int problems = large_check() + heap_check_stack();
     heap *h = port_heap_slot();
-    if (h == NULL)
-        return problems;
-    for (segment *s = h->segments; s != NULL; s = s->next) {
-        if (s->owner != h || segmap_kind((uintptr_t)s) != SEG_SMALL) {
-            report_error("segment with a wrong owner or map entry:", (uintptr_t)s);
-            problems++;
-        }
-        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
-            problems += small_check_page((const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE));
-    }
-    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
-        for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next) {
-            if (pg->state != PAGE_IN_USE || pg->cls != cls || pg->used < 0 || segment_of(pg)->owner != h) {
-                report_error("page in the wrong class list:", (uintptr_t)pg);
-                problems++;
-            }
-        }
-    }
-    for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++) {
-        const page *first = h->classes[class_by_size16[i]].first;
-        if (h->direct[i] != (first ? first : &small_empty_page)) {
-            report_error("page-per-size entry differs from its class's first page, size index", i);
-            problems++;
-        }
-    }
-    int medium_problems = medium_check(h);
-    if (medium_problems != 0) {
-        report_error("inconsistencies in the medium arenas or bins:", (uintptr_t)medium_problems);
-        problems += medium_problems;
-    }
-    unsigned free_pages = 0;
-    for (const page *pg = h->free_pages.first; pg != NULL; pg = pg->next, free_pages++) {
-        if (pg->state != PAGE_FREE) {
-            report_error("page in the free pages that is not free:", (uintptr_t)pg);
-            problems++;
-        }
-    }
-    if (free_pages != h->free_count) {
-        report_error("free page count differs from the list:", h->free_count);
-        problems++;
-    }
-    return problems;
+    return h != NULL ? problems + heap_check(h) : problems;
+}
+
+void shard_thread_done(void) { heap_thread_done(); }
+
+void shard_collect(void)
+{
+    heap_collect();
+    large_cache_release_all();
 }

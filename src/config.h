@@ -23,6 +23,20 @@
 #define SHARD_DECOMMIT_DELAY_MS 1000
 #endif
 
+/* The reserve an exiting thread leaves with its heap for the next thread: free small pages and empty
+ * medium arenas kept committed (the rest goes back at once), and how long it lasts before it is trimmed
+ * to what a running thread keeps (SHARD_KEEP_FREE_PAGES, one arena). The seed: with the reserve a
+ * thread-churn benchmark took 112 thousand page faults and 0.457 s, without it 490 thousand and 0.59 s. */
+#ifndef SHARD_RESERVE_PAGES
+#define SHARD_RESERVE_PAGES 64
+#endif
+#ifndef SHARD_RESERVE_ARENAS
+#define SHARD_RESERVE_ARENAS 4
+#endif
+#ifndef SHARD_RESERVE_DELAY_MS
+#define SHARD_RESERVE_DELAY_MS 1000
+#endif
+
 /* Items carved from a page's untouched part at a time: a batch, not the whole page, so a page used
  * for a few items never links all of its memory (and touches no more of it than needed). */
 #ifndef SHARD_CARVE_BATCH

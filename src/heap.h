@@ -10,6 +10,7 @@
 #ifndef SHARD_HEAP_H
 #define SHARD_HEAP_H
 
+#include "libc.h"
 #include "medium.h"
 #include "small.h"
 
@@ -44,11 +45,44 @@ typedef struct heap {
 /* The calling thread's heap, created (or taken from the free stack) if it has none; NULL when out of
  * memory. In a thread whose exit hook has already run (a thread-local destructor that allocates), the
  * heap is only lent: *lent is set to 1, the heap is not stored in the thread's slot, and the caller
- * makes its one allocation and then gives the heap back with heap_give_back. */
+ * makes its one allocation and then gives the heap back with heap_retire. */
 heap *heap_get_or_create(int *lent);
 
-/* Puts a heap on the stack of free heaps: at thread exit, and after a lent heap's one use. */
+/* Puts a heap on the stack of free heaps as it is (heap_retire does it at the end of a thread's use). */
 void heap_give_back(heap *h);
+/* Drain, keep the reserve, return the rest, push (thread exit, shard_thread_done, a lent heap's one use). */
+void heap_retire(heap *h);
+
+/* The end of the calling thread's use of its heap (shard_thread_done): as at thread exit, the heap keeps
+ * its reserve and goes onto the stack; the thread takes a heap again if it allocates again. */
+void heap_thread_done(void);
+
+/* The reserves of exited threads' heaps expire at heap_reserve_due (port_clock_ms(); 0: nothing due).
+ * Slow paths and thread exits call heap_reserve_tick(): one load while nothing is due. */
+extern uint64_t heap_reserve_due;
+void heap_reserve_expire(uint64_t due);
+static inline void heap_reserve_tick(void)
+{
+    uint64_t due = load_relaxed(&heap_reserve_due);
+    if (unlikely(due != 0))
+        heap_reserve_expire(due);
+}
+
+/* shard_collect's part: the calling thread's free pages and empty arenas beyond what it keeps, and the
+ * reserves of the heaps in the stack, go back now. */
+void heap_collect(void);
+
+/* Problems in a heap's pages, lists, counts and arenas (reported through report_error); 0 when it is
+ * consistent. Only for a heap no thread is using, or the calling thread's own. */
+int heap_check(heap *h);
+/* heap_check of every heap in the stack of free heaps (taken whole meanwhile). */
+int heap_check_stack(void);
+
+#if SHARD_DEBUG
+#define debug_check_heap(h, reason) (heap_check(h) == 0 ? (void)0 : assert_failed(__FILE__, __LINE__, reason))
+#else
+#define debug_check_heap(h, reason) ((void)0)
+#endif
 
 /* The first heap of the list of all heaps (statistics walk it; heaps are never freed). */
 heap *heap_all(void);

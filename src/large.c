@@ -193,6 +193,16 @@ void large_cache_expire(void)
     release_all(victims, n);
 }
 
+void large_cache_release_all(void)
+{
+    large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
+    spin_lock(&cache.lock);
+    unsigned n = take_oldest(cache.count, victims);
+    publish_oldest();
+    spin_unlock(&cache.lock);
+    release_all(victims, n);
+}
+
 /* Take the cached block that fits `need` best (see the file comment); NULL when none fits. Expired
  * blocks go back to the OS on the way. */
 static large_header *cache_take(size_t need, size_t *committed)

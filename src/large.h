@@ -20,6 +20,8 @@ void *large_resize_in_place(void *p, size_t size);
 void *large_move(void *p, size_t size);
 /* Give cached blocks older than the delay back to the OS; one load when the cache is empty. */
 void large_cache_expire(void);
+/* Give every cached block back to the OS now (shard_collect). */
+void large_cache_release_all(void);
 size_t large_live_count(void);
 void large_cache_counts(size_t *blocks, size_t *bytes);
 /* Problems in the cache (reported through report_error); 0 when it is consistent. */

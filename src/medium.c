@@ -183,16 +183,16 @@ static void empty_list_remove(heap *h, arena *a)
     h->empty_arena_count--;
 }
 
-/* Empty arenas beyond the most recent one give back their memory once empty for the delay. */
-static void medium_trim(heap *h)
+/* Empty arenas beyond the `keep` most recent ones give back their memory: once empty for the delay, or
+ * at once with `now` UINT64_MAX. */
+static void trim_arenas(heap *h, uint64_t now, unsigned keep)
 {
-    if (h->empty_arena_count < 2)
-        return;
-    uint64_t now = port_clock_ms();
-    arena *a = h->empty_arenas->empty_next; /* the most recent stays */
+    arena *a = h->empty_arenas;
+    for (unsigned i = 0; i < keep && a != NULL; i++)
+        a = a->empty_next;
     while (a != NULL) {
         arena *next = a->empty_next;
-        if (now - a->emptied_at >= SHARD_DECOMMIT_DELAY_MS) {
+        if (now == UINT64_MAX || now - a->emptied_at >= SHARD_DECOMMIT_DELAY_MS) {
             /* committed goes down first: another thread's test of a bogus pointer reads it before
              * the header (this narrows that window on Windows, where decommitted memory faults). */
             size_t was = a->committed;
@@ -206,6 +206,19 @@ static void medium_trim(heap *h)
         }
         a = next;
     }
+}
+
+/* Empty arenas beyond the most recent one give back their memory once empty for the delay. */
+static void medium_trim(heap *h)
+{
+    if (h->empty_arena_count >= 2)
+        trim_arenas(h, port_clock_ms(), 1);
+}
+
+void medium_keep(heap *h, unsigned keep)
+{
+    if (h->empty_arena_count > keep)
+        trim_arenas(h, UINT64_MAX, keep);
 }
 
 static void arena_emptied(heap *h, arena *a)
@@ -397,6 +410,7 @@ static inline void maybe_trim(heap *h)
 
 void *medium_alloc(heap *h, size_t size)
 {
+    heap_reserve_tick();
     if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
         medium_drain_delayed(h);
     maybe_trim(h);

@@ -69,6 +69,10 @@ size_t medium_usable(const void *p);
  * the block would have to move. */
 void *medium_resize_in_place(struct heap *h, void *p, size_t size);
 
+/* Empty arenas of h beyond the `keep` most recently emptied give back all but their first 64 KB now,
+ * whatever their age (thread exit, the reserve's expiry, shard_collect). */
+void medium_keep(struct heap *h, unsigned keep);
+
 /* Take the chunks other threads freed into h's arenas and merge them. */
 void medium_drain_delayed(struct heap *h);
 

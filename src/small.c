@@ -148,14 +148,16 @@ static void page_carve(page *pg)
     pg->carved_end += n * (uint32_t)size;
 }
 
-static void trim_at(heap *h, uint64_t now)
+/* Decommit the oldest free pages beyond `keep`: those free for the delay, or all of them with `now`
+ * UINT64_MAX (thread exit, the reserve's expiry, shard_collect). */
+static void trim_at(heap *h, uint64_t now, unsigned keep)
 {
     page *pg = h->free_pages.first;
-    while (pg != NULL && h->free_count > SHARD_KEEP_FREE_PAGES) {
+    while (pg != NULL && h->free_count > keep) {
         page *next = pg->next;
-        if (pg->freed_at == 0) {
+        if (pg->freed_at == 0 && now != UINT64_MAX) {
             pg->freed_at = now;
-        } else if (now - pg->freed_at >= SHARD_DECOMMIT_DELAY_MS) {
+        } else if (now == UINT64_MAX || now - pg->freed_at >= SHARD_DECOMMIT_DELAY_MS) {
             if (os_decommit(page_start(pg), PAGE_SIZE) != 0)
                 return;
             list_remove(&h->free_pages, pg);
@@ -174,7 +176,7 @@ static void trim_at(heap *h, uint64_t now)
 static void small_trim(heap *h)
 {
     if (h->free_count > SHARD_KEEP_FREE_PAGES)
-        trim_at(h, port_clock_ms());
+        trim_at(h, port_clock_ms(), SHARD_KEEP_FREE_PAGES);
 }
 
 /* All items of pg are back: it leaves its class (and its list, if in one) for the free pages. */
@@ -195,7 +197,7 @@ static void page_retire(heap *h, page *pg, int in_list)
     h->free_count++;
     h->pages_retired++;
     if (h->free_count > SHARD_KEEP_FREE_PAGES)
-        trim_at(h, now);
+        trim_at(h, now, SHARD_KEEP_FREE_PAGES);
     large_cache_expire(); /* one of the seed's moments to check the large cache's age */
 }
 
@@ -211,6 +213,20 @@ static inline void page_emptied(heap *h, page *pg, int in_list)
         return;
     }
     page_retire(h, pg, in_list);
+}
+
+void small_keep(heap *h, unsigned keep, int exiting)
+{
+    if (exiting) {
+        /* The only page of a class stays while its thread runs; an exiting thread retires it if empty. */
+        for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
+            page *pg = h->classes[cls].first;
+            if (pg != NULL && pg->next == NULL && pg->used == 0 && load_relaxed(&pg->thread_free) == 0)
+                page_retire(h, pg, 1);
+        }
+    }
+    if (h->free_count > keep)
+        trim_at(h, UINT64_MAX, keep);
 }
 
 /* A page to serve a class: the most recently freed committed one, else a cold one, else a new segment's. */
@@ -247,6 +263,7 @@ static page *page_acquire(heap *h)
 
 void *small_alloc_slow(heap *h, unsigned cls)
 {
+    heap_reserve_tick();
     if (load_relaxed(&h->delayed) != NULL)
         small_drain_delayed(h);
     if (load_relaxed(&h->delayed_arenas) != NULL) /* medium chunks freed by others: on slow paths too */

@@ -122,6 +122,10 @@ void small_free_foreign(page *pg, block *b);
 int small_valid_foreign(const page *pg, const void *p);
 /* Take the thread-free lists of every page other threads queued at h. */
 void small_drain_delayed(struct heap *h);
+/* Decommit h's free pages beyond the `keep` most recently freed, whatever their age (thread exit, the
+ * expiry of an exited thread's reserve, shard_collect). With `exiting` the pages its classes keep while
+ * their thread runs (the only page of a class, empty) are retired first. */
+void small_keep(struct heap *h, unsigned keep, int exiting);
 /* Problems in one page's lists and counts (reported through report_error); 0 when it is consistent. */
 int small_check_page(const page *pg);
 

@@ -59,17 +59,22 @@ typedef struct spinlock {
 
 void spin_wait_yield(void); /* port_yield, through a function so that sync.h needs no port.h */
 
+/* The i-th round of a wait: pause for the first SHARD_SPIN_PAUSES rounds, then yield. */
+static inline void pause_or_yield(unsigned i)
+{
+    if (i < SHARD_SPIN_PAUSES)
+        cpu_pause();
+    else
+        spin_wait_yield();
+}
+
 static inline void spin_lock(spinlock *l)
 {
     for (;;) {
         if (!__atomic_exchange_n(&l->locked, 1u, __ATOMIC_ACQUIRE))
             return;
-        for (unsigned i = 0; load_relaxed(&l->locked); i++) {
-            if (i < SHARD_SPIN_PAUSES)
-                cpu_pause();
-            else
-                spin_wait_yield();
-        }
+        for (unsigned i = 0; load_relaxed(&l->locked); i++)
+            pause_or_yield(i);
     }
 }
 

@@ -1,6 +1,6 @@
 /* observe.h - what the tests of shardmm's own rules observe it through (include after allocator.h;
- * empty with TEST_SYSTEM_MALLOC):
- * - stats_now(): a snapshot of shard_get_stats;
+ * with TEST_SYSTEM_MALLOC only a check_allocator() that checks nothing):
+ * - stats_now(): a snapshot of shard_get_stats; check_allocator(): shard_check() is 0;
  * - an error hook that records its calls: recording_hook is installed with shard_set_error_hook,
  *   hook_record holds the number of calls and the last call's error, pointer and argument, hook_reset
  *   clears it. */
@@ -39,4 +39,17 @@ __attribute__((unused)) static void hook_reset(void)
 }
 
 #endif /* SHARD_RULES */
+
+/* shard_check() is 0 (under shardmm): the calling thread's heap, the heaps waiting for a thread and the
+ * large-block cache are consistent. Needs harness.h. */
+__attribute__((unused)) static void check_allocator(const char *where)
+{
+#if SHARD_RULES
+    int problems = shard_check();
+    CHECKF(problems == 0, "shard_check() = %d %s", problems, where);
+#else
+    (void)where;
+#endif
+}
+
 #endif

@@ -333,16 +333,6 @@ static int hook_cookie; /* the hook's argument */
            hook_record.arg == &hook_cookie ? "right" : "wrong")
 #endif
 
-/* shard_check() of the calling thread's heap and of the large-block cache is 0 (under shardmm). */
-static void check_allocator(const char *where)
-{
-#if SHARD_RULES
-    int problems = shard_check();
-    CHECKF(problems == 0, "shard_check() = %d %s", problems, where);
-#else
-    (void)where;
-#endif
-}
 
 /* Blocks taken out of the cache so that the next large allocations are fresh reservations. */
 enum { DRAIN_MAX = 2 * CACHE_MAX_BLOCKS };

@@ -128,16 +128,6 @@ static size_t live_of(const shard_stats *s, enum kind k)
            hook_record.calls, hook_record.error, (err), hook_record.ptr, (void *)(p))
 #endif
 
-/* shard_check() of the calling thread's heap is 0 (under shardmm). */
-static void check_heap(const char *where)
-{
-#if SHARD_RULES
-    int problems = shard_check();
-    CHECKF(problems == 0, "shard_check() = %d %s", problems, where);
-#else
-    (void)where;
-#endif
-}
 
 /* One medium operation of the calling thread (an allocation and a free): the owner takes the chunks
  * other threads freed into its arenas, and a second-old empty arena is looked at. */
@@ -263,7 +253,7 @@ __attribute__((unused)) static void *drainer_thread(void *unused)
 {
     (void)unused;
     medium_op();
-    check_heap("in a heap taken from the stack of waiting heaps, after a medium operation");
+    check_allocator("in a heap taken from the stack of waiting heaps, after a medium operation");
     __atomic_add_fetch(&drainers_done, 1, __ATOMIC_SEQ_CST);
     while (!__atomic_load_n(&drainers_release, __ATOMIC_SEQ_CST)) /* each drainer holds its own heap */
         sleep_ms(1);
@@ -420,7 +410,7 @@ TEST(medium_sizes_are_aligned_of_their_kind_and_usable_size_and_intact)
            s0.live_medium, s1.live_medium, medium);
     CHECK(s1.medium_arenas > 0);
 #endif
-    check_heap("with every size live");
+    check_allocator("with every size live");
     qsort(placed, np, sizeof placed[0], compare_placed);
     for (i = 0; i + 1 < np; i++)
         CHECKF(placed[i].at + placed[i].usable <= placed[i + 1].at, "block %p of usable size %zu overlaps block %p",
@@ -436,7 +426,7 @@ TEST(medium_sizes_are_aligned_of_their_kind_and_usable_size_and_intact)
     /* Every other block first, then the rest, checked again in between. */
     for (i = 0; i < count; i += 2)
         shard_free(blocks[i]);
-    check_heap("with every other block freed");
+    check_allocator("with every other block freed");
     for (i = 1; i < count; i += 2) {
         if (!blocks[i])
             continue;
@@ -449,7 +439,7 @@ TEST(medium_sizes_are_aligned_of_their_kind_and_usable_size_and_intact)
     CHECK_EQ(s2.live_medium, s0.live_medium);
     CHECK_EQ(s2.live_large, s0.live_large);
 #endif
-    check_heap("after every block was freed");
+    check_allocator("after every block was freed");
 }
 
 /* calloc and realloc(NULL, n) of medium sizes are medium blocks too. */
@@ -482,7 +472,7 @@ TEST(calloc_and_realloc_of_null_give_medium_blocks)
         shard_free(p);
         shard_free(q);
     }
-    check_heap("after calloc and realloc(NULL)");
+    check_allocator("after calloc and realloc(NULL)");
 }
 
 /* ---- realloc: shrinking in place ---- */
@@ -533,7 +523,7 @@ static void *shrink_body(void *unused)
                "shard_realloc(usable %zu -> %zu): live medium %zu -> %zu, live small %zu -> %zu (the block stays "
                "medium)", cur, n, a.live_medium, s.live_medium, a.live_small, s.live_small);
 #endif
-        check_heap("after shrinking a block in place");
+        check_allocator("after shrinking a block in place");
         p = q;
         cur = nu;
         kept = min_size(kept, n);
@@ -566,7 +556,7 @@ static void *shrink_body(void *unused)
             }
         }
     }
-    check_heap("after growing a shrunk block");
+    check_allocator("after growing a shrunk block");
     /* A block followed by free space: a tail below 256 bytes stays with the block all the same. */
     {
         unsigned char *r = shard_malloc(R_SIZE);
@@ -603,7 +593,7 @@ static void *shrink_body(void *unused)
     CHECK_PATTERN(g, u[1], 0x6001, "live neighbour at the end");
     shard_free(g);
     shard_free(p);
-    check_heap("at the end of the shrink test");
+    check_allocator("at the end of the shrink test");
     return NULL;
 }
 
@@ -647,7 +637,7 @@ static void *grow_body(void *unused)
         b[3] = q;
     }
     CHECK_PATTERN(b[4], u[4], seeds[4], "live block after the one that moved");
-    check_heap("after a growing block moved");
+    check_allocator("after a growing block moved");
     /* B freed: A grows into it. First by one byte (the rest of B's space stays free after A) ... */
     CHECK_PATTERN(b[1], u[1], seeds[1], "block B");
     shard_free(b[1]);
@@ -677,7 +667,7 @@ static void *grow_body(void *unused)
             CHECK_PATTERN(q, nu, 0x6110, "block grown in place to all the space");
             a = q;
             fill(a, room, 0x6111);
-            check_heap("after growing into all of a free neighbour");
+            check_allocator("after growing into all of a free neighbour");
             /* ... and one byte more moves (C is live). */
             q = shard_realloc(a, room + 1);
             CHECK(q != NULL);
@@ -699,7 +689,7 @@ static void *grow_body(void *unused)
         CHECK_PATTERN(b[i], u[i], seeds[i], "block at the end of the grow test");
         shard_free(b[i]);
     }
-    check_heap("at the end of the grow test");
+    check_allocator("at the end of the grow test");
     return NULL;
 }
 
@@ -750,7 +740,7 @@ static void *grow_past_1mb_body(void *unused)
     CHECK(shard_usable_size(q) >= MEDIUM_MAX + 1);
     CHECK_PATTERN(q, MEDIUM_MAX, 0x6201, "block grown past 1 MB");
     shard_free(q);
-    check_heap("after a block grew past 1 MB");
+    check_allocator("after a block grew past 1 MB");
     return NULL;
 }
 
@@ -809,7 +799,7 @@ static void *headroom_body(void *unused)
         CHECK_PATTERN(b[i], u[i], seeds[i], "block at the end of the headroom test");
         shard_free(b[i]);
     }
-    check_heap("at the end of the headroom test");
+    check_allocator("at the end of the headroom test");
     return NULL;
 }
 
@@ -862,7 +852,7 @@ TEST(a_small_block_growing_beyond_16kb_moves_to_a_medium_block_with_headroom)
             CHECK_PATTERN(q, to, seed, "small block grown beyond 16 KB, filled");
             shard_free(q);
         }
-    check_heap("after small blocks grew beyond 16 KB");
+    check_allocator("after small blocks grew beyond 16 KB");
 }
 
 /* The in-place rules on every ordered pair of sizes at the boundaries around the medium range: the pairs
@@ -962,7 +952,7 @@ TEST(realloc_pairs_around_the_medium_range_follow_the_in_place_rules)
             CHECK_PATTERN(ring_p[r], ring_n[r], ring_seed[r], "realloc result kept live");
             shard_free(ring_p[r]);
         }
-    check_heap("after the realloc pairs");
+    check_allocator("after the realloc pairs");
 }
 
 static void *growth_body(void *unused)
@@ -1023,7 +1013,7 @@ static void *growth_body(void *unused)
         p = q;
     }
     shard_free(p);
-    check_heap("after growing through the medium range");
+    check_allocator("after growing through the medium range");
     return NULL;
 }
 
@@ -1064,7 +1054,7 @@ static void *foreign_resize_thread(void *arg)
         shard_free(q);
         f->blocks[i] = NULL;
     }
-    check_heap("in the thread that resized other threads' blocks");
+    check_allocator("in the thread that resized other threads' blocks");
     return NULL;
 }
 
@@ -1087,7 +1077,7 @@ TEST(another_thread_shrinking_a_medium_block_moves_it)
     }
     run_thread(foreign_resize_thread, &f);
     medium_op();
-    check_heap("after another thread resized this thread's blocks");
+    check_allocator("after another thread resized this thread's blocks");
 }
 
 /* ---- merging ---- */
@@ -1161,11 +1151,11 @@ static void *merge_body(void *unused)
             int i = *o - 'A';
             CHECK_PATTERN(abc[i], u[4 * r + i], seeds[4 * r + i], "block before it is freed");
             shard_free(abc[i]);
-            check_heap("after freeing one of three neighbours");
+            check_allocator("after freeing one of three neighbours");
         }
         snprintf(what, sizeof what, "freed in the order %s", orders[r]);
         check_merged_reuse(abc[0], u + 4 * r, what, &kept[r]);
-        check_heap("after reusing merged neighbours");
+        check_allocator("after reusing merged neighbours");
         CHECK_PATTERN(abc[3], u[4 * r + 3], seeds[4 * r + 3], "live guard after the merged chunk");
     }
     for (int r = 0; r < 3; r++) {
@@ -1176,7 +1166,7 @@ static void *merge_body(void *unused)
         }
         shard_free(b[4 * r + 3]);
     }
-    check_heap("at the end of the merge test");
+    check_allocator("at the end of the merge test");
     return NULL;
 }
 
@@ -1237,7 +1227,7 @@ static void *foreign_empty_body(void *unused)
            "of the %zu arenas of this heap %zu are empty", s3.medium_arenas - s0.medium_arenas,
            s3.medium_arenas_empty - s0.medium_arenas_empty);
 #endif
-    check_heap("after taking the frees of another thread");
+    check_allocator("after taking the frees of another thread");
     return NULL;
 }
 
@@ -1284,13 +1274,13 @@ static void *foreign_merge_body(void *unused)
     CHECKF(s2.live_medium + 3 == s0.live_medium, "live_medium %zu -> %zu after the owner's medium operation",
            s0.live_medium, s2.live_medium);
 #endif
-    check_heap("after taking three neighbours freed by another thread");
+    check_allocator("after taking three neighbours freed by another thread");
     check_merged_reuse(b[0], u, "freed by another thread", &kept);
     CHECK_PATTERN(b[3], u[3], seeds[3], "live guard");
     if (kept)
         shard_free(kept);
     shard_free(b[3]);
-    check_heap("at the end of the foreign merge test");
+    check_allocator("at the end of the foreign merge test");
     return NULL;
 }
 
@@ -1376,7 +1366,7 @@ static void *decommit_body(void *unused)
            s1.committed, s2.committed, dropped, arenas, expected);
     CHECKF(s2.medium_arenas == sa.medium_arenas, "medium_arenas %zu -> %zu", sa.medium_arenas, s2.medium_arenas);
 #endif
-    check_heap("after the empty arenas were decommitted");
+    check_allocator("after the empty arenas were decommitted");
     /* The memory comes back when it is needed again. */
     for (int i = 0; i < N; i++) {
         b[i] = shard_malloc(SIZE);
@@ -1396,7 +1386,7 @@ static void *decommit_body(void *unused)
             CHECK_PATTERN(b[i], SIZE, 0x6c00 + (uint64_t)i, "512 KB block in an arena committed again");
             shard_free(b[i]);
         }
-    check_heap("at the end of the decommit test");
+    check_allocator("at the end of the decommit test");
     return NULL;
 }
 
@@ -1469,7 +1459,7 @@ __attribute__((unused)) static void *double_free_body(void *unused)
     CHECKF(s1.live_medium + 4 == s0.live_medium, "live_medium %zu -> %zu for 4 frees and 3 double frees",
            s0.live_medium, s1.live_medium);
     shard_set_error_hook(previous, NULL);
-    check_heap("after double frees");
+    check_allocator("after double frees");
     static const int live[] = { 0, 2, 5, 6, 9 };
     for (size_t i = 0; i < sizeof live / sizeof live[0]; i++)
         CHECK_PATTERN(b[live[i]], u[live[i]], seeds[live[i]], "live block next to double frees");
@@ -1495,7 +1485,7 @@ __attribute__((unused)) static void *double_free_body(void *unused)
         CHECK_PATTERN(b[live[i]], u[live[i]], seeds[live[i]], "live block next to double frees");
         shard_free(b[live[i]]);
     }
-    check_heap("at the end of the double free test");
+    check_allocator("at the end of the double free test");
 #endif
     return NULL;
 }
@@ -1567,12 +1557,12 @@ static void *foreign_double_free_body(void *unused)
     CHECKF(s1.live_medium + 3 == s0.live_medium, "live_medium %zu -> %zu for 3 frees and 4 double frees",
            s0.live_medium, s1.live_medium);
     shard_set_error_hook(previous, NULL);
-    check_heap("after double frees from other threads");
+    check_allocator("after double frees from other threads");
     for (int i = 0; i < N; i += 2) {
         CHECK_PATTERN(b[i], u[i], seeds[i], "live block next to double frees");
         shard_free(b[i]);
     }
-    check_heap("at the end of the foreign double free test");
+    check_allocator("at the end of the foreign double free test");
     return NULL;
 }
 #endif
@@ -1659,7 +1649,7 @@ TEST(interior_pointers_of_a_medium_block_reach_the_error_hook_and_lose_nothing)
     CHECK_EQ(bytes_not_equal(c.blocks[1], u1, 0), u1);
     CHECK_EQ(shard_usable_size(c.blocks[0]), u0);
     CHECK_EQ(shard_usable_size(c.blocks[1]), u1);
-    check_heap("after interior pointers");
+    check_allocator("after interior pointers");
     hook_reset();
     shard_set_error_hook(recording_hook, &cookie);
     unsigned char *q = shard_realloc(c.blocks[0], u0 + 50000);
@@ -1672,7 +1662,7 @@ TEST(interior_pointers_of_a_medium_block_reach_the_error_hook_and_lose_nothing)
     shard_free(c.blocks[1]);
     CHECKF(hook_record.calls == 0, "valid calls reached the hook %d times", hook_record.calls);
     shard_set_error_hook(previous, NULL);
-    check_heap("at the end of the interior pointer test");
+    check_allocator("at the end of the interior pointer test");
 #endif
 }
 
@@ -1781,7 +1771,7 @@ TEST(calloc_of_medium_sizes_is_zero_on_dirty_reused_chunks)
             shard_free(q);
         }
     }
-    check_heap("after calloc of medium sizes");
+    check_allocator("after calloc of medium sizes");
 }
 
 /* ---- many threads ---- */
@@ -1867,7 +1857,7 @@ static void *ho_thread(void *arg)
             ho_check_and_free(mine, got);
         }
     }
-    check_heap("in a thread that handed medium blocks around");
+    check_allocator("in a thread that handed medium blocks around");
     return NULL;
 }
 
@@ -1902,7 +1892,7 @@ TEST(medium_blocks_handed_between_threads_keep_contents_and_are_all_taken_back)
     CHECKF(s.live_medium == live_before, "live_medium %zu before, %zu after every heap took its foreign frees",
            live_before, s.live_medium);
 #endif
-    check_heap("after the medium hand-over");
+    check_allocator("after the medium hand-over");
 }
 
 #define OUTLIVE_THREADS 4
@@ -1975,7 +1965,7 @@ TEST(medium_blocks_outlive_their_thread_and_the_next_owner_takes_their_frees)
         CHECKF(s.medium_arenas_empty == s.medium_arenas, "no medium block is live, yet %zu of %zu arenas are empty",
                s.medium_arenas_empty, s.medium_arenas);
 #endif
-    check_heap("after freeing the blocks of exited threads");
+    check_allocator("after freeing the blocks of exited threads");
 }
 
 /* ---- regressions found in review ---- */

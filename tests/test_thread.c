@@ -1,0 +1,1251 @@
+/* test_thread.c - deterministic tests of shardmm's thread lifecycle: heaps made lazily and reused,
+ * blocks that outlive their thread, frees into heaps that wait for a new thread, the reserve an
+ * exiting thread leaves and its expiry, shard_thread_done and shard_collect.
+ *
+ * The rules, as this file reads them (include/shardmm.h, src/heap.h, the lifecycle notes of issue 6):
+ * - A thread's heap is made at its first allocation; a thread that only frees makes none and takes
+ *   none (stats.heaps and heaps_free do not move). Heaps are never freed: a thread that starts takes
+ *   a waiting heap before it makes one - also while another thread has the stack of waiting heaps
+ *   taken whole (to trim or check them): it waits for them - so the number of heaps is the peak of
+ *   threads that held heaps at once.
+ * - Blocks outlive their thread; any thread may check, resize and free them.
+ * - A free into a heap that waits in the stack is held there; the next thread to take the heap takes
+ *   those frees first (at its first allocation), so the pages and arenas whose blocks were all freed
+ *   become free pages and empty arenas. live_small drops at the free itself; live_medium counts a block
+ *   freed by another thread until its owner takes it.
+ * - A thread that ends (thread exit or shard_thread_done) retires its heap: its empty class pages
+ *   become free pages; it keeps the 64 most recently freed free pages and 4 empty arenas committed
+ *   and decommits the rest at once (an arena keeps its first 64 KB); the heap enters the stack.
+ * - One second after the first heap with a reserve (more than 16 free pages or more than one empty
+ *   arena) entered the stack, the next slow path of any thread (every medium allocation is one) or the
+ *   next thread exit trims every heap in the stack to 16 free pages and 1 empty committed arena.
+ *   Before that second nothing is trimmed; shard_get_stats triggers nothing.
+ * - shard_collect() does the same at once, and empties the large-block cache.
+ * - shard_thread_done(): the heap goes back as at exit (heaps_free + 1) and only once (the exit that
+ *   follows gives nothing back again); blocks stay valid; an allocation after it takes a heap again.
+ *   Without a heap it does nothing.
+ * - shard_check() is 0: the calling thread's heap, every heap in the stack and the large cache are
+ *   consistent (the debug library also checks each heap as its thread ends and the stack whenever
+ *   reserves are trimmed, and aborts with a message on an inconsistency).
+ *
+ * Statistics are those of the whole process, and every test must give the same answers alone and after
+ * the others, which leave their heaps waiting in the stack. So the tests compare statistics before and
+ * after, and those that must know which heap a thread takes first let holder threads take every waiting
+ * heap (hold_waiting_heaps): then a new thread makes a new heap, empty, and an exiting thread's heap is
+ * the only one in the stack. Nothing else allocates meanwhile, so every change of the counts is the one
+ * expected, exactly. Threads that must act at a given moment with a heap of their own are agents (a
+ * thread that runs jobs on request).
+ *
+ * Built with -DTEST_SYSTEM_MALLOC the same file runs on the system malloc: the checks of shardmm's own
+ * rules (statistics, shard_check, shard_thread_done, shard_collect) are left out and the tests made only
+ * of them report "skip"; the contents of every block handed between threads are still checked.
+ *
+ * Build: see build.ninja (build/test-thread, build/debug/test-thread, build/test-thread-system,
+ *        build/win64/test-thread.exe, build/win64/debug/test-thread.exe).
+ * Run:   build/test-thread [test names]
+ */
+#define HARNESS_MAIN
+#include "harness.h"
+#include "platform.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "allocator.h"
+#include "observe.h"
+
+/* ---- the rules, written out independently of the allocator ---- */
+
+#define SMALL_MAX ((size_t)16384)
+#define MEDIUM_MAX ((size_t)1 << 20)
+#define PAGE_BYTES ((size_t)64 << 10)      /* a small-block page */
+#define ARENA_BYTES ((size_t)4 << 20)      /* a medium arena ... */
+#define ARENA_HEADER ((size_t)4096)        /* ... whose chunks start 4 KB in */
+#define ARENA_KEEP ((size_t)64 << 10)      /* committed in 64 KB steps; kept when it gives memory back */
+#define CHUNK_HEADER ((size_t)16)
+#define RESERVE_PAGES 64                   /* kept by an exiting thread's heap ... */
+#define RESERVE_ARENAS 4
+#define KEEP_PAGES 16                      /* ... and after its reserve expired */
+#define KEEP_ARENAS 1
+#define PAST_THE_DELAY_MS 1100             /* the reserve's delay (1 s) and a margin for the clock */
+
+/* Four medium blocks of this size fill an arena to within 30 KB of its end (the fourth fits the rest
+ * the third leaves), so such an arena is committed whole, and gives back ARENA_BYTES - ARENA_KEEP. */
+#define QUARTER_ARENA_BLOCK ((size_t)1039984)
+_Static_assert(4 * (QUARTER_ARENA_BLOCK + CHUNK_HEADER) <= ARENA_BYTES - ARENA_HEADER, "four fit one arena");
+_Static_assert(ARENA_HEADER + 4 * (QUARTER_ARENA_BLOCK + CHUNK_HEADER) > ARENA_BYTES - ARENA_KEEP,
+               "and reach into its last 64 KB");
+_Static_assert(QUARTER_ARENA_BLOCK <= MEDIUM_MAX, "a medium block");
+
+static size_t min_size(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
+static int load_int(const int *p)
+{
+    return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+}
+
+static void store_int(int *p, int v)
+{
+    __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
+}
+
+static void run_thread(thread_fn fn, void *arg)
+{
+    thread_t t;
+    int rc = thread_start(&t, fn, arg);
+    CHECKF(rc == 0, "thread_start: %d", rc);
+    if (rc == 0)
+        thread_join(t);
+}
+
+#if SHARD_RULES
+/* Empty medium arenas that are still committed (beyond their first 64 KB). */
+static size_t committed_empty_arenas(const shard_stats *s)
+{
+    return s->medium_arenas_empty - s->medium_arenas_decommitted;
+}
+
+/* b - a of a count, signed, for messages and comparisons with expected changes. */
+static long long delta(size_t a, size_t b)
+{
+    return (long long)(b - a);
+}
+#endif
+
+
+/* ---- blocks with their pattern ---- */
+
+struct blk {
+    unsigned char *p;
+    size_t n;      /* the pattern covers n bytes */
+    uint64_t seed;
+};
+
+/* Bytes from .. to - 1 of the block at p get the pattern of seed (fill(p, to, seed) for from 0), a word
+ * at a time on this little-endian machine: the tests write and check some hundred megabytes. */
+static void fill_range(unsigned char *p, size_t from, size_t to, uint64_t seed)
+{
+    size_t i = from;
+    for (; i < to && (i & 7) != 0; i++)
+        p[i] = pattern_byte(seed, i);
+    for (; i + 8 <= to; i += 8) {
+        uint64_t x = pattern_word(seed, i >> 3);
+        memcpy(p + i, &x, 8);
+    }
+    for (; i < to; i++)
+        p[i] = pattern_byte(seed, i);
+}
+
+/* Whether the n bytes at p hold the pattern of seed (check_pattern's answer, a word at a time; the
+ * harness's search for the first wrong byte runs only on a mismatch). */
+static int holds_pattern(const unsigned char *p, size_t n, uint64_t seed)
+{
+    size_t words = n >> 3;
+    for (size_t w = 0; w < words; w++) {
+        uint64_t x;
+        memcpy(&x, p + 8 * w, 8);
+        if (x != pattern_word(seed, w))
+            return 0;
+    }
+    for (size_t i = 8 * words; i < n; i++)
+        if (p[i] != pattern_byte(seed, i))
+            return 0;
+    return 1;
+}
+
+static int blk_alloc(struct blk *b, size_t n, uint64_t seed)
+{
+    b->p = shard_malloc(n);
+    b->n = n;
+    b->seed = seed;
+    CHECKF(b->p != NULL, "shard_malloc(%zu)", n);
+    if (b->p == NULL)
+        return 0;
+    fill_range(b->p, 0, n, seed);
+    return 1;
+}
+
+static void blk_check(const struct blk *b, const char *what)
+{
+    if (b->p != NULL && !holds_pattern(b->p, b->n, b->seed))
+        CHECK_PATTERN(b->p, b->n, b->seed, what);
+}
+
+/* Resizes to m bytes: the first min(n, m) bytes must survive; the block is then filled to m bytes. */
+static void blk_resize(struct blk *b, size_t m, const char *what)
+{
+    if (b->p == NULL)
+        return;
+    unsigned char *q = shard_realloc(b->p, m);
+    CHECKF(q != NULL, "%s: shard_realloc(%zu -> %zu)", what, b->n, m);
+    if (q == NULL)
+        return;
+    size_t kept = min_size(b->n, m);
+    CHECKF(holds_pattern(q, kept, b->seed), "%s: resized %zu -> %zu, byte %zu differs from the pattern", what, b->n,
+           m, pattern_mismatch(q, kept, b->seed));
+    b->p = q;
+    b->n = m;
+    fill_range(q, kept, m, b->seed);
+}
+
+static void blk_free(struct blk *b)
+{
+    shard_free(b->p);
+    b->p = NULL;
+}
+
+/* One medium allocation and free (a slow path: it takes the frees other threads made into the
+ * calling thread's medium arenas, and lets a due reserve expire). */
+static void medium_op(void)
+{
+    struct blk b;
+    if (blk_alloc(&b, 20000, 77)) {
+        blk_check(&b, "medium block of a medium operation");
+        blk_free(&b);
+    }
+}
+
+/* ---- agents: threads that run jobs on request, holding their heap in between ---- */
+
+typedef void (*job_fn)(void *);
+
+struct agent {
+    thread_t thread;
+    int running;
+    job_fn job;
+    void *arg;
+    int requested, done, quit; /* atomic */
+};
+
+static void *agent_main(void *arg)
+{
+    struct agent *a = arg;
+    int seen = 0;
+    for (;;) {
+        int r = load_int(&a->requested);
+        if (r != seen) {
+            a->job(a->arg);
+            seen = r;
+            store_int(&a->done, r);
+        } else if (load_int(&a->quit)) {
+            return NULL;
+        } else {
+            sleep_ms(1);
+        }
+    }
+}
+
+static int agent_start(struct agent *a)
+{
+    memset(a, 0, sizeof *a);
+    a->running = thread_start(&a->thread, agent_main, a) == 0;
+    CHECKF(a->running, "an agent thread did not start");
+    return a->running;
+}
+
+/* Runs job(arg) on the agent and waits for it to finish. */
+static void agent_do(struct agent *a, job_fn job, void *arg)
+{
+    if (!a->running)
+        return;
+    a->job = job;
+    a->arg = arg;
+    int r = load_int(&a->requested) + 1;
+    store_int(&a->requested, r);
+    while (load_int(&a->done) != r)
+        sleep_ms(1);
+}
+
+/* Ends the agent's thread (its heap goes back as the thread exits) and waits for it. */
+static void agent_stop(struct agent *a)
+{
+    if (!a->running)
+        return;
+    store_int(&a->quit, 1);
+    thread_join(a->thread);
+    a->running = 0;
+}
+
+/* ---- holding the waiting heaps ---- */
+
+/* A small allocation and free: a thread's first allocation takes a waiting heap (or makes one). */
+static void small_op_job(void *unused)
+{
+    (void)unused;
+    struct blk b;
+    if (blk_alloc(&b, 64, 78)) {
+        blk_check(&b, "small block of a holder");
+        blk_free(&b);
+    }
+}
+
+/* Takes a heap and, with a medium operation, every free other threads made into it. */
+__attribute__((unused)) static void take_and_drain_job(void *unused)
+{
+    (void)unused;
+    small_op_job(NULL);
+    medium_op();
+    check_allocator("in a thread that took a waiting heap");
+}
+
+struct holders {
+    struct agent *agents;
+    size_t count;
+};
+
+/* Every heap waiting in the stack is taken by a holder thread of its own (which takes the frees others
+ * made into it), and held until release_holders. Then the stack is empty: a new thread makes a new
+ * heap, and the next heap to enter the stack is the only one there. */
+static void hold_waiting_heaps(struct holders *h)
+{
+    memset(h, 0, sizeof *h);
+#if SHARD_RULES
+    shard_stats before = stats_now();
+    size_t k = before.heaps_free;
+    if (k == 0)
+        return;
+    h->agents = calloc(k, sizeof *h->agents);
+    CHECK(h->agents != NULL);
+    if (h->agents == NULL)
+        return;
+    for (h->count = 0; h->count < k; h->count++) {
+        if (!agent_start(&h->agents[h->count]))
+            break;
+        agent_do(&h->agents[h->count], take_and_drain_job, NULL);
+    }
+    shard_stats after = stats_now();
+    CHECKF(after.heaps_free == 0 && after.heaps == before.heaps,
+           "holders took the %zu waiting heaps: %zu heaps -> %zu, %zu waiting afterwards", k, before.heaps,
+           after.heaps, after.heaps_free);
+#endif
+}
+
+static void release_holders(struct holders *h)
+{
+    for (size_t i = 0; i < h->count; i++)
+        agent_stop(&h->agents[i]);
+    free(h->agents);
+    memset(h, 0, sizeof *h);
+}
+
+/* Every heap takes the frees other threads made into it: the waiting ones through holders (released
+ * again), the calling thread's own through a medium operation. Then the live counts are exact. */
+static void drain_all_heaps(void)
+{
+    struct holders h;
+    hold_waiting_heaps(&h);
+    release_holders(&h);
+    medium_op();
+}
+
+/* ---- tests ---- */
+
+/* This file's word-at-a-time pattern helpers write and accept exactly the harness's pattern: ranges
+ * filled piecewise at odd offsets equal fill(), and one wrong byte anywhere is seen. */
+TEST(pattern_helpers_of_this_file_agree_with_the_harness)
+{
+    enum { N = 203 };
+    unsigned char a[N], b[N];
+    fill(a, N, 0x99);
+    memset(b, 0, N);
+    fill_range(b, 0, 5, 0x99);
+    fill_range(b, 5, 8, 0x99);
+    fill_range(b, 8, 101, 0x99);
+    fill_range(b, 101, N, 0x99);
+    CHECK(memcmp(a, b, N) == 0);
+    CHECK(holds_pattern(a, N, 0x99));
+    CHECK(!holds_pattern(a, N, 0x98));
+    for (size_t i = 0; i < N; i++) {
+        a[i] ^= 0x10;
+        CHECKF(!holds_pattern(a, N, 0x99) && !holds_pattern(a, i + 1, 0x99) && holds_pattern(a, i, 0x99),
+               "a wrong byte at %zu of %d", i, N);
+        a[i] ^= 0x10;
+    }
+}
+
+/* A mix of the three kinds: small sizes at class edges, medium ones from the smallest to 1 MB, large. */
+static const size_t mixed_sizes[] = {
+    1, 16, 17, 100, 1000, 2048, 2049, 5000, 16383, 16384,           /* small */
+    16385, 20000, 100000, 300000, 1048576,                           /* medium */
+    1048577, 3000000,                                                /* large */
+};
+#define MIXED_COUNT (sizeof mixed_sizes / sizeof mixed_sizes[0])
+
+struct outlive {
+    struct blk blocks[MIXED_COUNT];
+};
+
+static void *outlive_alloc_thread(void *arg)
+{
+    struct outlive *w = arg;
+    for (size_t i = 0; i < MIXED_COUNT; i++)
+        blk_alloc(&w->blocks[i], mixed_sizes[i], 0x1000 + i);
+    for (size_t i = 0; i < MIXED_COUNT; i++)
+        blk_check(&w->blocks[i], "block before its thread ends");
+    return NULL;
+}
+
+/* Another thread than the one that allocated them (which has ended): checks every block, grows it by
+ * half (small blocks leave their class, the 1 MB block becomes large), checks it, shrinks it to a third
+ * of its first size (some medium blocks become small), checks it, and frees it. */
+static void outlive_resize_job(void *arg)
+{
+    struct outlive *w = arg;
+    for (size_t i = 0; i < MIXED_COUNT; i++) {
+        struct blk *b = &w->blocks[i];
+        size_t first = b->n;
+        blk_check(b, "block of an ended thread, handed to another");
+        blk_resize(b, first + first / 2 + 100, "block of an ended thread, grown by another");
+        blk_check(b, "block of an ended thread after growing");
+        blk_resize(b, first / 3 + 1, "block of an ended thread, shrunk by another");
+        blk_check(b, "block of an ended thread after shrinking");
+        blk_free(b);
+    }
+    check_allocator("in the thread that resized and freed the blocks of an ended thread");
+}
+
+/* Blocks of every kind outlive the thread that allocated them: another thread, which took its heap
+ * before the first one ended, finds them intact, resizes them both ways (contents kept) and frees them;
+ * once every heap took its frees no block of the test is live. */
+TEST(blocks_of_every_kind_outlive_their_thread_and_another_resizes_and_frees_them)
+{
+    static struct outlive w;
+    struct agent other;
+    drain_all_heaps();
+#if SHARD_RULES
+    shard_stats before = stats_now();
+#endif
+    if (!agent_start(&other))
+        return;
+    agent_do(&other, small_op_job, NULL); /* its heap is not the one the ended thread leaves */
+    run_thread(outlive_alloc_thread, &w);
+    agent_do(&other, outlive_resize_job, &w);
+    agent_stop(&other);
+    drain_all_heaps();
+#if SHARD_RULES
+    shard_stats after = stats_now();
+    CHECKF(after.live_small == before.live_small && after.live_medium == before.live_medium &&
+               after.live_large == before.live_large,
+           "live small/medium/large %zu/%zu/%zu before, %zu/%zu/%zu after every block was freed", before.live_small,
+           before.live_medium, before.live_large, after.live_small, after.live_medium, after.live_large);
+#endif
+    check_allocator("after the blocks of an ended thread were freed");
+}
+
+/* The frees made into a waiting heap. */
+#define DRAIN_SMALL 3
+#define DRAIN_MEDIUM 30
+#define DRAIN_LARGE 2
+
+static const struct {
+    size_t size, count; /* three pages of each class */
+} drain_small[DRAIN_SMALL] = { { 64, 3 * 1024 }, { 4096, 3 * 16 }, { 16384, 3 * 4 } };
+
+struct drained {
+    struct blk *small[DRAIN_SMALL];
+    struct blk medium[DRAIN_MEDIUM], large[DRAIN_LARGE];
+#if SHARD_RULES
+    shard_stats taken; /* seen by the thread that took the heap, after its first allocation */
+#endif
+};
+
+static void *drain_owner_thread(void *arg)
+{
+    struct drained *d = arg;
+    for (size_t c = 0; c < DRAIN_SMALL; c++)
+        for (size_t i = 0; i < drain_small[c].count; i++)
+            blk_alloc(&d->small[c][i], drain_small[c].size, 0x2000 + c * 10000 + i);
+    for (size_t i = 0; i < DRAIN_MEDIUM; i++)
+        blk_alloc(&d->medium[i], 250000, 0x3000 + i); /* 16 to an arena: two arenas */
+    for (size_t i = 0; i < DRAIN_LARGE; i++)
+        blk_alloc(&d->large[i], 2000000, 0x3100 + i);
+    return NULL;
+}
+
+static void *drain_taker_thread(void *arg)
+{
+    struct drained *d = arg;
+    struct blk b;
+    /* Takes the only waiting heap. A medium block: its slow path takes medium frees, not small ones, so
+     * the small pages are free only if taking the heap took its frees. */
+    blk_alloc(&b, 20000, 0x3200);
+#if SHARD_RULES
+    d->taken = stats_now();
+#else
+    (void)d;
+#endif
+    blk_check(&b, "block of the thread that took a heap");
+    blk_free(&b);
+    check_allocator("in the thread that took a heap with frees made into it");
+    return NULL;
+}
+
+/* Checks and frees every block drain_owner_thread made (from another thread than the one that made them). */
+static void free_drained(struct drained *d)
+{
+    for (size_t c = 0; c < DRAIN_SMALL; c++)
+        for (size_t i = 0; i < drain_small[c].count; i++) {
+            blk_check(&d->small[c][i], "small block freed into a waiting heap");
+            blk_free(&d->small[c][i]);
+        }
+    for (size_t i = 0; i < DRAIN_MEDIUM; i++) {
+        blk_check(&d->medium[i], "medium block freed into a waiting heap");
+        blk_free(&d->medium[i]);
+    }
+    for (size_t i = 0; i < DRAIN_LARGE; i++) {
+        blk_check(&d->large[i], "large block of an ended thread");
+        blk_free(&d->large[i]);
+    }
+}
+
+/* Another thread frees every block of a thread that has ended while its heap waits in the stack (the
+ * only heap there): live_small drops at once, the pages stay in use and live_medium still counts the
+ * medium blocks. The next thread to take the heap takes those frees as it takes the heap: then no block
+ * of the test is live but that thread's first one (medium), every page of the heap is a free page (none
+ * is kept for a class), and every arena is empty but the one holding that block. */
+TEST(frees_into_a_waiting_heap_are_taken_by_the_next_thread_to_take_it)
+{
+    static struct drained d;
+    struct holders h;
+    for (size_t c = 0; c < DRAIN_SMALL; c++) {
+        d.small[c] = calloc(drain_small[c].count, sizeof(struct blk));
+        CHECK(d.small[c] != NULL);
+        if (d.small[c] == NULL)
+            return;
+    }
+    hold_waiting_heaps(&h);
+#if SHARD_RULES
+    shard_stats base = stats_now();
+#endif
+    run_thread(drain_owner_thread, &d);
+#if SHARD_RULES
+    shard_stats ended = stats_now();
+    long long pages = delta(base.small_pages_used, ended.small_pages_used);
+    long long arenas = delta(base.medium_arenas, ended.medium_arenas);
+    CHECKF(ended.heaps == base.heaps + 1 && ended.heaps_free == 1,
+           "the ended thread's heap is the only one waiting: heaps %zu -> %zu, %zu waiting", base.heaps,
+           ended.heaps, ended.heaps_free);
+    CHECKF(pages == 9 && arenas == 2, "the ended thread used %lld pages and %lld arenas (9 and 2 expected)", pages,
+           arenas);
+#endif
+    free_drained(&d);
+#if SHARD_RULES
+    shard_stats freed = stats_now();
+    CHECK_EQ(freed.live_small, base.live_small);
+    CHECK_EQ(freed.live_large, base.live_large);
+    CHECKF(freed.live_medium == base.live_medium + DRAIN_MEDIUM,
+           "medium blocks freed into a waiting heap count until it is taken: live_medium %zu -> %zu, expected + %d",
+           base.live_medium, freed.live_medium, DRAIN_MEDIUM);
+    CHECKF(freed.small_pages_used == ended.small_pages_used && freed.medium_arenas_empty == base.medium_arenas_empty,
+           "no page or arena changes before the heap is taken: pages in use %zu -> %zu, empty arenas %zu -> %zu",
+           ended.small_pages_used, freed.small_pages_used, base.medium_arenas_empty, freed.medium_arenas_empty);
+#endif
+    run_thread(drain_taker_thread, &d);
+#if SHARD_RULES
+    shard_stats t = d.taken;
+    CHECKF(t.heaps == base.heaps + 1 && t.heaps_free == 0, "the heap was taken, none made: heaps %zu, %zu waiting",
+           t.heaps, t.heaps_free);
+    CHECKF(t.live_small == base.live_small && t.live_medium == base.live_medium + 1 && t.live_large == base.live_large,
+           "after the heap was taken, live small/medium/large %zu/%zu/%zu; expected %zu/%zu/%zu", t.live_small,
+           t.live_medium, t.live_large, base.live_small, base.live_medium + 1, base.live_large);
+    CHECKF(t.small_pages_used == base.small_pages_used,
+           "pages in use %zu before the ended thread, %zu after the next thread took its heap: %lld of its %lld pages "
+           "did not become free pages",
+           base.small_pages_used, t.small_pages_used, delta(base.small_pages_used, t.small_pages_used), pages);
+    CHECKF(delta(base.small_pages_free, t.small_pages_free) == pages,
+           "the heap's %lld pages are free pages, committed still: %lld", pages,
+           delta(base.small_pages_free, t.small_pages_free));
+    CHECKF(delta(base.medium_arenas, t.medium_arenas) == arenas &&
+               delta(base.medium_arenas_empty, t.medium_arenas_empty) == arenas - 1,
+           "after the heap was taken: %lld of its %lld arenas empty, all but the one of the new block expected",
+           delta(base.medium_arenas_empty, t.medium_arenas_empty), arenas);
+#endif
+    release_holders(&h);
+    for (size_t c = 0; c < DRAIN_SMALL; c++)
+        free(d.small[c]);
+    check_allocator("after a heap with frees made into it was taken");
+}
+
+/* No thread takes the heap: shard_collect() takes in the frees made into it while it waits (and so would
+ * the reserve's expiry), so its pages become free pages (9, under the 16 kept) and its arenas empty, all
+ * but one of them giving their memory back. */
+TEST(shard_collect_takes_in_frees_made_into_a_waiting_heap)
+{
+    static struct drained d;
+    struct holders h;
+    for (size_t c = 0; c < DRAIN_SMALL; c++) {
+        d.small[c] = calloc(drain_small[c].count, sizeof(struct blk));
+        CHECK(d.small[c] != NULL);
+        if (d.small[c] == NULL)
+            return;
+    }
+    hold_waiting_heaps(&h);
+#if SHARD_RULES
+    shard_collect();
+    shard_stats base = stats_now();
+#endif
+    run_thread(drain_owner_thread, &d);
+    free_drained(&d);
+#if SHARD_RULES
+    shard_collect();
+    shard_stats t = stats_now();
+    CHECKF(t.heaps_free == 1 && t.live_small == base.live_small && t.live_medium == base.live_medium,
+           "after shard_collect: %zu heaps waiting, live small %zu -> %zu, medium %zu -> %zu", t.heaps_free,
+           base.live_small, t.live_small, base.live_medium, t.live_medium);
+    CHECKF(t.small_pages_used == base.small_pages_used && delta(base.small_pages_free, t.small_pages_free) == 9,
+           "after shard_collect: pages in use %zu -> %zu, free pages %+lld (9 expected)", base.small_pages_used,
+           t.small_pages_used, delta(base.small_pages_free, t.small_pages_free));
+    CHECKF(delta(base.medium_arenas_empty, t.medium_arenas_empty) == 2 &&
+               delta(base.medium_arenas_decommitted, t.medium_arenas_decommitted) == 1,
+           "after shard_collect: empty arenas %+lld (2 expected), decommitted %+lld (1 expected)",
+           delta(base.medium_arenas_empty, t.medium_arenas_empty),
+           delta(base.medium_arenas_decommitted, t.medium_arenas_decommitted));
+#endif
+    release_holders(&h);
+    for (size_t c = 0; c < DRAIN_SMALL; c++)
+        free(d.small[c]);
+    check_allocator("after shard_collect took in frees made into a waiting heap");
+}
+
+struct free_only {
+    struct blk blocks[MIXED_COUNT];
+#if SHARD_RULES
+    shard_stats before, after_frees;
+#endif
+};
+
+static void *free_only_thread(void *arg)
+{
+    struct free_only *f = arg;
+    for (size_t i = 0; i < MIXED_COUNT; i++) {
+        blk_check(&f->blocks[i], "block freed by a thread that never allocates");
+        blk_free(&f->blocks[i]);
+    }
+#if SHARD_RULES
+    f->after_frees = stats_now(); /* while this thread runs */
+    check_allocator("in a thread that only frees");
+#endif
+    return NULL;
+}
+
+/* A thread that never allocates frees blocks of every kind: it makes no heap and takes none, while it
+ * runs and after it ended; the small and large blocks stop being live at once, the medium ones when
+ * their owner takes its frees. */
+TEST(a_free_from_a_thread_that_never_allocated_creates_no_heap)
+{
+    static struct free_only f;
+    size_t small = 0, medium = 0, large = 0;
+    medium_op();
+    for (size_t i = 0; i < MIXED_COUNT; i++) {
+        blk_alloc(&f.blocks[i], mixed_sizes[i], 0x4000 + i);
+        small += mixed_sizes[i] <= SMALL_MAX;
+        medium += mixed_sizes[i] > SMALL_MAX && mixed_sizes[i] <= MEDIUM_MAX;
+        large += mixed_sizes[i] > MEDIUM_MAX;
+    }
+#if SHARD_RULES
+    f.before = stats_now();
+#endif
+    run_thread(free_only_thread, &f);
+#if SHARD_RULES
+    shard_stats ended = stats_now();
+    CHECKF(f.after_frees.heaps == f.before.heaps && f.after_frees.heaps_free == f.before.heaps_free,
+           "while the freeing thread runs: heaps %zu -> %zu, waiting %zu -> %zu", f.before.heaps, f.after_frees.heaps,
+           f.before.heaps_free, f.after_frees.heaps_free);
+    CHECKF(ended.heaps == f.before.heaps && ended.heaps_free == f.before.heaps_free,
+           "after the freeing thread ended: heaps %zu -> %zu, waiting %zu -> %zu", f.before.heaps, ended.heaps,
+           f.before.heaps_free, ended.heaps_free);
+    CHECK_EQ(f.after_frees.live_small, f.before.live_small - small);
+    CHECK_EQ(f.after_frees.live_large, f.before.live_large - large);
+    CHECK_EQ(f.after_frees.live_medium, f.before.live_medium);
+    medium_op(); /* the owner takes the frees */
+    CHECK_EQ(stats_now().live_medium, f.before.live_medium - medium);
+#else
+    (void)small;
+    (void)medium;
+    (void)large;
+#endif
+    check_allocator("after a thread that only freed");
+}
+
+/* ---- the reserve ---- */
+
+/* What a thread with a reserve to leave uses: 130 small pages (100 of 16384-byte blocks, 30 of 1024) and
+ * 6 arenas committed whole; all freed again before it ends. */
+#define HEAVY_BIG 400
+#define HEAVY_KB 1920
+#define HEAVY_MEDIUM 24
+#define HEAVY_ARENAS (HEAVY_MEDIUM / 4)
+#define LARGE_CACHED_SIZE ((size_t)4 << 20)
+
+struct heavy {
+    int with_large;   /* also allocate and free one large block (it goes into the large cache) */
+#if SHARD_RULES
+    shard_stats at_end; /* the last thing the thread does */
+#endif
+};
+
+static struct blk heavy_big[HEAVY_BIG], heavy_kb[HEAVY_KB], heavy_medium[HEAVY_MEDIUM];
+
+static void *heavy_thread(void *arg)
+{
+    struct heavy *w = arg;
+    for (size_t i = 0; i < HEAVY_BIG; i++)
+        blk_alloc(&heavy_big[i], 16384, 0x5000 + i);
+    for (size_t i = 0; i < HEAVY_KB; i++)
+        blk_alloc(&heavy_kb[i], 1024, 0x6000 + i);
+    for (size_t i = 0; i < HEAVY_MEDIUM; i++)
+        blk_alloc(&heavy_medium[i], QUARTER_ARENA_BLOCK, 0x7000 + i);
+    for (size_t i = 0; i < HEAVY_BIG; i++) {
+        blk_check(&heavy_big[i], "16384-byte block of a thread with a reserve to leave");
+        blk_free(&heavy_big[i]);
+    }
+    for (size_t i = 0; i < HEAVY_KB; i++) {
+        blk_check(&heavy_kb[i], "1024-byte block of a thread with a reserve to leave");
+        blk_free(&heavy_kb[i]);
+    }
+    for (size_t i = 0; i < HEAVY_MEDIUM; i++) {
+        blk_check(&heavy_medium[i], "medium block of a thread with a reserve to leave");
+        blk_free(&heavy_medium[i]);
+    }
+    if (w->with_large) {
+        struct blk b;
+        if (blk_alloc(&b, LARGE_CACHED_SIZE, 0x7100)) {
+            blk_check(&b, "large block of a thread with a reserve to leave");
+            blk_free(&b);
+        }
+    }
+#if SHARD_RULES
+    w->at_end = stats_now();
+#endif
+    return NULL;
+}
+
+#if SHARD_RULES
+/* The scene of the reserve tests: every heap that waited is held (so the heavy thread makes a new
+ * heap, and that heap is the only one in the stack once the thread ended), and two agents hold heaps
+ * of their own: `slow` runs slow paths (medium operations: one arena of its own, empty between them),
+ * `exiter` holds one small block (one page in use) and ends on request. `base` is taken after them. */
+struct scene {
+    struct holders holders;
+    struct agent slow, exiter;
+    struct blk exiter_block;
+    shard_stats base;
+};
+
+static void medium_op_job(void *unused)
+{
+    (void)unused;
+    medium_op();
+}
+
+static void exiter_take_job(void *arg)
+{
+    blk_alloc(arg, 64, 0x7200);
+}
+
+static void exiter_free_job(void *arg)
+{
+    blk_check(arg, "block of the thread that ends to let the reserve expire");
+    blk_free(arg);
+}
+
+static void scene_begin(struct scene *s)
+{
+    memset(s, 0, sizeof *s);
+    shard_collect(); /* no reserve due, the large cache empty */
+    hold_waiting_heaps(&s->holders);
+    if (agent_start(&s->slow))
+        agent_do(&s->slow, medium_op_job, NULL);
+    if (agent_start(&s->exiter))
+        agent_do(&s->exiter, exiter_take_job, &s->exiter_block);
+    s->base = stats_now();
+    CHECKF(s->base.heaps_free == 0, "%zu heaps wait although the holders took them all", s->base.heaps_free);
+}
+
+static void scene_end(struct scene *s)
+{
+    if (s->exiter.running) {
+        agent_do(&s->exiter, exiter_free_job, &s->exiter_block);
+        agent_stop(&s->exiter);
+    }
+    agent_stop(&s->slow);
+    release_holders(&s->holders);
+    check_allocator("at the end of a reserve test");
+}
+
+/* Runs the heavy thread; checks that it made a new heap and used what it should. Returns its heap's
+ * committed pages (free or in use) at its end, 0 when that is not as expected. */
+static long long scene_heavy(struct scene *s, struct heavy *w)
+{
+    run_thread(heavy_thread, w);
+    const shard_stats *b = &s->base, *e = &w->at_end;
+    long long pages = delta(b->small_pages_used + b->small_pages_free, e->small_pages_used + e->small_pages_free);
+    CHECKF(e->heaps == b->heaps + 1 && e->heaps_free == 0,
+           "the heavy thread made a heap: heaps %zu -> %zu, %zu waiting", b->heaps, e->heaps, e->heaps_free);
+    CHECKF(pages > 100, "the heavy thread had %lld pages committed at its end, 130 expected", pages);
+    CHECKF(delta(b->medium_arenas, e->medium_arenas) == HEAVY_ARENAS &&
+               delta(committed_empty_arenas(b), committed_empty_arenas(e)) == HEAVY_ARENAS,
+           "the heavy thread had %lld arenas, %lld of them empty and committed at its end (%d expected)",
+           delta(b->medium_arenas, e->medium_arenas), delta(committed_empty_arenas(b), committed_empty_arenas(e)),
+           HEAVY_ARENAS);
+    return pages > 100 ? pages : 0;
+}
+
+/* The heavy thread's heap (the only one that changed since base, besides `pages_used_change` and
+ * `pages_free_change` of other heaps) holds `pages` free pages and `arenas` empty committed arenas, and
+ * no page in use. */
+static void check_heavy_heap(const struct scene *s, const shard_stats *now, long long pages, long long arenas,
+                             long long pages_used_change, long long pages_free_change, const char *when)
+{
+    const shard_stats *b = &s->base;
+    CHECKF(delta(b->small_pages_used, now->small_pages_used) == pages_used_change,
+           "%s: the heap holds %lld pages in use, none expected", when,
+           delta(b->small_pages_used, now->small_pages_used) - pages_used_change);
+    CHECKF(delta(b->small_pages_free, now->small_pages_free) == pages + pages_free_change,
+           "%s: the heap holds %lld free pages, %lld expected", when,
+           delta(b->small_pages_free, now->small_pages_free) - pages_free_change, pages);
+    CHECKF(delta(committed_empty_arenas(b), committed_empty_arenas(now)) == arenas &&
+               delta(b->medium_arenas, now->medium_arenas) == HEAVY_ARENAS,
+           "%s: the heap holds %lld empty committed arenas of %lld, %lld expected", when,
+           delta(committed_empty_arenas(b), committed_empty_arenas(now)), delta(b->medium_arenas, now->medium_arenas),
+           arenas);
+}
+
+/* From `was` to `now` exactly `pages` pages and `arenas` arenas were decommitted, and committed memory
+ * fell by their bytes and `other_bytes`. */
+static void check_decommitted(const shard_stats *was, const shard_stats *now, long long pages, long long arenas,
+                              size_t other_bytes, const char *when)
+{
+    long long drop = (long long)(was->committed - now->committed);
+    long long expected =
+        pages * (long long)PAGE_BYTES + arenas * (long long)(ARENA_BYTES - ARENA_KEEP) + (long long)other_bytes;
+    CHECKF(delta(was->small_pages_decommitted, now->small_pages_decommitted) == pages,
+           "%s: %lld pages decommitted, %lld expected", when,
+           delta(was->small_pages_decommitted, now->small_pages_decommitted), pages);
+    CHECKF(delta(was->medium_arenas_decommitted, now->medium_arenas_decommitted) == arenas,
+           "%s: %lld arenas decommitted, %lld expected", when,
+           delta(was->medium_arenas_decommitted, now->medium_arenas_decommitted), arenas);
+    CHECKF(drop == expected, "%s: committed fell by %lld bytes, %lld expected (%lld pages, %lld arenas, %zu other)",
+           when, drop, expected, pages, arenas, other_bytes);
+}
+
+/* The heavy thread has ended: its heap, the only one in the stack, keeps 64 free pages and 4 arenas;
+ * the rest (its empty class pages too) was decommitted at once. Returns the stats then. */
+static shard_stats check_reserve_at_exit(struct scene *s, struct heavy *w, long long pages)
+{
+    shard_stats q = stats_now();
+    CHECKF(q.heaps == s->base.heaps + 1 && q.heaps_free == 1, "the heavy thread's heap waits: heaps %zu, %zu waiting",
+           q.heaps, q.heaps_free);
+    check_heavy_heap(s, &q, RESERVE_PAGES, RESERVE_ARENAS, 0, 0, "as the heavy thread ended");
+    check_decommitted(&w->at_end, &q, pages - RESERVE_PAGES, HEAVY_ARENAS - RESERVE_ARENAS, 0,
+                      "as the heavy thread ended");
+    return q;
+}
+#endif
+
+/* A thread that used 130 small pages and 6 arenas, all free again, ends: its heap keeps 64 free pages
+ * and 4 empty arenas committed for the next thread, holds no page in use (its empty class pages are
+ * free pages now), and the rest of its memory was decommitted at once (committed falls by exactly
+ * that). */
+TEST(an_ending_thread_keeps_64_free_pages_and_4_arenas_and_decommits_the_rest_at_once)
+{
+#if !SHARD_RULES
+    struct heavy w = { .with_large = 0 };
+    run_thread(heavy_thread, &w);
+    SKIP_TEST();
+#else
+    struct scene s;
+    struct heavy w = { .with_large = 0 };
+    scene_begin(&s);
+    long long pages = scene_heavy(&s, &w);
+    if (pages)
+        check_reserve_at_exit(&s, &w, pages);
+    scene_end(&s);
+#endif
+}
+
+/* The reserve lasts: a slow path of another thread right after the heavy thread ended trims nothing,
+ * and neither does shard_get_stats after the delay. The next slow path after the delay trims the heap
+ * to 16 free pages and 1 empty arena, decommitting the rest. */
+TEST(a_slow_path_after_a_second_trims_the_reserve_to_16_pages_and_1_arena)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    struct heavy w = { .with_large = 0 };
+    scene_begin(&s);
+    long long pages = scene_heavy(&s, &w);
+    if (pages) {
+        shard_stats q = check_reserve_at_exit(&s, &w, pages);
+        agent_do(&s.slow, medium_op_job, NULL);
+        shard_stats early = stats_now();
+        check_heavy_heap(&s, &early, RESERVE_PAGES, RESERVE_ARENAS, 0, 0, "after a slow path before the delay");
+        check_decommitted(&q, &early, 0, 0, 0, "after a slow path before the delay");
+        sleep_ms(PAST_THE_DELAY_MS);
+        shard_stats late = stats_now();
+        check_heavy_heap(&s, &late, RESERVE_PAGES, RESERVE_ARENAS, 0, 0, "after the delay, with no slow path");
+        agent_do(&s.slow, medium_op_job, NULL);
+        shard_stats trimmed = stats_now();
+        check_heavy_heap(&s, &trimmed, KEEP_PAGES, KEEP_ARENAS, 0, 0, "after a slow path after the delay");
+        check_decommitted(&late, &trimmed, RESERVE_PAGES - KEEP_PAGES, RESERVE_ARENAS - KEEP_ARENAS, 0,
+                          "after a slow path after the delay");
+    }
+    scene_end(&s);
+#endif
+}
+
+/* After the delay, the next thread exit trims the reserves: the heap of the thread that ends enters
+ * the stack (its one page free now) and the heavy thread's heap keeps 16 free pages and 1 empty arena. */
+TEST(a_thread_exit_after_a_second_trims_the_reserve_to_16_pages_and_1_arena)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    struct heavy w = { .with_large = 0 };
+    scene_begin(&s);
+    long long pages = scene_heavy(&s, &w);
+    if (pages) {
+        check_reserve_at_exit(&s, &w, pages);
+        sleep_ms(PAST_THE_DELAY_MS);
+        shard_stats late = stats_now();
+        agent_do(&s.exiter, exiter_free_job, &s.exiter_block);
+        agent_stop(&s.exiter);
+        shard_stats trimmed = stats_now();
+        CHECKF(trimmed.heaps_free == 2, "%zu heaps wait, 2 expected", trimmed.heaps_free);
+        check_heavy_heap(&s, &trimmed, KEEP_PAGES, KEEP_ARENAS, -1, 1, "after a thread exit after the delay");
+        check_decommitted(&late, &trimmed, RESERVE_PAGES - KEEP_PAGES, RESERVE_ARENAS - KEEP_ARENAS, 0,
+                          "after a thread exit after the delay");
+    }
+    scene_end(&s);
+#endif
+}
+
+/* shard_collect() right after the heavy thread ended (no delay) trims its heap to 16 free pages and 1
+ * empty arena and empties the large-block cache; committed falls by all of that. */
+TEST(shard_collect_trims_the_reserves_at_once_and_empties_the_large_cache)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    struct heavy w = { .with_large = 1 };
+    scene_begin(&s);
+    long long pages = scene_heavy(&s, &w);
+    if (pages) {
+        shard_stats q = check_reserve_at_exit(&s, &w, pages);
+        CHECKF(q.large_cached == 1 && q.large_cached_bytes >= LARGE_CACHED_SIZE,
+               "the freed large block waits in the cache: %zu blocks, %zu bytes", q.large_cached, q.large_cached_bytes);
+        shard_collect();
+        shard_stats c = stats_now();
+        check_heavy_heap(&s, &c, KEEP_PAGES, KEEP_ARENAS, 0, 0, "after shard_collect");
+        CHECKF(c.large_cached == 0 && c.large_cached_bytes == 0,
+               "after shard_collect the cache holds %zu blocks, %zu bytes", c.large_cached, c.large_cached_bytes);
+        check_decommitted(&q, &c, RESERVE_PAGES - KEEP_PAGES, RESERVE_ARENAS - KEEP_ARENAS, q.large_cached_bytes,
+                          "after shard_collect");
+    }
+    scene_end(&s);
+#endif
+}
+
+/* ---- rounds of threads ---- */
+
+#define CHURN_ROUNDS 50
+#define CHURN_THREADS 8
+#define CHURN_BLOCKS 24
+#define CHURN_HANDED 8 /* of its CHURN_BLOCKS, a thread hands this many to the next round */
+
+/* churn_handed[r % 2][i]: the blocks thread i of round r hands on; thread i of round r + 1 takes those
+ * of thread i + 1. */
+static struct blk churn_handed[2][CHURN_THREADS][CHURN_HANDED];
+
+struct churn_arg {
+    int round, index;
+};
+
+/* Threads of the round that hold their heap; each waits for all of them before it goes on, so the 8
+ * threads of a round hold heaps at the same time. */
+static int churn_arrived;
+
+/* The size of block j of a thread: mostly small, every fourth medium, in some rounds one large (handed
+ * on in some, freed by its thread in others). Blocks 0, 3, 6 .. 21 are handed on. */
+static size_t churn_size(int round, int j, uint64_t seed)
+{
+    if ((j == 21 && round % 5 == 0) || (j == 22 && round % 5 == 2))
+        return MEDIUM_MAX + 1 + (size_t)(seed % 2000000);
+    if (j % 4 == 3)
+        return SMALL_MAX + 1 + (size_t)(seed % 300000);
+    return 1 + (size_t)(seed % 4000);
+}
+
+static void *churn_thread(void *arg)
+{
+    const struct churn_arg *a = arg;
+    struct blk mine[CHURN_BLOCKS];
+    for (int j = 0; j < CHURN_BLOCKS; j++) {
+        uint64_t seed = ((uint64_t)a->round << 40) | ((uint64_t)a->index << 20) | (uint64_t)j;
+        blk_alloc(&mine[j], churn_size(a->round, j, harness_mix64(seed)), seed);
+    }
+    __atomic_add_fetch(&churn_arrived, 1, __ATOMIC_SEQ_CST);
+    while (load_int(&churn_arrived) < CHURN_THREADS)
+        sleep_ms(1);
+    if (a->round > 0) { /* the blocks of the round before: checked, every other one resized, freed */
+        struct blk *in = churn_handed[(a->round - 1) % 2][(a->index + 1) % CHURN_THREADS];
+        for (int j = 0; j < CHURN_HANDED; j++) {
+            blk_check(&in[j], "block handed on by a thread of the round before");
+            if (j % 2)
+                blk_resize(&in[j], j % 4 == 1 ? in[j].n * 2 + 1 : in[j].n / 2 + 1, "handed block resized");
+            blk_check(&in[j], "handed block after its resize");
+            blk_free(&in[j]);
+        }
+    }
+    struct blk *out = churn_handed[a->round % 2][a->index];
+    for (int j = 0; j < CHURN_BLOCKS; j++) {
+        blk_check(&mine[j], "block of a thread of a round");
+        if (j % 3 == 0)
+            out[j / 3] = mine[j];
+        else
+            blk_free(&mine[j]);
+    }
+    check_allocator("as a thread of a round ends");
+    return NULL;
+}
+
+#if SHARD_RULES
+/* A thread without a heap that checks the heaps over and over while the rounds run: each shard_check
+ * takes the stack of waiting heaps whole for a while, and a thread that starts meanwhile must wait for
+ * the heaps to come back rather than make one. */
+#define CHURN_CHECK_BURST 50 /* checks back to back (the stack is away nearly all the time), then a pause */
+
+static struct {
+    mutex_t lock; /* held for each check: the statistics see the stack as it is only outside a check */
+    int stop, problems, checks; /* atomic */
+} churn_checker = { .lock = MUTEX_INIT };
+
+static void *churn_checker_thread(void *unused)
+{
+    (void)unused;
+    while (!load_int(&churn_checker.stop)) {
+        for (int i = 0; i < CHURN_CHECK_BURST; i++) {
+            mutex_lock(&churn_checker.lock);
+            int problems = shard_check();
+            mutex_unlock(&churn_checker.lock);
+            __atomic_add_fetch(&churn_checker.problems, problems, __ATOMIC_SEQ_CST);
+            __atomic_add_fetch(&churn_checker.checks, 1, __ATOMIC_SEQ_CST);
+        }
+        sleep_ms(1); /* threads that wait for the stack get it back */
+    }
+    return NULL;
+}
+#endif
+
+/* 50 rounds of 8 threads, which hold heaps at the same time: each allocates blocks of all kinds,
+ * checks them, frees most and hands the rest on to a thread of the next round, which checks, resizes
+ * and frees them; meanwhile another thread checks the heaps over and over. No heap is made after the
+ * first round, not even by a thread that starts while the checker has taken the stack: the number of
+ * heaps stays at the peak of threads holding heaps at once (8 and those that held heaps before), and
+ * after each round every heap of its threads waits again. */
+TEST(heaps_stay_at_the_peak_of_threads_over_50_rounds_of_8_that_hand_blocks_on)
+{
+#if SHARD_RULES
+    shard_stats before = stats_now();
+    size_t held = before.heaps - before.heaps_free; /* by threads that run (this one, if it allocated) */
+    size_t peak = held + CHURN_THREADS > before.heaps ? held + CHURN_THREADS : before.heaps;
+    thread_t checker;
+    store_int(&churn_checker.stop, 0);
+    store_int(&churn_checker.problems, 0);
+    store_int(&churn_checker.checks, 0);
+    int checking = thread_start(&checker, churn_checker_thread, NULL) == 0;
+    CHECK(checking);
+#endif
+    int rounds = CHURN_ROUNDS;
+    for (int r = 0; r < rounds; r++) {
+        thread_t t[CHURN_THREADS];
+        struct churn_arg args[CHURN_THREADS];
+        int started[CHURN_THREADS];
+        store_int(&churn_arrived, 0);
+        for (int i = 0; i < CHURN_THREADS; i++) {
+            args[i].round = r;
+            args[i].index = i;
+            started[i] = thread_start(&t[i], churn_thread, &args[i]) == 0;
+            CHECK(started[i]);
+            if (!started[i]) { /* the others do not wait for it, and it hands nothing on */
+                __atomic_add_fetch(&churn_arrived, 1, __ATOMIC_SEQ_CST);
+                memset(churn_handed[r % 2][i], 0, sizeof churn_handed[r % 2][i]);
+            }
+        }
+        for (int i = 0; i < CHURN_THREADS; i++)
+            if (started[i])
+                thread_join(t[i]);
+#if SHARD_RULES
+        mutex_lock(&churn_checker.lock);
+        shard_stats s = stats_now();
+        mutex_unlock(&churn_checker.lock);
+        if (s.heaps != peak || s.heaps_free != peak - held) {
+            CHECKF(0, "after round %d: %zu heaps, %zu waiting; expected %zu and %zu (%zu held before, %zu heaps)", r,
+                   s.heaps, s.heaps_free, peak, peak - held, held, before.heaps);
+            rounds = r + 1; /* the rest would only repeat it */
+        }
+#endif
+    }
+#if SHARD_RULES
+    store_int(&churn_checker.stop, 1);
+    if (checking)
+        thread_join(checker);
+    CHECKF(churn_checker.problems == 0, "%d problems in %d checks during the rounds", churn_checker.problems,
+           churn_checker.checks);
+#endif
+    for (int i = 0; i < CHURN_THREADS; i++)
+        for (int j = 0; j < CHURN_HANDED; j++) {
+            struct blk *b = &churn_handed[(rounds - 1) % 2][i][j];
+            blk_check(b, "block handed on by a thread of the last round");
+            blk_free(b);
+        }
+    check_allocator("after the rounds of threads");
+}
+
+/* ---- shard_thread_done ---- */
+
+#if SHARD_RULES
+struct done_work {
+    struct blk small, medium, large, again;
+    shard_stats holding;
+    int took_again; /* the allocation after shard_thread_done took a heap, made none */
+};
+
+static void *done_thread(void *arg)
+{
+    struct done_work *w = arg;
+    blk_alloc(&w->small, 3000, 0x8000);
+    blk_alloc(&w->medium, 50000, 0x8001);
+    blk_alloc(&w->large, 2000000, 0x8002);
+    struct blk gone;
+    blk_alloc(&gone, 100, 0x8003);
+    size_t usable[3] = { shard_usable_size(w->small.p), shard_usable_size(w->medium.p), shard_usable_size(w->large.p) };
+    shard_stats holding = w->holding = stats_now();
+    shard_thread_done();
+    shard_stats done = stats_now();
+    CHECKF(done.heaps == holding.heaps && done.heaps_free == holding.heaps_free + 1,
+           "shard_thread_done: heaps %zu -> %zu, waiting %zu -> %zu (+ 1 expected)", holding.heaps, done.heaps,
+           holding.heaps_free, done.heaps_free);
+    CHECK_EQ(done.live_small, holding.live_small);
+    CHECK_EQ(done.live_medium, holding.live_medium);
+    CHECK_EQ(done.live_large, holding.live_large);
+    CHECK_EQ(shard_usable_size(w->small.p), usable[0]);
+    CHECK_EQ(shard_usable_size(w->medium.p), usable[1]);
+    CHECK_EQ(shard_usable_size(w->large.p), usable[2]);
+    blk_check(&w->small, "small block after shard_thread_done");
+    blk_check(&w->medium, "medium block after shard_thread_done");
+    blk_check(&w->large, "large block after shard_thread_done");
+    blk_check(&gone, "block freed after shard_thread_done");
+    blk_free(&gone); /* a free alone takes no heap */
+    shard_stats freed = stats_now();
+    CHECKF(freed.heaps == done.heaps && freed.heaps_free == done.heaps_free,
+           "a free after shard_thread_done: heaps %zu -> %zu, waiting %zu -> %zu", done.heaps, freed.heaps,
+           done.heaps_free, freed.heaps_free);
+    CHECK_EQ(freed.live_small, done.live_small - 1);
+    blk_resize(&w->medium, 120000, "medium block grown after shard_thread_done"); /* allocates: takes a heap */
+    blk_alloc(&w->again, 200, 0x8004);
+    shard_stats again = stats_now();
+    w->took_again = again.heaps == holding.heaps && again.heaps_free == holding.heaps_free;
+    CHECKF(w->took_again, "allocating after shard_thread_done takes a heap again: heaps %zu -> %zu, waiting %zu -> %zu",
+           holding.heaps, again.heaps, holding.heaps_free, again.heaps_free);
+    blk_check(&w->small, "small block once the thread allocates again");
+    blk_check(&w->large, "large block once the thread allocates again");
+    if (w->took_again) /* else its heap may be in the stack and in use at once */
+        check_allocator("in a thread that allocates again after shard_thread_done");
+    return NULL;
+}
+#endif
+
+/* shard_thread_done gives the thread's heap back (heaps_free + 1) and leaves its blocks live and
+ * intact; a free after it takes no heap; an allocation takes one again (none is made), and the thread's
+ * exit gives that one back. Another thread then checks, resizes and frees the blocks. */
+TEST(shard_thread_done_gives_the_heap_back_and_its_blocks_stay_valid)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    static struct done_work w;
+    run_thread(done_thread, &w);
+    shard_stats ended = stats_now();
+    int once = ended.heaps == w.holding.heaps && ended.heaps_free == w.holding.heaps_free + 1;
+    CHECKF(once, "after the thread ended: heaps %zu -> %zu, waiting %zu -> %zu (+ 1 expected)", w.holding.heaps,
+           ended.heaps, w.holding.heaps_free, ended.heaps_free);
+    struct blk *blocks[4] = { &w.small, &w.medium, &w.large, &w.again };
+    for (int i = 0; i < 4; i++) {
+        blk_check(blocks[i], "block of a thread that called shard_thread_done, after it ended");
+        blk_resize(blocks[i], blocks[i]->n + 5000, "block of a thread that called shard_thread_done, resized");
+        blk_free(blocks[i]);
+    }
+    if (once && w.took_again) /* a heap in the stack twice would make the checker walk a cycle */
+        check_allocator("after shard_thread_done");
+#endif
+}
+
+#if SHARD_RULES
+struct done_twice {
+    shard_stats before, after_first, after_second;
+};
+
+static void *done_without_heap_thread(void *arg)
+{
+    struct done_twice *d = arg;
+    d->before = stats_now();
+    shard_thread_done();
+    d->after_first = stats_now();
+    return NULL;
+}
+
+static void *done_then_exit_thread(void *arg)
+{
+    struct done_twice *d = arg;
+    struct blk b;
+    blk_alloc(&b, 500, 0x8100);
+    d->before = stats_now();
+    shard_thread_done();
+    d->after_first = stats_now();
+    shard_thread_done(); /* no heap any more */
+    d->after_second = stats_now();
+    blk_check(&b, "block after shard_thread_done");
+    blk_free(&b);
+    return NULL;
+}
+#endif
+
+/* shard_thread_done in a thread without a heap does nothing: in one that never allocated, and a second
+ * time after it gave its heap back; and the exit of a thread that gave its heap back gives nothing back
+ * again. */
+TEST(shard_thread_done_without_a_heap_does_nothing_and_the_exit_after_it_gives_nothing_back)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct done_twice d;
+    run_thread(done_without_heap_thread, &d);
+    shard_stats ended = stats_now();
+    CHECKF(d.after_first.heaps == d.before.heaps && d.after_first.heaps_free == d.before.heaps_free,
+           "shard_thread_done without a heap: heaps %zu -> %zu, waiting %zu -> %zu", d.before.heaps,
+           d.after_first.heaps, d.before.heaps_free, d.after_first.heaps_free);
+    CHECKF(ended.heaps == d.before.heaps && ended.heaps_free == d.before.heaps_free,
+           "the exit of a thread without a heap: heaps %zu -> %zu, waiting %zu -> %zu", d.before.heaps, ended.heaps,
+           d.before.heaps_free, ended.heaps_free);
+    run_thread(done_then_exit_thread, &d);
+    ended = stats_now();
+    CHECKF(d.after_first.heaps_free == d.before.heaps_free + 1, "shard_thread_done: waiting %zu -> %zu",
+           d.before.heaps_free, d.after_first.heaps_free);
+    CHECKF(d.after_second.heaps == d.after_first.heaps && d.after_second.heaps_free == d.after_first.heaps_free,
+           "shard_thread_done a second time: heaps %zu -> %zu, waiting %zu -> %zu", d.after_first.heaps,
+           d.after_second.heaps, d.after_first.heaps_free, d.after_second.heaps_free);
+    int once = ended.heaps == d.before.heaps && ended.heaps_free == d.before.heaps_free + 1;
+    CHECKF(once, "the exit after shard_thread_done: heaps %zu -> %zu, waiting %zu -> %zu (the heap went back once)",
+           d.before.heaps, ended.heaps, d.before.heaps_free, ended.heaps_free);
+    if (once) /* a heap in the stack twice would make the checker walk a cycle */
+        check_allocator("after shard_thread_done without a heap");
+#endif
+}
