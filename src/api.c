@@ -48,7 +48,7 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
     void *p = size > SHARD_SMALL_MAX ? medium_alloc(h, size)
                                      : small_alloc_slow(h, class_by_size16[(size + 15) >> 4]);
     if (lent)
-        heap_give_back(h); /* a thread past its exit hook: the heap goes back after this one block */
+        heap_retire(h); /* a thread past its exit hook: the heap goes back after this one block, as at exit */
     return p;
 }
 

@@ -12,8 +12,9 @@
  * queues of foreign frees; the thread that takes it drains them first.
  *
  * The reserve expires: SHARD_RESERVE_DELAY_MS after the first heap with a reserve entered the stack
- * (`reserve_due`), the next slow path of any thread or thread exit takes the stack whole, trims every
- * heap in it to what a running thread keeps (SHARD_KEEP_FREE_PAGES pages, one empty arena) and puts the
+ * (`reserve_due`), the next slow path of any thread or thread exit takes the stack whole, takes in what
+ * other threads freed into its heaps (the taker is their only owner then), trims every heap in it to
+ * what a running thread keeps (SHARD_KEEP_FREE_PAGES pages, one empty arena) and puts the
  * heaps back. The test is one load of `reserve_due` while nothing is due, and the port's clock (no
  * system call on either OS) after that. A thread that finds the stack empty while it is being trimmed
  * waits for the heaps to come back rather than make a new heap: `trimming` is odd while the stack is
@@ -72,17 +73,20 @@ static int has_reserve(const heap *h)
 }
 
 /* The end of a thread's use of h: drain, keep the reserve, return the rest, and onto the stack. */
-static void heap_retire(heap *h)
+void heap_retire(heap *h)
 {
     drain(h);
     small_keep(h, SHARD_RESERVE_PAGES, 1);
     medium_keep(h, SHARD_RESERVE_ARENAS);
-    if (has_reserve(h)) {
+    int reserve = has_reserve(h);
+    debug_check_heap(h, "heap inconsistent as its thread ends");
+    heap_give_back(h);
+    /* After the push: a trim that takes the due from now on takes the stack after the push, so h is
+     * trimmed either by the trim that consumes an earlier due or by the one this sets. */
+    if (reserve) {
         uint64_t none = 0;
         cas_acq_rel(&heap_reserve_due, &none, port_clock_ms() + SHARD_RESERVE_DELAY_MS);
     }
-    debug_check_heap(h, "heap inconsistent as its thread ends");
-    heap_give_back(h);
     heap_reserve_tick();
     large_cache_expire();
 }
@@ -129,7 +133,8 @@ static void trim_reserves(void)
 {
     heap *first = take_stack();
     for (heap *h = first; h != NULL; h = h->next_free) {
-        small_keep(h, SHARD_KEEP_FREE_PAGES, 0);
+        drain(h); /* the taker of the stack is the heaps' only owner: what others freed into them */
+        small_keep(h, SHARD_KEEP_FREE_PAGES, 1);
         medium_keep(h, 1);
         debug_check_heap(h, "heap in the free stack inconsistent after trimming its reserve");
     }

@@ -45,11 +45,13 @@ typedef struct heap {
 /* The calling thread's heap, created (or taken from the free stack) if it has none; NULL when out of
  * memory. In a thread whose exit hook has already run (a thread-local destructor that allocates), the
  * heap is only lent: *lent is set to 1, the heap is not stored in the thread's slot, and the caller
- * makes its one allocation and then gives the heap back with heap_give_back. */
+ * makes its one allocation and then gives the heap back with heap_retire. */
 heap *heap_get_or_create(int *lent);
 
-/* Puts a heap on the stack of free heaps: at thread exit, and after a lent heap's one use. */
+/* Puts a heap on the stack of free heaps as it is (heap_retire does it at the end of a thread's use). */
 void heap_give_back(heap *h);
+/* Drain, keep the reserve, return the rest, push (thread exit, shard_thread_done, a lent heap's one use). */
+void heap_retire(heap *h);
 
 /* The end of the calling thread's use of its heap (shard_thread_done): as at thread exit, the heap keeps
  * its reserve and goes onto the stack; the thread takes a heap again if it allocates again. */

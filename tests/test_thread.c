@@ -484,6 +484,24 @@ static void *drain_taker_thread(void *arg)
     return NULL;
 }
 
+/* Checks and frees every block drain_owner_thread made (from another thread than the one that made them). */
+static void free_drained(struct drained *d)
+{
+    for (size_t c = 0; c < DRAIN_SMALL; c++)
+        for (size_t i = 0; i < drain_small[c].count; i++) {
+            blk_check(&d->small[c][i], "small block freed into a waiting heap");
+            blk_free(&d->small[c][i]);
+        }
+    for (size_t i = 0; i < DRAIN_MEDIUM; i++) {
+        blk_check(&d->medium[i], "medium block freed into a waiting heap");
+        blk_free(&d->medium[i]);
+    }
+    for (size_t i = 0; i < DRAIN_LARGE; i++) {
+        blk_check(&d->large[i], "large block of an ended thread");
+        blk_free(&d->large[i]);
+    }
+}
+
 /* Another thread frees every block of a thread that has ended while its heap waits in the stack (the
  * only heap there): live_small drops at once, the pages stay in use and live_medium still counts the
  * medium blocks. The next thread to take the heap takes those frees as it takes the heap: then no block
@@ -514,19 +532,7 @@ TEST(frees_into_a_waiting_heap_are_taken_by_the_next_thread_to_take_it)
     CHECKF(pages == 9 && arenas == 2, "the ended thread used %lld pages and %lld arenas (9 and 2 expected)", pages,
            arenas);
 #endif
-    for (size_t c = 0; c < DRAIN_SMALL; c++)
-        for (size_t i = 0; i < drain_small[c].count; i++) {
-            blk_check(&d.small[c][i], "small block freed into a waiting heap");
-            blk_free(&d.small[c][i]);
-        }
-    for (size_t i = 0; i < DRAIN_MEDIUM; i++) {
-        blk_check(&d.medium[i], "medium block freed into a waiting heap");
-        blk_free(&d.medium[i]);
-    }
-    for (size_t i = 0; i < DRAIN_LARGE; i++) {
-        blk_check(&d.large[i], "large block of an ended thread");
-        blk_free(&d.large[i]);
-    }
+    free_drained(&d);
 #if SHARD_RULES
     shard_stats freed = stats_now();
     CHECK_EQ(freed.live_small, base.live_small);
@@ -562,6 +568,47 @@ TEST(frees_into_a_waiting_heap_are_taken_by_the_next_thread_to_take_it)
     for (size_t c = 0; c < DRAIN_SMALL; c++)
         free(d.small[c]);
     check_allocator("after a heap with frees made into it was taken");
+}
+
+/* No thread takes the heap: shard_collect() takes in the frees made into it while it waits (and so would
+ * the reserve's expiry), so its pages become free pages (9, under the 16 kept) and its arenas empty, all
+ * but one of them giving their memory back. */
+TEST(shard_collect_takes_in_frees_made_into_a_waiting_heap)
+{
+    static struct drained d;
+    struct holders h;
+    for (size_t c = 0; c < DRAIN_SMALL; c++) {
+        d.small[c] = calloc(drain_small[c].count, sizeof(struct blk));
+        CHECK(d.small[c] != NULL);
+        if (d.small[c] == NULL)
+            return;
+    }
+    hold_waiting_heaps(&h);
+#if SHARD_RULES
+    shard_collect();
+    shard_stats base = stats_now();
+#endif
+    run_thread(drain_owner_thread, &d);
+    free_drained(&d);
+#if SHARD_RULES
+    shard_collect();
+    shard_stats t = stats_now();
+    CHECKF(t.heaps_free == 1 && t.live_small == base.live_small && t.live_medium == base.live_medium,
+           "after shard_collect: %zu heaps waiting, live small %zu -> %zu, medium %zu -> %zu", t.heaps_free,
+           base.live_small, t.live_small, base.live_medium, t.live_medium);
+    CHECKF(t.small_pages_used == base.small_pages_used && delta(base.small_pages_free, t.small_pages_free) == 9,
+           "after shard_collect: pages in use %zu -> %zu, free pages %+lld (9 expected)", base.small_pages_used,
+           t.small_pages_used, delta(base.small_pages_free, t.small_pages_free));
+    CHECKF(delta(base.medium_arenas_empty, t.medium_arenas_empty) == 2 &&
+               delta(base.medium_arenas_decommitted, t.medium_arenas_decommitted) == 1,
+           "after shard_collect: empty arenas %+lld (2 expected), decommitted %+lld (1 expected)",
+           delta(base.medium_arenas_empty, t.medium_arenas_empty),
+           delta(base.medium_arenas_decommitted, t.medium_arenas_decommitted));
+#endif
+    release_holders(&h);
+    for (size_t c = 0; c < DRAIN_SMALL; c++)
+        free(d.small[c]);
+    check_allocator("after shard_collect took in frees made into a waiting heap");
 }
 
 struct free_only {
