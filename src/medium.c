@@ -55,7 +55,9 @@ static inline arena *arena_of(const void *p) { return (arena *)segment_of(p); }
 static inline uint8_t *arena_end(const arena *a) { return (uint8_t *)a + SEGMENT_SIZE; }
 static inline uint32_t csize(const chunk *c) { return load_relaxed(&c->size_flags) & ~CHUNK_FLAGS; }
 static inline uint32_t cflags(const chunk *c) { return load_relaxed(&c->size_flags) & CHUNK_FLAGS; }
-static inline chunk *chunk_at(const void *p, size_t offset) { return (chunk *)((uint8_t *)p + offset); }
+/* The chunk `offset` bytes from p; a negative offset is passed as its two's complement, so the sum is
+ * taken in uintptr_t (a pointer sum would overflow, which C leaves undefined). */
+static inline chunk *chunk_at(const void *p, size_t offset) { return (chunk *)((uintptr_t)p + offset); }
 static inline uint64_t check_of(const chunk *c, uint32_t size)
 {
     return ((uint64_t)(uintptr_t)c ^ ((uint64_t)size << 40) ^ CHECK_COOKIE) | 1;

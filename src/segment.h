@@ -70,7 +70,8 @@ static inline unsigned segmap_kind(uintptr_t a)
     uintptr_t hi = a >> 32;
     if (unlikely(hi >= ((uintptr_t)1 << SEGMAP_TOP_BITS)))
         return SEG_NONE;
-    const uint8_t *leaf = segmap_zero_leaf + load_relaxed(&segmap_top[hi]);
+    /* In uintptr_t, as segmap_set computes it: the table lies outside the zero table's bounds. */
+    const uint8_t *leaf = (const uint8_t *)((uintptr_t)segmap_zero_leaf + load_relaxed(&segmap_top[hi]));
     return load_relaxed(&leaf[(a >> SEGMENT_SHIFT) & (SEGMAP_LEAF_BYTES - 1)]);
 }
 
