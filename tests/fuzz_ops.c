@@ -180,19 +180,6 @@ static uint64_t new_seed(void) { return __atomic_add_fetch(&seed_counter, 1, __A
 #define SAMPLE_STEP ((size_t)4096)
 #define SAMPLE_BYTES ((size_t)64)
 
-static void fill_range(unsigned char *p, size_t from, size_t to, uint64_t seed)
-{
-    size_t i = from;
-    for (; i < to && (i & 7) != 0; i++)
-        p[i] = pattern_byte(seed, i);
-    for (; i + 8 <= to; i += 8) {
-        uint64_t x = pattern_word(seed, i / 8);
-        memcpy(p + i, &x, 8);
-    }
-    for (; i < to; i++)
-        p[i] = pattern_byte(seed, i);
-}
-
 /* The first byte in [from, to) that differs from seed's pattern, or to. */
 static size_t mismatch_range(const unsigned char *p, size_t from, size_t to, uint64_t seed)
 {

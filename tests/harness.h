@@ -139,6 +139,37 @@ static inline size_t pattern_mismatch(const void *p, size_t n, uint64_t seed)
     return n;
 }
 
+/* Bytes from .. to - 1 of the block at p get the pattern of seed (fill(p, to, seed) for from 0), a word
+ * at a time on this little-endian machine: for tests that write and check hundreds of megabytes. */
+static inline void fill_range(unsigned char *p, size_t from, size_t to, uint64_t seed)
+{
+    size_t i = from;
+    for (; i < to && (i & 7) != 0; i++)
+        p[i] = pattern_byte(seed, i);
+    for (; i + 8 <= to; i += 8) {
+        uint64_t x = pattern_word(seed, i >> 3);
+        memcpy(p + i, &x, 8);
+    }
+    for (; i < to; i++)
+        p[i] = pattern_byte(seed, i);
+}
+
+/* check_pattern's answer a word at a time (pattern_mismatch finds the byte, on a mismatch only). */
+static inline int holds_pattern(const unsigned char *p, size_t n, uint64_t seed)
+{
+    size_t words = n >> 3;
+    for (size_t w = 0; w < words; w++) {
+        uint64_t x;
+        memcpy(&x, p + 8 * w, 8);
+        if (x != pattern_word(seed, w))
+            return 0;
+    }
+    for (size_t i = 8 * words; i < n; i++)
+        if (p[i] != pattern_byte(seed, i))
+            return 0;
+    return 1;
+}
+
 /* 1 when the n bytes at p hold the pattern of seed, 0 otherwise. */
 static inline int check_pattern(const void *p, size_t n, uint64_t seed)
 {

@@ -295,37 +295,6 @@ static size_t min_size(size_t a, size_t b)
     return a < b ? a : b;
 }
 
-/* Bytes from .. to - 1 get the pattern of seed, a word at a time (the harness's pattern on this
- * little-endian machine). */
-static void fill_range(unsigned char *p, size_t from, size_t to, uint64_t seed)
-{
-    size_t i = from;
-    for (; i < to && (i & 7) != 0; i++)
-        p[i] = pattern_byte(seed, i);
-    for (; i + 8 <= to; i += 8) {
-        uint64_t x = pattern_word(seed, i >> 3);
-        memcpy(p + i, &x, 8);
-    }
-    for (; i < to; i++)
-        p[i] = pattern_byte(seed, i);
-}
-
-/* Whether the n bytes at p hold the pattern of seed; the byte-by-byte search runs only on a mismatch. */
-static int holds_pattern(const unsigned char *p, size_t n, uint64_t seed)
-{
-    size_t words = n >> 3;
-    for (size_t w = 0; w < words; w++) {
-        uint64_t x;
-        memcpy(&x, p + 8 * w, 8);
-        if (x != pattern_word(seed, w))
-            return 0;
-    }
-    for (size_t i = 8 * words; i < n; i++)
-        if (p[i] != pattern_byte(seed, i))
-            return 0;
-    return 1;
-}
-
 static int all_zero(const unsigned char *p, size_t n)
 {
     size_t i = 0;
