@@ -452,6 +452,24 @@ static void *drain_taker_thread(void *arg)
     return NULL;
 }
 
+/* The tables of small blocks of d (on the C library's heap: thousands of entries); 0 if there is no room. */
+static int drained_tables(struct drained *d)
+{
+    for (size_t c = 0; c < DRAIN_SMALL; c++) {
+        d->small[c] = calloc(drain_small[c].count, sizeof(struct blk));
+        CHECK(d->small[c] != NULL);
+        if (d->small[c] == NULL)
+            return 0;
+    }
+    return 1;
+}
+
+static void drained_tables_free(struct drained *d)
+{
+    for (size_t c = 0; c < DRAIN_SMALL; c++)
+        free(d->small[c]);
+}
+
 /* Checks and frees every block drain_owner_thread made (from another thread than the one that made them). */
 static void free_drained(struct drained *d)
 {
@@ -479,12 +497,8 @@ TEST(frees_into_a_waiting_heap_are_taken_by_the_next_thread_to_take_it)
 {
     static struct drained d;
     struct holders h;
-    for (size_t c = 0; c < DRAIN_SMALL; c++) {
-        d.small[c] = calloc(drain_small[c].count, sizeof(struct blk));
-        CHECK(d.small[c] != NULL);
-        if (d.small[c] == NULL)
-            return;
-    }
+    if (!drained_tables(&d))
+        return;
     hold_waiting_heaps(&h);
 #if SHARD_RULES
     shard_stats base = stats_now();
@@ -533,8 +547,7 @@ TEST(frees_into_a_waiting_heap_are_taken_by_the_next_thread_to_take_it)
            delta(base.medium_arenas_empty, t.medium_arenas_empty), arenas);
 #endif
     release_holders(&h);
-    for (size_t c = 0; c < DRAIN_SMALL; c++)
-        free(d.small[c]);
+    drained_tables_free(&d);
     check_allocator("after a heap with frees made into it was taken");
 }
 
@@ -545,12 +558,8 @@ TEST(shard_collect_takes_in_frees_made_into_a_waiting_heap)
 {
     static struct drained d;
     struct holders h;
-    for (size_t c = 0; c < DRAIN_SMALL; c++) {
-        d.small[c] = calloc(drain_small[c].count, sizeof(struct blk));
-        CHECK(d.small[c] != NULL);
-        if (d.small[c] == NULL)
-            return;
-    }
+    if (!drained_tables(&d))
+        return;
     hold_waiting_heaps(&h);
 #if SHARD_RULES
     shard_collect();
@@ -574,8 +583,7 @@ TEST(shard_collect_takes_in_frees_made_into_a_waiting_heap)
            delta(base.medium_arenas_decommitted, t.medium_arenas_decommitted));
 #endif
     release_holders(&h);
-    for (size_t c = 0; c < DRAIN_SMALL; c++)
-        free(d.small[c]);
+    drained_tables_free(&d);
     check_allocator("after shard_collect took in frees made into a waiting heap");
 }
 
