@@ -72,12 +72,20 @@ static int has_reserve(const heap *h)
     return h->free_count > SHARD_KEEP_FREE_PAGES || h->empty_arena_count > 1;
 }
 
+/* Take in what other threads freed into h, then keep `pages` free pages and `arenas` empty arenas and
+ * give back the rest now. With `idle` (no thread runs on h) the empty page a class keeps while its
+ * thread runs is retired too. */
+static void trim_to(heap *h, unsigned pages, unsigned arenas, int idle)
+{
+    drain(h);
+    small_keep(h, pages, idle);
+    medium_keep(h, arenas);
+}
+
 /* The end of a thread's use of h: drain, keep the reserve, return the rest, and onto the stack. */
 void heap_retire(heap *h)
 {
-    drain(h);
-    small_keep(h, SHARD_RESERVE_PAGES, 1);
-    medium_keep(h, SHARD_RESERVE_ARENAS);
+    trim_to(h, SHARD_RESERVE_PAGES, SHARD_RESERVE_ARENAS, 1);
     int reserve = has_reserve(h);
     debug_check_heap(h, "heap inconsistent as its thread ends");
     heap_give_back(h);
@@ -133,9 +141,7 @@ static void trim_reserves(void)
 {
     heap *first = take_stack();
     for (heap *h = first; h != NULL; h = h->next_free) {
-        drain(h); /* the taker of the stack is the heaps' only owner: what others freed into them */
-        small_keep(h, SHARD_KEEP_FREE_PAGES, 1);
-        medium_keep(h, 1);
+        trim_to(h, SHARD_KEEP_FREE_PAGES, 1, 1); /* the taker of the stack is the heaps' only owner */
         debug_check_heap(h, "heap in the free stack inconsistent after trimming its reserve");
     }
     put_back_stack(first);
@@ -152,11 +158,8 @@ void heap_reserve_expire(uint64_t due)
 void heap_collect(void)
 {
     heap *h = port_heap_slot();
-    if (h != NULL) {
-        drain(h);
-        small_keep(h, SHARD_KEEP_FREE_PAGES, 0);
-        medium_keep(h, 1);
-    }
+    if (h != NULL)
+        trim_to(h, SHARD_KEEP_FREE_PAGES, 1, 0);
     store_relaxed(&heap_reserve_due, 0);
     trim_reserves();
 }
@@ -230,12 +233,9 @@ heap *heap_get_or_create(int *lent)
     if (init_once() != 0)
         return NULL;
     h = pop_free_heap();
-    if (h != NULL) {
-        /* What other threads freed into it while it waited; pages that emptied become free pages
-         * (the only page of a class stays in it only while its thread runs). */
-        drain(h);
-        small_keep(h, UINT32_MAX, 1);
-    } else
+    if (h != NULL)
+        trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* what was freed into it while it waited; nothing goes back */
+    else
         h = heap_new();
     if (h == NULL)
         return NULL;
