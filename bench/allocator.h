@@ -1,6 +1,7 @@
 /* allocator.h - the allocator under test in a benchmark: exactly one ALLOC_* define picks the pair of
- * calls (bench_malloc, bench_free), and now_ns() is the monotonic clock the benchmarks time with.
- * Include it first, after defining _POSIX_C_SOURCE. */
+ * calls (bench_malloc, bench_free); now_ns() is the monotonic clock the benchmarks time with, and
+ * alloc_block() a bench_malloc that never returns NULL (out_of_memory() ends the run instead).
+ * Include it first, after defining _POSIX_C_SOURCE and BENCH_NAME. */
 #ifndef BENCH_ALLOCATOR_H
 #define BENCH_ALLOCATOR_H
 
@@ -27,7 +28,30 @@
 #endif
 
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
+
+/* BENCH_NAME, which each benchmark defines before including this header, names it in messages. */
+#ifndef BENCH_NAME
+#error "define BENCH_NAME (the benchmark's name in messages) before including allocator.h"
+#endif
+
+/* An allocation the benchmark needs failed: a message, and exit status 1. */
+__attribute__((noinline, cold, noreturn, unused)) static void out_of_memory(size_t size)
+{
+    fprintf(stderr, "%s: allocation of %zu bytes returned NULL\n", BENCH_NAME, size);
+    exit(1);
+}
+
+/* bench_malloc, never NULL (the test is one predictable branch, the same for every allocator). */
+__attribute__((unused)) static inline void *alloc_block(size_t size)
+{
+    void *p = bench_malloc(size);
+    if (__builtin_expect(p == NULL, 0))
+        out_of_memory(size);
+    return p;
+}
 
 static inline uint64_t now_ns(void)
 {

@@ -40,6 +40,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#define BENCH_NAME "churn"
 #include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
 
 #include <errno.h>
@@ -84,13 +85,6 @@ static const struct mix mixes[] = {
 #define MIX_COUNT (sizeof mixes / sizeof mixes[0])
 
 /* ---- Helpers ---- */
-
-static void out_of_memory(size_t size) __attribute__((noinline, cold, noreturn));
-static void out_of_memory(size_t size)
-{
-    fprintf(stderr, "churn: allocation of %zu bytes returned NULL\n", size);
-    exit(1);
-}
 
 /* splitmix64 step: spreads a (round, thread) pair into a seed. */
 static uint64_t mix64(uint64_t z)

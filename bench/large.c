@@ -50,6 +50,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#define BENCH_NAME "large"
 #include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
 
 #include <errno.h>
@@ -76,21 +77,6 @@
 #define PAGE ((size_t)4096)
 
 /* ---- Helpers ---- */
-
-static void out_of_memory(size_t size) __attribute__((noinline, cold, noreturn));
-static void out_of_memory(size_t size)
-{
-    fprintf(stderr, "large: allocation of %zu bytes returned NULL\n", size);
-    exit(1);
-}
-
-static inline unsigned char *alloc_block(size_t size)
-{
-    void *p = bench_malloc(size);
-    if (__builtin_expect(p == NULL, 0))
-        out_of_memory(size);
-    return p;
-}
 
 static inline unsigned char *resize_block(unsigned char *p, size_t size)
 {

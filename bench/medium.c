@@ -31,6 +31,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#define BENCH_NAME "medium"
 #include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
 
 #include <errno.h>
@@ -44,22 +45,6 @@
 
 /* ---- Helpers ---- */
 
-
-static void out_of_memory(size_t size) __attribute__((noinline, cold, noreturn));
-static void out_of_memory(size_t size)
-{
-    fprintf(stderr, "medium: allocation of %zu bytes returned NULL\n", size);
-    exit(1);
-}
-
-/* bench_malloc, never NULL (the test is one predictable branch, the same for every allocator). */
-static inline unsigned char *alloc_block(size_t size)
-{
-    void *p = bench_malloc(size);
-    if (__builtin_expect(p == NULL, 0))
-        out_of_memory(size);
-    return p;
-}
 
 /* splitmix64: fixed seed per row, so every allocator gets the same slots and sizes. */
 static uint64_t rng_state;

@@ -28,6 +28,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#define BENCH_NAME "micro"
 #include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
 
 #include <errno.h>
@@ -48,22 +49,6 @@
 
 /* Content-check mismatches of the single-threaded rows (foreign-free adds its consumer's count). */
 static long check_failures;
-
-static void out_of_memory(size_t size) __attribute__((noinline, cold, noreturn));
-static void out_of_memory(size_t size)
-{
-    fprintf(stderr, "micro: allocation of %zu bytes returned NULL\n", size);
-    exit(1);
-}
-
-/* bench_malloc, never NULL (the test is one predictable branch, the same for every allocator). */
-static inline void *alloc_block(size_t size)
-{
-    void *p = bench_malloc(size);
-    if (__builtin_expect(p == NULL, 0))
-        out_of_memory(size);
-    return p;
-}
 
 /* xorshift64, reseeded by each table so that a row sees the same numbers whether it runs alone or
  * after the others. */
