@@ -211,6 +211,11 @@ static int init_once(void)
     return 0;
 }
 
+heap heap_none = {
+    .direct = {[0 ... SHARD_DIRECT_COUNT - 1] = &small_empty_page},
+    .own = {[0] = 1},
+};
+
 static heap *heap_new(void)
 {
     heap *h = meta_alloc(sizeof(heap));
@@ -218,6 +223,7 @@ static heap *heap_new(void)
         return NULL;
     for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++)
         h->direct[i] = &small_empty_page;
+    h->own[0] = 1; /* no segment lies at 1: a pointer below 4 MB finds no own segment */
     heap *head = load_relaxed(&all_heaps);
     do {
         h->next_all = head;
