@@ -23,6 +23,7 @@
 
 extern shard_malloc_slow
 extern shard_free_slow
+extern small_free_local_slow
 extern shard_realloc_slow
 
 %if SHARD_ELF
@@ -101,15 +102,35 @@ ENDFUNC shard_malloc
 FUNC shard_free
     HEAP_SLOT T1, .slow
     OWN_PAGE .slow
-    ITEM_TEST rax + T2, .slow
+    ITEM_TEST rax + T2, .own_slow
     sub dword [rax + T2 + SHARD_L_PAGE_USED], 1
-    jle .undo                                       ; the page empties, or was full
+    jle .empty_or_full
+.push:
     mov T4, [rax + T2 + SHARD_L_PAGE_LOCAL_FREE]
     mov [ARG0], T4
     mov [rax + T2 + SHARD_L_PAGE_LOCAL_FREE], ARG0
     ret
+.empty_or_full:                                     ; an empty page that is its class's only one stays
+    jl .undo                                        ; as it is: the slow path would do no more
+    lea T4, [rax + T2]
+    movzx T3D, byte [T4 + SHARD_L_PAGE_CLS]
+    shl T3D, SHARD_L_PAGE_LIST_SHIFT
+    cmp T4, [T1 + T3 + SHARD_L_HEAP_CLASSES]
+    jne .undo
+    cmp T4, [T1 + T3 + SHARD_L_HEAP_CLASSES + SHARD_L_PAGE_LIST_LAST]
+    je .push
 .undo:                                              ; the slow path gets the page as it was
     add dword [rax + T2 + SHARD_L_PAGE_USED], 1
+.own_slow:                                          ; small_free_local_slow(heap, page, p)
+%if SHARD_ELF
+    mov rdx, rdi
+    lea rsi, [rax + T2]
+    mov rdi, T1
+%else
+    lea rdx, [rax + T2]
+    xchg rcx, r8                                    ; T1 is r8, the third argument's register
+%endif
+    jmp small_free_local_slow
 .slow:
     jmp shard_free_slow
 ENDFUNC shard_free

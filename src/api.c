@@ -34,10 +34,11 @@
 _Static_assert(FIELD_IS(page, free, SHARD_L_PAGE_FREE, 8) && FIELD_IS(page, local_free, SHARD_L_PAGE_LOCAL_FREE, 8) &&
                    FIELD_IS(page, used, SHARD_L_PAGE_USED, 4) && FIELD_IS(page, carved_end, SHARD_L_PAGE_CARVED_END, 4) &&
                    FIELD_IS(page, divisor, SHARD_L_PAGE_DIVISOR, 8) &&
-                   FIELD_IS(page, block_size, SHARD_L_PAGE_BLOCK_SIZE, 4),
+                   FIELD_IS(page, block_size, SHARD_L_PAGE_BLOCK_SIZE, 4) && FIELD_IS(page, cls, SHARD_L_PAGE_CLS, 1),
                "struct page differs from gen/layout.py");
 _Static_assert(offsetof(heap, direct) == SHARD_L_HEAP_DIRECT && offsetof(heap, own) == SHARD_L_HEAP_OWN &&
                    offsetof(heap, classes) == SHARD_L_HEAP_CLASSES && offsetof(page_list, first) == 0 &&
+                   offsetof(page_list, last) == SHARD_L_PAGE_LIST_LAST &&
                    sizeof(page_list) == (size_t)1 << SHARD_L_PAGE_LIST_SHIFT,
                "struct heap differs from gen/layout.py");
 _Static_assert(SEGMENT_SHIFT == SHARD_L_SEGMENT_SHIFT && PAGE_SHIFT == SHARD_L_PAGE_SHIFT &&
@@ -165,13 +166,19 @@ void FAST_PATH(shard_free)(void *p)
         page *pg = page_of(p);
         block *b = p;
         if (likely(page_has_item(pg, b))) {
-            if (likely(--pg->used > 0)) {
+            int32_t used = --pg->used;
+            /* An ordinary free; or the page empties and is the only page of its class, which keeps it
+             * as it is (small_free_local_slow would do no more): a malloc/free pair on its own. */
+            if (likely(used > 0) ||
+                (used == 0 && h->classes[pg->cls].first == pg && h->classes[pg->cls].last == pg)) {
                 b->next = pg->local_free;
                 pg->local_free = b;
                 return;
             }
             pg->used++; /* the page empties or was full: the slow path gets it as it was */
         }
+        small_free_local_slow(h, pg, b); /* that, or not an item (reported there) */
+        return;
     }
     shard_free_slow(p);
 }
