@@ -6,8 +6,9 @@
 ; on the same operation sequences and compares results and page state field by field. The offsets and
 ; constants come from gen/layout.py (layout.inc here, src/layout.h checked by _Static_assert in C).
 ;
-; Linux instruction counts on the fast path, `ret` included (bench/instr.py counts them under callgrind):
-; malloc up to 2 KB 15, free 23, realloc in place 25. Where free's go: the heap slot 2, "a small segment
+; Linux instruction counts on the fast path, `ret` included (tests/test_asm.c checks them exactly by
+; single-stepping; bench/instr.py counts them under callgrind): malloc up to 2 KB 15, 2-16 KB 22, free 23
+; (31 when it empties the only page of its class), realloc in place 25. Where free's go: the heap slot 2, "a small segment
 ; of mine" through the heap's own-segment table 6, the page descriptor's offset 3, the item test (carved
 ; and at a multiple of the class size, so that an interior or never-handed-out pointer reaches the error
 ; hook rather than a free list) 6, `used` - 1 and its test 2, the push 3, ret 1. Windows adds 4 to each for the TLS index
