@@ -1,5 +1,5 @@
-/* allocator.h - the allocator under test in a benchmark: exactly one ALLOC_* define picks the pair of
- * calls (bench_malloc, bench_free); now_ns() is the monotonic clock the benchmarks time with, and
+/* allocator.h - the allocator under test in a benchmark: exactly one ALLOC_* define picks the calls
+ * (bench_malloc, bench_free, bench_realloc); now_ns() is the monotonic clock the benchmarks time with, and
  * alloc_block() a bench_malloc that never returns NULL (out_of_memory() ends the run instead).
  * Include it first, after defining _POSIX_C_SOURCE and BENCH_NAME. */
 #ifndef BENCH_ALLOCATOR_H
@@ -13,18 +13,22 @@
 #include "shardmm.h"                 /* link: -Lbuild -lshardmm (with an rpath) */
 #define bench_malloc(n) shard_malloc(n)
 #define bench_free(p) shard_free(p)
+#define bench_realloc(p, n) shard_realloc(p, n)
 #elif defined(ALLOC_MIMALLOC)
 #include <mimalloc.h>                /* link: -lmimalloc */
 #define bench_malloc(n) mi_malloc(n)
 #define bench_free(p) mi_free(p)
+#define bench_realloc(p, n) mi_realloc(p, n)
 #elif defined(ALLOC_TCMALLOC)
 #include <gperftools/tcmalloc.h>     /* link: -ltcmalloc */
 #define bench_malloc(n) tc_malloc(n)
 #define bench_free(p) tc_free(p)
+#define bench_realloc(p, n) tc_realloc(p, n)
 #else                                /* ALLOC_JEMALLOC (link -ljemalloc, which replaces malloc/free) */
 #include <stdlib.h>                  /* or ALLOC_SYSTEM (glibc) */
 #define bench_malloc(n) malloc(n)
 #define bench_free(p) free(p)
+#define bench_realloc(p, n) realloc(p, n)
 #endif
 
 #include <stdint.h>

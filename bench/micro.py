@@ -33,7 +33,8 @@ from runner import binary_path, comma_list, existing, fail, numbers, run_line
 ROWS = ["fixed-32", "mixed-lifo", "mixed-fifo", "lifo-1000", "fifo-1000",
         "random-replace", "foreign-free"]
 DEFAULT_ALLOCS = ["shard", "mimalloc", "jemalloc", "system"]
-OPTIONAL_ALLOCS = ["tcmalloc"]  # added to the default when its binary exists
+OPTIONAL_ALLOCS = ["shard-purec", "tcmalloc"]  # added to the default when their binaries exist
+# shard-purec: shardmm with its C fast paths (build/purec) in place of the NASM ones
 BASELINE = "shard"
 TIMEOUT_S = 600  # per process; a hung binary is an error too
 

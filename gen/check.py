@@ -12,11 +12,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+import layout  # noqa: E402
 import realloc_pairs  # noqa: E402
 import sizeclasses  # noqa: E402
 
 # (path in the tree, function giving its content, command that rewrites it)
 GENERATED = [(rel, fn, "python3 gen/sizeclasses.py") for rel, fn in sizeclasses.OUTPUTS.items()]
+GENERATED += [(rel, fn, "python3 gen/layout.py") for rel, fn in layout.OUTPUTS.items()]
 GENERATED.append((realloc_pairs.OUTPUT, realloc_pairs.output, "python3 gen/realloc_pairs.py"))
 
 

@@ -51,7 +51,10 @@ static long sys3(long n, long a, long b, long c) { return sys6(n, a, b, c, 0, 0,
 /* A system call failed when it returns a value in [-4095, -1]. */
 static int sys_failed(long r) { return (unsigned long)r > (unsigned long)-4096L; }
 
-__thread void *port_linux_heap_slot __attribute__((tls_model("initial-exec")));
+/* The heap slot starts as &heap_none (port.h). With the NASM fast paths asm/fast.asm defines it. */
+#if !SHARD_ASM
+__thread void *port_linux_heap_slot __attribute__((tls_model("initial-exec"))) = &heap_none;
+#endif
 static __thread int thread_exited __attribute__((tls_model("initial-exec"))); /* the exit hook has run */
 
 void *port_reserve(size_t size)
@@ -117,7 +120,7 @@ static void (*exit_fn)(void *heap);
 
 static void on_thread_exit(void *heap)
 {
-    port_linux_heap_slot = NULL;
+    port_linux_heap_slot = &heap_none;
     thread_exited = 1; /* glibc would call us again if the key were set again, but only for 4 rounds */
     exit_fn(heap);
 }
@@ -134,7 +137,7 @@ int port_heap_slot_set(void *heap)
         return PORT_SLOT_EXITED;
     if (pthread_setspecific(exit_key, heap) != 0)
         return -1; /* the slot stays as it was: the caller keeps no heap it could not arm the hook for */
-    port_linux_heap_slot = heap;
+    port_linux_heap_slot = heap != NULL ? heap : &heap_none;
     return 0;
 }
 

@@ -81,13 +81,27 @@ _Noreturn void port_abort(void);
 /* The thread's heap slot: NULL until port_heap_slot_set stored a heap. */
 static inline void *port_heap_slot(void);
 
+/* Where PORT_SLOT_STARTS_EMPTY_HEAP is 1, the slot as stored holds &heap_none (an empty heap of the core,
+ * src/heap.h) rather than NULL while no heap is set, and port_heap_slot_raw() reads it as it is: the fast
+ * paths then need no NULL test. port_heap_slot() still answers NULL for it. */
+struct heap;
+extern struct heap heap_none;
+
 #if defined(__linux__) && defined(__x86_64__)
 #define PORT_MOVES_PAGES 1
-/* Initial-exec TLS: one fs-relative load. Defined in port/linux.c. */
+#define PORT_SLOT_STARTS_EMPTY_HEAP 1
+/* Initial-exec TLS: one fs-relative load. Defined in port/linux.c, or in asm/fast.asm where the NASM fast
+ * paths are built (NASM can reach a TLS variable only if it defines it itself), initialised to &heap_none. */
 extern __thread void *port_linux_heap_slot __attribute__((tls_model("initial-exec")));
-static inline void *port_heap_slot(void) { return port_linux_heap_slot; }
+static inline void *port_heap_slot_raw(void) { return port_linux_heap_slot; }
+static inline void *port_heap_slot(void)
+{
+    void *h = port_linux_heap_slot;
+    return h != (void *)&heap_none ? h : NULL;
+}
 #elif defined(_WIN64)
 #define PORT_MOVES_PAGES 0
+#define PORT_SLOT_STARTS_EMPTY_HEAP 0 /* TLS slots start NULL for every thread */
 /* The TEB's TLS slots: gs:[0x1480 + 8*i] for an index below 64. port_win64_slot_offset is that offset
  * once port_thread_exit_hook has taken the index, 0 before it and for an index of 64 or above, whose
  * slot lives behind the TEB's expansion pointer. Then the read calls port_win64_heap_slot_far, an

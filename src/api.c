@@ -1,23 +1,24 @@
-/* api.c - the public entry points: the C fast paths, dispatch by size and by segment kind, and
- * the statistics and the checker (the error hook is error.c).
+/* api.c - the public entry points: the C fast paths, the slow paths that dispatch by size and by
+ * segment kind, and the statistics and the checker (the error hook is error.c).
  *
- * Fast paths (the NASM versions of the asm issue replace the first three in the default library):
- * - shard_malloc, sizes up to 2 KB: heap slot, direct[(size + 15) >> 4], the page's `free` item, its
- *   link, `used` + 1; about a dozen instructions and one test that fails rarely (no free item, or no
- *   heap yet). 2-16 KB go through the class table first. Everything else is malloc_generic(): medium
- *   blocks (16 KB - 1 MB, medium.c) from the heap's arenas, larger ones from large.c (no heap needed).
- * - shard_free of a small block of the own thread: segment map (two loads), the owner in descriptor 0
- *   against the heap slot, the item test (below the carved end, a multiple of the class size by one
- *   multiply), push onto `local_free`, `used` - 1; no atomic operation. Nothing is written before the
- *   tests pass. The rare cases (the page becomes empty or was full) and pointers that are not items go
- *   to small_free_local_slow. Other threads' blocks: one CAS, after the same item test.
- * - shard_realloc of a small block within its class and not below a quarter of it returns the block,
- *   whichever thread owns it.
- * Every pointer is checked against the segment map before anything is read through it, and a small
- * block against its page before anything is written, so a pointer that is not a block of ours reaches
- * the error hook. What stays unseen: a second free of a small item (as in the seed: an item has no room
- * for a mark), and from another thread an item the page has not carved yet (that test would read the
- * owner's cache line).
+ * The fast paths (fast.h has the contract and the steps; asm/fast.asm is the NASM twin that replaces
+ * them in the default library, where these are built as shard_*_c):
+ * - malloc of a small block: the heap slot, the page-per-size array (up to 2 KB) or the class table and
+ *   the class's first page (2-16 KB), the page's `free` item, its link, `used` + 1. A thread without a
+ *   heap sees heap_none, whose entries all lead to the empty page: no NULL test.
+ * - free of a small block of the own thread: the heap's own-segment table answers "a small segment of
+ *   mine" in one load (the segment map and the owner in descriptor 0 would take four), then the item test
+ *   (below the carved end, a multiple of the class size by one multiply), `used` - 1 (undone if the
+ *   page empties or was full: the slow path's case), push onto `local_free`; no atomic operation.
+ * - realloc of a small block of the own thread within its class and not below a quarter of it: the
+ *   same tests, then the block itself.
+ * The slow paths take anything: medium blocks (16 KB - 1 MB, medium.c) from the heap's arenas, larger
+ * ones from large.c (no heap needed), other threads' blocks (one CAS, after the same item test), pages
+ * that empty or were full, and pointers that are not blocks of ours, which reach the error hook. Every
+ * pointer is checked against the own-segment table or the segment map before anything is read through
+ * it, and a small block against its page before anything is written. What stays unseen: a second free
+ * of a small item (as in the seed: an item has no room for a mark), and from another thread an item the
+ * page has not carved yet (that test would read the owner's cache line).
  */
 #include "../include/shardmm.h"
 #include "../port/port.h"
@@ -25,6 +26,25 @@
 #include "large.h"
 #include "error.h"
 #include "libc.h"
+#include "fast.h"
+#include "layout.h"
+
+/* The layout asm/fast.asm reads by number (gen/layout.py writes the numbers for both sides). */
+#define FIELD_IS(type, field, offset, size) (offsetof(type, field) == (offset) && sizeof(((type *)0)->field) == (size))
+_Static_assert(FIELD_IS(page, free, SHARD_L_PAGE_FREE, 8) && FIELD_IS(page, local_free, SHARD_L_PAGE_LOCAL_FREE, 8) &&
+                   FIELD_IS(page, used, SHARD_L_PAGE_USED, 4) && FIELD_IS(page, carved_end, SHARD_L_PAGE_CARVED_END, 4) &&
+                   FIELD_IS(page, divisor, SHARD_L_PAGE_DIVISOR, 8) &&
+                   FIELD_IS(page, block_size, SHARD_L_PAGE_BLOCK_SIZE, 4) && FIELD_IS(page, cls, SHARD_L_PAGE_CLS, 1),
+               "struct page differs from gen/layout.py");
+_Static_assert(offsetof(heap, direct) == SHARD_L_HEAP_DIRECT && offsetof(heap, own) == SHARD_L_HEAP_OWN &&
+                   offsetof(heap, classes) == SHARD_L_HEAP_CLASSES && offsetof(page_list, first) == 0 &&
+                   offsetof(page_list, last) == SHARD_L_PAGE_LIST_LAST &&
+                   sizeof(page_list) == (size_t)1 << SHARD_L_PAGE_LIST_SHIFT,
+               "struct heap differs from gen/layout.py");
+_Static_assert(SEGMENT_SHIFT == SHARD_L_SEGMENT_SHIFT && PAGE_SHIFT == SHARD_L_PAGE_SHIFT &&
+                   PAGE_DESC_SIZE == 1 << SHARD_L_PAGE_DESC_SHIFT && HEAP_OWN_SLOTS == SHARD_L_OWN_SLOTS &&
+                   SHARD_DIRECT_MAX == SHARD_L_DIRECT_MAX && SHARD_SMALL_MAX == SHARD_L_SMALL_MAX,
+               "segment geometry or size limits differ from gen/layout.py");
 
 /* ---- malloc -------------------------------------------------------------------------------------- */
 
@@ -52,7 +72,14 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
     return p;
 }
 
-static __attribute__((noinline)) void *malloc_generic(size_t size)
+/* The C fast paths carry the public names in the pure-C library and a _c suffix beside the NASM ones. */
+#if SHARD_ASM
+#define FAST_PATH(name) name##_c
+#else
+#define FAST_PATH(name) name
+#endif
+
+void *shard_malloc_slow(size_t size)
 {
     if (size > SHARD_MEDIUM_MAX)
         return large_alloc(size, 0);
@@ -68,15 +95,19 @@ static __attribute__((noinline)) void *malloc_generic(size_t size)
     return small_alloc_slow(h, cls);
 }
 
-void *shard_malloc(size_t size)
+void *FAST_PATH(shard_malloc)(size_t size)
 {
-    heap *h = port_heap_slot();
-    if (likely(size <= SHARD_DIRECT_MAX && h != NULL)) {
+    heap *h = fast_heap();
+    if (likely(size <= SHARD_DIRECT_MAX)) {
         page *pg = h->direct[(size + 15) >> 4];
         if (likely(pg->free != NULL))
             return page_pop(pg);
+    } else if (size <= SHARD_SMALL_MAX) {
+        page *pg = h->classes[class_by_size16[(size + 15) >> 4]].first;
+        if (pg != NULL && pg->free != NULL)
+            return page_pop(pg);
     }
-    return malloc_generic(size);
+    return shard_malloc_slow(size);
 }
 
 void *shard_calloc(size_t count, size_t size)
@@ -94,13 +125,23 @@ void *shard_calloc(size_t count, size_t size)
 
 /* ---- free ---------------------------------------------------------------------------------------- */
 
-static __attribute__((noinline)) void free_generic(void *p, unsigned kind)
+/* Whether p lies in a small segment of h (heap_none owns none); nothing is read through p. */
+static inline int own_small(const heap *h, const void *p)
+{
+    return h->own[(uint32_t)(uintptr_t)p >> SEGMENT_SHIFT] == ((uintptr_t)p & ~(uintptr_t)SEGMENT_MASK);
+}
+
+void shard_free_slow(void *p)
 {
     if (p == NULL)
         return;
+    unsigned kind = segmap_kind((uintptr_t)p);
     if (kind == SEG_SMALL) {
+        heap *h = port_heap_slot();
         page *pg = page_of(p);
-        if (small_valid_foreign(pg, p))
+        if (h != NULL && segment_of(p)->owner == h)
+            small_free_local_slow(h, pg, p); /* tests the item; takes the ordinary case too */
+        else if (small_valid_foreign(pg, p))
             small_free_foreign(pg, p);
         else
             error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
@@ -118,26 +159,28 @@ static __attribute__((noinline)) void free_generic(void *p, unsigned kind)
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
 }
 
-void shard_free(void *p)
+void FAST_PATH(shard_free)(void *p)
 {
-    unsigned kind = segmap_kind((uintptr_t)p);
-    if (likely(kind == SEG_SMALL)) {
-        heap *h = port_heap_slot();
-        if (likely(segment_of(p)->owner == h)) {
-            page *pg = page_of(p);
-            block *b = p;
-            int32_t used = pg->used - 1;
-            if (likely(used > 0 && page_has_item(pg, b))) {
+    heap *h = fast_heap();
+    if (likely(own_small(h, p))) {
+        page *pg = page_of(p);
+        block *b = p;
+        if (likely(page_has_item(pg, b))) {
+            int32_t used = --pg->used;
+            /* An ordinary free; or the page empties and is the only page of its class, which keeps it
+             * as it is (small_free_local_slow would do no more): a malloc/free pair on its own. */
+            if (likely(used > 0) ||
+                (used == 0 && h->classes[pg->cls].first == pg && h->classes[pg->cls].last == pg)) {
                 b->next = pg->local_free;
                 pg->local_free = b;
-                pg->used = used;
                 return;
             }
-            small_free_local_slow(h, pg, b); /* a jump: shard_free keeps nothing across it */
-            return;
+            pg->used++; /* the page empties or was full: the slow path gets it as it was */
         }
+        small_free_local_slow(h, pg, b); /* that, or not an item (reported there) */
+        return;
     }
-    free_generic(p, kind);
+    shard_free_slow(p);
 }
 
 /* ---- realloc ------------------------------------------------------------------------------------- */
@@ -206,16 +249,28 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
     return q;
 }
 
-void *shard_realloc(void *p, size_t size)
+/* The in-place test of the fast path, for a block of any thread (through the segment map), then the rest. */
+void *shard_realloc_slow(void *p, size_t size)
 {
-    if (likely(segmap_kind((uintptr_t)p) == SEG_SMALL)) {
+    if (segmap_kind((uintptr_t)p) == SEG_SMALL) {
         const page *pg = page_of(p);
         size_t bsize = pg->block_size;
-        /* In place while bsize/4 <= size <= bsize (one unsigned compare) and p is an item of the page. */
-        if (likely(size - (bsize >> 2) <= bsize - (bsize >> 2) && page_has_item(pg, p)))
+        if (size <= bsize && size >= bsize >> 2 && page_has_item(pg, p))
             return p;
     }
     return realloc_generic(p, size);
+}
+
+void *FAST_PATH(shard_realloc)(void *p, size_t size)
+{
+    heap *h = fast_heap();
+    if (likely(own_small(h, p))) {
+        const page *pg = page_of(p);
+        size_t bsize = pg->block_size;
+        if (likely(size <= bsize && size >= bsize >> 2 && page_has_item(pg, p)))
+            return p;
+    }
+    return shard_realloc_slow(p, size);
 }
 
 size_t shard_usable_size(const void *p)

@@ -211,6 +211,11 @@ static int init_once(void)
     return 0;
 }
 
+heap heap_none = {
+    .direct = {[0 ... SHARD_DIRECT_COUNT - 1] = &small_empty_page},
+    .own = {[0] = 1},
+};
+
 static heap *heap_new(void)
 {
     heap *h = meta_alloc(sizeof(heap));
@@ -218,6 +223,7 @@ static heap *heap_new(void)
         return NULL;
     for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++)
         h->direct[i] = &small_empty_page;
+    h->own[0] = 1; /* no segment lies at 1: a pointer below 4 MB finds no own segment */
     heap *head = load_relaxed(&all_heaps);
     do {
         h->next_all = head;
@@ -254,13 +260,28 @@ heap *heap_get_or_create(int *lent)
 int heap_check(heap *h)
 {
     int problems = 0;
-    for (segment *s = h->segments; s != NULL; s = s->next) {
+    size_t segments = 0, entered = 0;
+    for (segment *s = h->segments; s != NULL; s = s->next, segments++) {
         if (s->owner != h || segmap_kind((uintptr_t)s) != SEG_SMALL) {
             report_error("segment with a wrong owner or map entry:", (uintptr_t)s);
             problems++;
         }
+        uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
+        entered += h->own[slot] == (uintptr_t)s;
+        if (h->own[slot] == 0 && slot != 0) {
+            report_error("segment missing from its free own-segment entry:", (uintptr_t)s);
+            problems++;
+        }
         for (unsigned i = 1; i < SEGMENT_PAGES; i++)
             problems += small_check_page((const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE));
+    }
+    /* Every own-segment entry is one of these segments (entry 0 holds 1), each at most once. */
+    size_t entries = 0;
+    for (size_t i = 1; i < HEAP_OWN_SLOTS; i++)
+        entries += h->own[i] != 0;
+    if (h->own[0] != 1 || entries != entered || entered > segments) {
+        report_error("own-segment table differs from the heap's segments; entries:", entries);
+        problems++;
     }
     for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
         for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next) {

@@ -10,9 +10,12 @@
 #ifndef SHARD_HEAP_H
 #define SHARD_HEAP_H
 
+#include "../port/port.h"
 #include "libc.h"
 #include "medium.h"
 #include "small.h"
+
+#define HEAP_OWN_SLOTS ((size_t)1 << (32 - SEGMENT_SHIFT)) /* by address bits 22..31 */
 
 typedef struct page_list {
     page *first, *last;
@@ -22,6 +25,13 @@ typedef struct heap {
     /* The first page of the class of each size up to 2 KB, by (size + 15) >> 4, or the empty page.
      * Only small_set_first() writes it. */
     page *direct[SHARD_DIRECT_COUNT];
+    /* The heap's small segments by address bits 22..31, for the free and realloc fast paths: p is in an
+     * own small segment when own[(uint32_t)p >> 22] == p & ~SEGMENT_MASK; one load, where the segment
+     * map and the owner would take four. A segment whose entry is taken (one 4 GB apart, rare) is not
+     * entered, and its blocks take the slow path. Entry 0 holds 1, no segment's address: a pointer below
+     * 4 MB (NULL) must not match an empty entry. Written when the heap makes a segment, never cleared
+     * (segments stay with their heap). */
+    uintptr_t own[HEAP_OWN_SLOTS];
     page_list classes[SHARD_CLASS_COUNT]; /* pages with (possibly) free items; refilled ones at the tail */
     page_list free_pages;    /* committed, no class; the oldest first */
     page *cold_pages;        /* not committed (singly linked, ascending addresses first) */
@@ -47,6 +57,31 @@ typedef struct heap {
  * heap is only lent: *lent is set to 1, the heap is not stored in the thread's slot, and the caller
  * makes its one allocation and then gives the heap back with heap_retire. */
 heap *heap_get_or_create(int *lent);
+
+/* The heap a thread without one sees in the fast paths: every page-per-size entry leads to the empty
+ * page, it owns no segment and no class has pages, so each fast path fails over to its slow path, which
+ * asks port_heap_slot() (NULL then). On Linux the slot starts with its address (no NULL test in the fast
+ * paths); on Windows, whose TLS slots start NULL, fast_heap() substitutes it. */
+extern heap heap_none;
+
+/* The calling thread's heap for a fast path: its own, or heap_none. */
+static inline heap *fast_heap(void)
+{
+#if PORT_SLOT_STARTS_EMPTY_HEAP
+    return port_heap_slot_raw();
+#else
+    heap *h = port_heap_slot();
+    return h != NULL ? h : &heap_none;
+#endif
+}
+
+/* Enter a new small segment in h's own-segment table (when its entry is free). */
+static inline void heap_own_segment(heap *h, segment *seg)
+{
+    uint32_t i = (uint32_t)(uintptr_t)seg >> SEGMENT_SHIFT;
+    if (h->own[i] == 0)
+        h->own[i] = (uintptr_t)seg;
+}
 
 /* Puts a heap on the stack of free heaps as it is (heap_retire does it at the end of a thread's use). */
 void heap_give_back(heap *h);

@@ -244,6 +244,7 @@ static page *page_acquire(heap *h)
             return NULL;
         seg->next = h->segments;
         store_release(&h->segments, seg); /* the statistics walk this list from other threads */
+        heap_own_segment(h, seg);         /* the fast paths of free and realloc find it there */
         for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
             page *p = (page *)((uint8_t *)seg + i * PAGE_DESC_SIZE);
             p->state = PAGE_COLD;

@@ -18,6 +18,12 @@
 
 #include "../port/port.h"
 
+/* The core's empty heap, which the Linux slot holds while no heap is set (port.h); the port only takes
+ * its address, so any object does here. */
+struct heap {
+    int unused;
+} heap_none;
+
 #ifdef _WIN32
 extern DWORD port_win64_tls_index;
 #endif

@@ -1,0 +1,162 @@
+; fast.asm - shard_malloc, shard_free and shard_realloc for a small block of the calling thread, in NASM,
+; for both x86-64 ABIs (abi.inc); the default library's entry points. Everything else goes, by a tail
+; jump with the arguments in place, to the C slow paths (src/fast.h, src/api.c), which take any input.
+;
+; The steps are exactly those of the C fast paths (src/fast.h lists them); tests/test_asm.c runs both
+; on the same operation sequences and compares results and page state field by field. The offsets and
+; constants come from gen/layout.py (layout.inc here, src/layout.h checked by _Static_assert in C).
+;
+; Linux instruction counts on the fast path, `ret` included (tests/test_asm.c checks them exactly by
+; single-stepping; bench/instr.py counts them under callgrind): malloc up to 2 KB 15, 2-16 KB 22, free 23
+; (31 when it empties the only page of its class), realloc in place 25. Where free's go: the heap slot 2, "a small segment
+; of mine" through the heap's own-segment table 6, the page descriptor's offset 3, the item test (carved
+; and at a multiple of the class size, so that an interior or never-handed-out pointer reaches the error
+; hook rather than a free list) 6, `used` - 1 and its test 2, the push 3, ret 1. Windows adds 4 to each for the TLS index
+; test and the NULL test of its slot.
+
+%include "abi.inc"
+%include "layout.inc"
+%include "classes.inc"
+
+%define SEGMENT_MASK_NOT (-(1 << SHARD_L_SEGMENT_SHIFT))
+%define DESC_SHIFT (SHARD_L_PAGE_SHIFT - SHARD_L_PAGE_DESC_SHIFT)         ; p >> 9 ...
+%define DESC_MASK (((1 << (SHARD_L_SEGMENT_SHIFT - SHARD_L_PAGE_SHIFT)) - 1) << SHARD_L_PAGE_DESC_SHIFT) ; ... & 0x1f80
+
+extern shard_malloc_slow
+extern shard_free_slow
+extern small_free_local_slow
+extern shard_realloc_slow
+
+%if SHARD_ELF
+; The heap slot. NASM reaches a TLS variable by gottpoff only if it defines it (an extern gets no TLS
+; type), so it lives here, and port/port.h declares it for C. It starts as &heap_none (see abi.inc).
+section .tdata progbits alloc noexec write tls align=8
+global port_linux_heap_slot:data hidden 8
+port_linux_heap_slot:
+    dq heap_none
+%endif
+
+section .rodata align=64
+SHARD_CLASS_TABLES
+
+section .text align=64
+
+; void *shard_malloc(size_t size)
+FUNC shard_malloc
+    HEAP_SLOT T1, .slow
+    cmp ARG0, SHARD_L_DIRECT_MAX
+    ja .class
+    lea T2, [ARG0 + 15]
+    shr T2, 4
+    mov T2, [T1 + T2 * 8 + SHARD_L_HEAP_DIRECT]     ; the page of this size (or the empty page)
+.pop:                                               ; T2: a page of the class
+    mov rax, [T2 + SHARD_L_PAGE_FREE]
+    test rax, rax
+    jz .slow
+    mov T1, [rax]                                   ; the next free item
+    mov [T2 + SHARD_L_PAGE_FREE], T1
+    add dword [T2 + SHARD_L_PAGE_USED], 1
+    prefetchw [T1]                                  ; the next allocation reads its link (NULL: no fault)
+    ret
+.class:                                             ; 2-16 KB: the class table, then the class's first page
+    cmp ARG0, SHARD_L_SMALL_MAX
+    ja .slow
+    lea T2, [ARG0 + 15]
+    shr T2, 4
+    lea T3, [rel shard_class_by_size16_table]
+    movzx T2D, byte [T3 + T2]
+    shl T2D, SHARD_L_PAGE_LIST_SHIFT
+    mov T2, [T1 + T2 + SHARD_L_HEAP_CLASSES]
+    test T2, T2
+    jnz .pop
+.slow:
+    jmp shard_malloc_slow
+ENDFUNC shard_malloc
+
+; The item test: T3 = p's offset in its page; below the carved end and a multiple of the class size
+; (offset * ceil(2^64 / size) mod 2^64 < ceil(2^64 / size), see page_has_item in src/small.h).
+; %1: the descriptor, %2: where to go when p is not an item.
+%macro ITEM_TEST 2
+    movzx T3D, ARG0W
+    cmp T3D, [%1 + SHARD_L_PAGE_CARVED_END]
+    jae %2
+    imul T3, [%1 + SHARD_L_PAGE_DIVISOR]
+    cmp T3, [%1 + SHARD_L_PAGE_DIVISOR]
+    jae %2
+%endmacro
+
+; When ARG0 lies in a small segment of the heap in T1: rax = the segment and T2 = the offset of ARG0's
+; page descriptor in it (the descriptor is [rax + T2], left to the addressing); else to %1.
+%macro OWN_PAGE 1
+    mov rax, ARG0
+    and rax, SEGMENT_MASK_NOT                       ; the segment
+    mov T2D, ARG0D
+    shr T2D, SHARD_L_SEGMENT_SHIFT                  ; address bits 22..31
+    cmp rax, [T1 + T2 * 8 + SHARD_L_HEAP_OWN]
+    jne %1
+    mov T2, ARG0
+    shr T2, DESC_SHIFT
+    and T2D, DESC_MASK                              ; 128 * page index
+%endmacro
+
+; void shard_free(void *p)
+FUNC shard_free
+    HEAP_SLOT T1, .slow
+    OWN_PAGE .slow
+    ITEM_TEST rax + T2, .own_slow
+    sub dword [rax + T2 + SHARD_L_PAGE_USED], 1
+    jle .empty_or_full
+.push:
+    mov T4, [rax + T2 + SHARD_L_PAGE_LOCAL_FREE]
+    mov [ARG0], T4
+    mov [rax + T2 + SHARD_L_PAGE_LOCAL_FREE], ARG0
+    ret
+.empty_or_full:                                     ; an empty page that is its class's only one stays
+    jl .undo                                        ; as it is: the slow path would do no more
+    lea T4, [rax + T2]
+    movzx T3D, byte [T4 + SHARD_L_PAGE_CLS]
+    shl T3D, SHARD_L_PAGE_LIST_SHIFT
+    cmp T4, [T1 + T3 + SHARD_L_HEAP_CLASSES]
+    jne .undo
+    cmp T4, [T1 + T3 + SHARD_L_HEAP_CLASSES + SHARD_L_PAGE_LIST_LAST]
+    je .push
+.undo:                                              ; the slow path gets the page as it was
+    add dword [rax + T2 + SHARD_L_PAGE_USED], 1
+.own_slow:                                          ; small_free_local_slow(heap, page, p)
+%if SHARD_ELF
+    mov rdx, rdi
+    lea rsi, [rax + T2]
+    mov rdi, T1
+%else
+    lea rdx, [rax + T2]
+    xchg rcx, r8                                    ; T1 is r8, the third argument's register
+%endif
+    jmp small_free_local_slow
+.slow:
+    jmp shard_free_slow
+ENDFUNC shard_free
+
+; void *shard_realloc(void *p, size_t size)
+FUNC shard_realloc
+    HEAP_SLOT T1, .slow
+    OWN_PAGE .slow
+    mov T1D, [rax + T2 + SHARD_L_PAGE_BLOCK_SIZE]
+    cmp ARG1, T1
+    ja .slow                                        ; above the class
+    shr T1D, 2
+    cmp ARG1, T1
+    jb .slow                                        ; below a quarter of it
+    ITEM_TEST rax + T2, .slow
+    mov rax, ARG0
+    ret
+.slow:
+    jmp shard_realloc_slow
+ENDFUNC shard_realloc
+
+%if SHARD_ELF
+section .note.GNU-stack noalloc noexec nowrite progbits
+%elifdef SHARD_BUILD_DLL
+; The DLL exports what the C side marks __declspec(dllexport); these come from here.
+section .drectve info
+    db " -export:shard_malloc -export:shard_free -export:shard_realloc"
+%endif

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""bench/instr.py - instructions per small malloc, free and realloc on the owner thread, counted exactly
+with valgrind's callgrind, for shardmm (NASM and pure-C fast paths) and its peers.
+
+Runs <build-dir>/bench/instr-<alloc> <row> (bench/instr.c) under
+    valgrind --tool=callgrind --callgrind-out-file=<tmp>
+and reads the call graph from the output file: for each function measure_* of bench/instr.c, the
+inclusive instruction count of its calls into the allocator (malloc, free, realloc, whatever the
+allocator's functions are called) divided by the number of those calls. So the count is what the
+allocator's entry point and everything it calls executed, the PLT jump excepted (the same one for
+every allocator), and nothing of the benchmark's own loop. Counting is deterministic: one run each.
+
+Prints a markdown table on stdout: per row and allocator, instructions per call ("malloc + free" for
+the burst and pair rows). Progress goes to stderr. Standard library only.
+"""
+import argparse
+import collections
+import datetime
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+
+from runner import binary_path, comma_list, existing, fail
+
+ROWS = ["burst-16", "burst-64", "pair-32", "pair-4000", "alone-32", "realloc-in-class"]
+DEFAULT_ALLOCS = ["shard", "shard-purec", "mimalloc", "system"]
+OPTIONAL_ALLOCS = ["tcmalloc", "jemalloc"]  # added when their binaries exist
+TIMEOUT_S = 600
+
+
+def read_callgraph(path):
+    """{(caller, callee): [calls, inclusive instructions]} from a callgrind output file (event Ir)."""
+    names = {}
+
+    def name(token):
+        m = re.match(r"\((\d+)\)(?: (.*))?$", token)
+        if not m:
+            return token
+        if m.group(2) is not None:
+            names[m.group(1)] = m.group(2)
+        return names[m.group(1)]
+
+    edges = collections.defaultdict(lambda: [0, 0])
+    caller = callee = None
+    pending_calls = None
+    with open(path) as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if line.startswith("fn="):
+                caller = name(line[3:])
+            elif line.startswith("cfn="):
+                callee = name(line[4:])
+            elif line.startswith("calls="):
+                pending_calls = int(line[6:].split()[0])
+            elif pending_calls is not None and line and (line[0].isdigit() or line[0] in "+-*"):
+                edge = edges[(caller, callee)]
+                edge[0] += pending_calls
+                edge[1] += int(line.split()[-1])
+                pending_calls = None
+    return edges
+
+
+def per_call(edges, caller, kind):
+    """Instructions per call of caller's calls into the allocator's `kind` function (malloc/free/realloc)."""
+    calls = instructions = 0
+    for (a, b), (n, ir) in edges.items():
+        # gcc may clone a measure_* function (measure_free.constprop.0); _dl_*: the first call's binding
+        if a is None or a.split(".")[0] != caller or b.startswith("_dl_"):
+            continue
+        is_free = "free" in b
+        is_realloc = "realloc" in b
+        if (kind == "free") == is_free and (kind == "realloc") == is_realloc:
+            calls += n
+            instructions += ir
+    if calls == 0:
+        fail(f"no calls from {caller} to a {kind} function in the call graph")
+    return instructions / calls
+
+
+def measure(binary, row):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "callgrind.out")
+        command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out, binary, row]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            fail(f"{shlex.join(command)}: {e}")
+        if done.returncode != 0 or done.stdout.split()[:1] != [row]:
+            sys.stderr.write(done.stderr)
+            fail(f"{shlex.join(command)} exited with status {done.returncode}, printed {done.stdout!r}")
+        edges = read_callgraph(out)
+    if row.startswith("burst"):
+        m, f = per_call(edges, "measure_malloc", "malloc"), per_call(edges, "measure_free", "free")
+        return (m, f), f"{m:.1f} + {f:.1f}"
+    if row.startswith("pair") or row.startswith("alone"):
+        m, f = per_call(edges, "measure_pair", "malloc"), per_call(edges, "measure_pair", "free")
+        return (m, f), f"{m:.1f} + {f:.1f} = {m + f:.1f}"
+    r = per_call(edges, "measure_realloc", "realloc")
+    return (r,), f"{r:.1f}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Count instructions per malloc/free/realloc under callgrind.")
+    parser.add_argument("--build-dir", default="build")
+    parser.add_argument("--rows", type=comma_list, default=list(ROWS))
+    parser.add_argument("--allocs", type=comma_list, default=None,
+                        help="default: " + ",".join(DEFAULT_ALLOCS) + " and " + ",".join(OPTIONAL_ALLOCS)
+                             + " when built")
+    args = parser.parse_args()
+    if [r for r in args.rows if r not in ROWS] or not args.rows:
+        parser.error("known rows: " + ",".join(ROWS))
+    allocs = args.allocs or DEFAULT_ALLOCS + [
+        a for a in OPTIONAL_ALLOCS if os.path.exists(binary_path(args.build_dir, "instr", a))]
+    binaries = existing({a: binary_path(args.build_dir, "instr", a) for a in allocs})
+    started = datetime.datetime.now().astimezone()
+    cells = {}
+    for row in args.rows:
+        for alloc in allocs:
+            cells[(row, alloc)] = measure(binaries[alloc], row)[1]
+            print(f"{row:<17} {alloc:<12} {cells[(row, alloc)]}", file=sys.stderr, flush=True)
+    command = shlex.join(["bench/instr.py"] + sys.argv[1:])
+    print(f"`{command}`: instructions per call under callgrind (malloc + free for burst and pair rows), "
+          f"{started.strftime('%Y-%m-%d %H:%M %Z')}")
+    print()
+    print("| row | " + " | ".join(allocs) + " |")
+    print("|---" + "|--:" * len(allocs) + "|")
+    for row in args.rows:
+        print(f"| {row} | " + " | ".join(cells[(row, a)] for a in allocs) + " |")
+
+
+if __name__ == "__main__":
+    main()

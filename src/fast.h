@@ -1,0 +1,42 @@
+/* fast.h - the contract between the fast paths (NASM in asm/fast.asm, or C in api.c) and the rest.
+ *
+ * shard_malloc, shard_free and shard_realloc each have a fast path for a small block of the calling
+ * thread and a slow path for everything else. The slow paths are complete entry points on their own:
+ * any argument may be given to them, so a fast path that is not sure jumps there with the arguments in
+ * its registers as it got them (a tail jump, no frame).
+ *
+ * In the default library (SHARD_ASM=1) the NASM versions are shard_malloc/free/realloc and the C ones
+ * are built beside them as shard_malloc_c/free_c/realloc_c, hidden: tests/test_asm.c runs both on the
+ * same operation sequences and compares results and page state. The pure-C library (SHARD_ASM=0) has
+ * the C versions under the public names.
+ *
+ * The fast paths, both languages, step by step:
+ *   heap  = the slot (Linux: &heap_none when the thread has no heap; Windows: NULL is tested)
+ *   malloc(n), n <= 2 KB: page = heap->direct[(n + 15) >> 4]; 2-16 KB: the class table, then
+ *          heap->classes[cls].first (NULL tested); item = page->free (NULL: slow); page->free =
+ *          item->next; page->used++; prefetchw the new page->free.
+ *   free(p): seg = p & ~(4 MB - 1); heap->own[(uint32_t)p >> 22] == seg (else slow: not a small block
+ *          of ours, or another thread's, or NULL); page = descriptor of p; p below carved_end and a
+ *          multiple of the class size (else slow, which reports it); page->used - 1, and if that is not
+ *          above 0 (the page empties, or was full) + 1 again and slow, except when it is 0 and the
+ *          page is the only one of its class list (it stays as it is); push p on page->local_free.
+ *          The slow path after the own-segment test is small_free_local_slow(heap, page, p) (small.h),
+ *          which needs no second lookup; before it, shard_free_slow(p).
+ *   realloc(p, n): the same own-segment and item tests; bsize / 4 <= n <= bsize returns p.
+ */
+#ifndef SHARD_FAST_H
+#define SHARD_FAST_H
+
+#include <stddef.h>
+
+void *shard_malloc_slow(size_t size);
+void shard_free_slow(void *p);
+void *shard_realloc_slow(void *p, size_t size);
+
+#if SHARD_ASM
+void *shard_malloc_c(size_t size);
+void shard_free_c(void *p);
+void *shard_realloc_c(void *p, size_t size);
+#endif
+
+#endif
