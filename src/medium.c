@@ -430,6 +430,48 @@ void *medium_alloc(heap *h, size_t size)
     return take(h, arena_of(c), c, have, need);
 }
 
+void *medium_alloc_aligned(heap *h, size_t size, size_t align)
+{
+    heap_reserve_tick();
+    if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
+        medium_drain_delayed(h);
+    maybe_trim(h);
+    /* A chunk with room for the block at an aligned address and, in front of it, a free chunk of at
+     * least CHUNK_MIN (or none). */
+    uint32_t need = chunk_need(size), room = need + (uint32_t)align + CHUNK_MIN;
+    chunk *c = bin_find(&h->medium, room);
+    if (c == NULL) {
+        medium_trim(h);
+        if (arena_new(h) != 0)
+            return NULL;
+        c = bin_find(&h->medium, room);
+        shard_assert(c != NULL, "a new arena holds any aligned medium block");
+    }
+    uint32_t have = csize(c);
+    bin_remove(&h->medium, c, have);
+    arena *a = arena_of(c);
+    uintptr_t block = (uintptr_t)c + CHUNK_HEADER, at = (block + align - 1) & ~(uintptr_t)(align - 1);
+    if (at != block && at - block < CHUNK_MIN)
+        at += align;
+    uint32_t front = (uint32_t)(at - block);
+    chunk *d = chunk_at(c, front);
+    if (commit_for(a, d, need, have - front) != 0) { /* commits from the arena's committed end on: c too */
+        bin_insert(&h->medium, c, have);
+        return NULL;
+    }
+    if (front != 0) { /* the front goes back to the bins as a free chunk of its own */
+        d->prev_size = front;
+        store_relaxed(&d->size_flags, have - front); /* not free: make_free must not merge it */
+        make_free(h, a, c, front, 0);                /* c's neighbour before it is not free: c was */
+        have -= front;
+    }
+    keep_front(h, a, d, need, have);
+    if (a->live++ == 0)
+        arena_used(h, a);
+    debug_check_arena(h, a, "arena inconsistent after an aligned allocation");
+    return (uint8_t *)d + CHUNK_HEADER;
+}
+
 /* The chunk of p, claimed for a free (PENDING set), or NULL after the error hook when p is not a live
  * block. The claim is a CAS, so that of two frees of one block racing on two threads one loses. */
 static chunk *claim_for_free(arena *a, void *p, uint32_t *size)

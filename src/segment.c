@@ -86,6 +86,14 @@ static struct {
     uint8_t *cursor, *committed_end, *reserved_end;
 } meta;
 
+void meta_lock_for_fork(int take)
+{
+    if (take)
+        spin_lock(&meta.lock);
+    else
+        spin_unlock(&meta.lock);
+}
+
 void *meta_alloc(size_t size)
 {
     size = (size + 63) & ~(size_t)63;
