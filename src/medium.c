@@ -410,45 +410,42 @@ static inline void maybe_trim(heap *h)
         medium_trim(h);
 }
 
-void *medium_alloc(heap *h, size_t size)
+/* The start of every allocation: the slow-path duties, then a free chunk of at least size bytes, out of
+ * the bins (*have: its size), from a new arena if none fits; NULL out of memory. */
+static chunk *find_chunk(heap *h, uint32_t size, uint32_t *have)
 {
     heap_reserve_tick();
     if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
         medium_drain_delayed(h);
     maybe_trim(h);
-    uint32_t need = chunk_need(size);
-    chunk *c = bin_find(&h->medium, need);
+    chunk *c = bin_find(&h->medium, size);
     if (c == NULL) {
         medium_trim(h);
         if (arena_new(h) != 0)
             return NULL;
-        c = bin_find(&h->medium, need);
+        c = bin_find(&h->medium, size);
         shard_assert(c != NULL, "a new arena holds any medium block");
     }
-    uint32_t have = csize(c);
-    bin_remove(&h->medium, c, have);
-    return take(h, arena_of(c), c, have, need);
+    *have = csize(c);
+    bin_remove(&h->medium, c, *have);
+    return c;
+}
+
+void *medium_alloc(heap *h, size_t size)
+{
+    uint32_t need = chunk_need(size), have;
+    chunk *c = find_chunk(h, need, &have);
+    return c != NULL ? take(h, arena_of(c), c, have, need) : NULL;
 }
 
 void *medium_alloc_aligned(heap *h, size_t size, size_t align)
 {
-    heap_reserve_tick();
-    if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
-        medium_drain_delayed(h);
-    maybe_trim(h);
     /* A chunk with room for the block at an aligned address and, in front of it, a free chunk of at
      * least CHUNK_MIN (or none). */
-    uint32_t need = chunk_need(size), room = need + (uint32_t)align + CHUNK_MIN;
-    chunk *c = bin_find(&h->medium, room);
-    if (c == NULL) {
-        medium_trim(h);
-        if (arena_new(h) != 0)
-            return NULL;
-        c = bin_find(&h->medium, room);
-        shard_assert(c != NULL, "a new arena holds any aligned medium block");
-    }
-    uint32_t have = csize(c);
-    bin_remove(&h->medium, c, have);
+    uint32_t need = chunk_need(size), have;
+    chunk *c = find_chunk(h, need + (uint32_t)align + CHUNK_MIN, &have);
+    if (c == NULL)
+        return NULL;
     arena *a = arena_of(c);
     uintptr_t block = (uintptr_t)c + CHUNK_HEADER, at = (block + align - 1) & ~(uintptr_t)(align - 1);
     if (at != block && at - block < CHUNK_MIN)
