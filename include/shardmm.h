@@ -98,6 +98,9 @@ typedef struct shard_stats {
     size_t medium_arenas_decommitted; /* empty arenas that gave back all but their first 64 KB */
     size_t large_cached;       /* freed large blocks kept in the process's cache for reuse */
     size_t large_cached_bytes; /* memory those keep committed, bytes (their headers included) */
+    size_t atomic_ops;         /* atomic read-modify-write operations since start, counted only in the
+                                  SHARD_COUNTERS build (build/counters/libshardmm.so); 0 otherwise */
+    size_t lock_acquisitions;  /* spin-lock acquisitions since start, likewise */
 } shard_stats;
 SHARD_API void shard_get_stats(shard_stats *out);
 

@@ -421,6 +421,10 @@ void shard_get_stats(shard_stats *out)
     out->committed = t.committed;
     out->committed_peak = t.committed_peak;
     out->os_calls = t.calls;
+#if SHARD_COUNTERS
+    out->atomic_ops = load_relaxed(&sync_atomic_ops);
+    out->lock_acquisitions = load_relaxed(&sync_lock_acquisitions);
+#endif
     out->live_large = large_live_count();
     large_cache_counts(&out->large_cached, &out->large_cached_bytes);
     out->heaps_free = heap_free_count();

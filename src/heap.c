@@ -134,7 +134,7 @@ static void put_back_stack(heap *first)
             last = last->next_free;
         push_chain(first, last);
     }
-    __atomic_fetch_add(&trimming, 1u, __ATOMIC_RELEASE);
+    (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_RELEASE));
 }
 
 /* Trim every heap in the stack to what a running thread keeps. */

@@ -475,8 +475,8 @@ static chunk *claim_for_free(arena *a, void *p, uint32_t *size)
 {
     chunk *c = chunk_at(p, -(size_t)CHUNK_HEADER);
     if (!valid_live(a, p, size) ||
-        !__atomic_compare_exchange_n(&c->size_flags, size, *size | CHUNK_PENDING, false, __ATOMIC_RELAXED,
-                                     __ATOMIC_RELAXED)) {
+        !counted(__atomic_compare_exchange_n(&c->size_flags, size, *size | CHUNK_PENDING, false, __ATOMIC_RELAXED,
+                                             __ATOMIC_RELAXED))) {
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
         return NULL;
     }
