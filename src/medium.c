@@ -457,9 +457,8 @@ void *medium_alloc_aligned(heap *h, size_t size, size_t align)
         return NULL;
     }
     if (front != 0) { /* the front goes back to the bins as a free chunk of its own */
-        d->prev_size = front;
         store_relaxed(&d->size_flags, have - front); /* not free: make_free must not merge it */
-        make_free(h, a, c, front, 0);                /* c's neighbour before it is not free: c was */
+        make_free(h, a, c, front, 0); /* sets d's prev_size; c's neighbour before it is not free: c was */
         have -= front;
     }
     keep_front(h, a, d, need, have);
