@@ -39,6 +39,32 @@ SHARD_API void shard_free(void *p);
 /* The bytes usable in a live block (its size class for small blocks); 0 for NULL. */
 SHARD_API size_t shard_usable_size(const void *p);
 
+/* Aligned allocation: a block of size bytes at a multiple of align, a power of two from 1 up to
+ * SHARD_ALIGN_MAX (2 MB); NULL for any other align (also 0) or out of memory. shard_free, shard_realloc and
+ * shard_usable_size take the result like any block (shard_realloc may move it without the alignment).
+ * Up to 16 KB with an align up to 16 KB the block is a small one of a class that is a multiple of align:
+ * its free is the ordinary fast path. */
+#define SHARD_ALIGN_MAX ((size_t)2 << 20)
+SHARD_API void *shard_malloc_aligned(size_t size, size_t align);
+/* shard_realloc that keeps the alignment: in place when it can and p is aligned, else a move to a new
+ * aligned block. NULL p allocates; size 0 frees p and returns NULL; NULL on failure (p stays valid). */
+SHARD_API void *shard_realloc_aligned(void *p, size_t size, size_t align);
+
+/* The rest of the C library's malloc family with glibc's semantics, under the shard_ prefix (on Linux
+ * libshardmm.so also exports them, and malloc, free, calloc and realloc, under their own names). On
+ * failure the core sets the C library's errno to ENOMEM on Linux and the thread's last error to
+ * ERROR_NOT_ENOUGH_MEMORY on Windows. */
+SHARD_API void *shard_reallocarray(void *p, size_t count, size_t size); /* NULL when count * size overflows */
+/* 0, EINVAL (22) unless align is a power of two and a multiple of sizeof(void *) (or above
+ * SHARD_ALIGN_MAX), or ENOMEM (12); *out is set only on success. */
+SHARD_API int shard_posix_memalign(void **out, size_t align, size_t size);
+/* glibc 2.36's aligned_alloc and memalign: an align below 16 is 16, one that is not a power of two is
+ * rounded up to the next one. */
+SHARD_API void *shard_aligned_alloc(size_t align, size_t size);
+SHARD_API void *shard_memalign(size_t align, size_t size);
+SHARD_API void *shard_valloc(size_t size);  /* aligned to the page size (4 KB) */
+SHARD_API void *shard_pvalloc(size_t size); /* the same, size rounded up to whole pages (0 takes one page) */
+
 /* Error hook: called for a pointer that is not a live block of ours. When the hook returns, the
  * operation does nothing (shard_realloc returns NULL) and the allocator keeps working. */
 enum shard_error {
@@ -72,6 +98,9 @@ typedef struct shard_stats {
     size_t medium_arenas_decommitted; /* empty arenas that gave back all but their first 64 KB */
     size_t large_cached;       /* freed large blocks kept in the process's cache for reuse */
     size_t large_cached_bytes; /* memory those keep committed, bytes (their headers included) */
+    size_t atomic_ops;         /* atomic read-modify-write operations since start, counted only in the
+                                  SHARD_COUNTERS build (build/counters/libshardmm.so); 0 otherwise */
+    size_t lock_acquisitions;  /* spin-lock acquisitions since start, likewise */
 } shard_stats;
 SHARD_API void shard_get_stats(shard_stats *out);
 

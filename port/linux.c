@@ -1,7 +1,8 @@
 /* linux.c - the port contract (port/port.h) on Linux x86-64.
  *
- * Raw system calls for everything but the thread-exit hook, which needs the C library's
- * pthread_key_create (the only way to run code at the exit of a thread we did not create):
+ * Raw system calls for everything but what belongs to the C library: the thread-exit hook
+ * (pthread_key_create, the only way to run code at the exit of a thread we did not create), the fork
+ * hooks (pthread_atfork) and errno:
  * - reserve: mmap PROT_NONE (an inaccessible private mapping is not charged against the commit limit);
  *   commit: mprotect read/write, which charges it, so an impossible size is refused here as on
  *   Windows (with MAP_NORESERVE it would not be, and 64 TB "succeeded"); decommit:
@@ -22,6 +23,7 @@
  */
 #include "port.h"
 
+#include <errno.h>
 #include <pthread.h>
 
 enum {
@@ -118,7 +120,7 @@ int port_move_release(void *reservation, size_t reservation_size, void *from, si
 static pthread_key_t exit_key;
 static void (*exit_fn)(void *heap);
 
-static void on_thread_exit(void *heap)
+static void key_destructor(void *heap)
 {
     port_linux_heap_slot = &heap_none;
     thread_exited = 1; /* glibc would call us again if the key were set again, but only for 4 rounds */
@@ -128,8 +130,15 @@ static void on_thread_exit(void *heap)
 int port_thread_exit_hook(void (*fn)(void *heap))
 {
     exit_fn = fn;
-    return pthread_key_create(&exit_key, on_thread_exit) == 0 ? 0 : -1;
+    return pthread_key_create(&exit_key, key_destructor) == 0 ? 0 : -1;
 }
+
+int port_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(void))
+{
+    return pthread_atfork(prepare, parent, child) == 0 ? 0 : -1;
+}
+
+void port_out_of_memory(void) { errno = ENOMEM; }
 
 int port_heap_slot_set(void *heap)
 {

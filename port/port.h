@@ -66,6 +66,15 @@ int port_thread_exit_hook(void (*fn)(void *heap));
 int port_heap_slot_set(void *heap);
 #define PORT_SLOT_EXITED 1
 
+/* Register functions the C library calls around fork() in the process (Linux: pthread_atfork; Windows
+ * has no fork and ignores them): prepare in the parent before the fork, parent in the parent after it,
+ * child in the child. Called once per process. 0 or -1. */
+int port_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(void));
+
+/* An allocation returns NULL for want of memory (or an impossible size): tell the caller the C library's
+ * way (Linux: errno = ENOMEM; Windows: the thread's last error ERROR_NOT_ENOUGH_MEMORY). */
+void port_out_of_memory(void);
+
 /* Milliseconds from an arbitrary start, monotonic, with a resolution of some 1-16 ms. */
 uint64_t port_clock_ms(void);
 

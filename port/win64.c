@@ -103,7 +103,7 @@ static void thread_exited(void *heap)
 
 /* Windows calls this for a fiber whose FLS value is not NULL: at the exit of its thread, on that thread,
  * or when the fiber is deleted, on the deleting thread. */
-static void WINAPI on_thread_exit(void *heap)
+static void WINAPI fls_callback(void *heap)
 {
     if (heap == NULL || unloading || TlsGetValue(port_win64_tls_index) != heap)
         return;
@@ -112,11 +112,11 @@ static void WINAPI on_thread_exit(void *heap)
 
 int port_thread_exit_hook(void (*fn)(void *heap))
 {
-    DWORD tls = TlsAlloc(), exited = TlsAlloc(), fls = FlsAlloc(on_thread_exit);
+    DWORD tls = TlsAlloc(), exited = TlsAlloc(), fls = FlsAlloc(fls_callback);
 #ifndef SHARD_BUILD_DLL
     HMODULE self;
     BOOL pinned = GetModuleHandleExW(GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS | GET_MODULE_HANDLE_EX_FLAG_PIN,
-                                     (LPCWSTR)(void *)on_thread_exit, &self);
+                                     (LPCWSTR)(void *)fls_callback, &self);
 #else
     BOOL pinned = TRUE;
 #endif
@@ -153,6 +153,14 @@ int port_heap_slot_set(void *heap)
     }
     return 0;
 }
+
+int port_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(void))
+{
+    (void)prepare, (void)parent, (void)child; /* no fork on Windows */
+    return 0;
+}
+
+void port_out_of_memory(void) { SetLastError(ERROR_NOT_ENOUGH_MEMORY); }
 
 uint64_t port_clock_ms(void)
 {
@@ -194,7 +202,7 @@ _Noreturn void port_abort(void)
 #ifdef SHARD_BUILD_DLL
 /* The DLL's entry point (linked with -e, no C runtime). At a thread's exit, a heap still in its slot
  * (its FLS value went with a deleted fiber) is given back. At FreeLibrary (reserved == NULL) the FLS
- * index goes, so Windows never calls on_thread_exit in unloaded code; FlsFree may call it for the
+ * index goes, so Windows never calls fls_callback in unloaded code; FlsFree may call it for the
  * threads that still hold a heap, and `unloading` makes those calls do nothing: the heaps are abandoned
  * with the DLL. At process exit (reserved != NULL) nothing is done: the process's memory goes with it. */
 BOOL WINAPI shard_dll_entry(HINSTANCE instance, DWORD reason, void *reserved)

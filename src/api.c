@@ -79,7 +79,16 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
 #define FAST_PATH(name) name
 #endif
 
-void *shard_malloc_slow(size_t size)
+/* NULL for want of memory or an impossible size; the caller also learns it the C library's way. */
+static __attribute__((noinline, cold)) void *out_of_memory(void)
+{
+    port_out_of_memory();
+    return NULL;
+}
+
+static inline void *or_out_of_memory(void *p) { return likely(p != NULL) ? p : out_of_memory(); }
+
+static void *malloc_any(size_t size)
 {
     if (size > SHARD_MEDIUM_MAX)
         return large_alloc(size, 0);
@@ -94,6 +103,8 @@ void *shard_malloc_slow(size_t size)
         return page_pop(pg);
     return small_alloc_slow(h, cls);
 }
+
+void *shard_malloc_slow(size_t size) { return or_out_of_memory(malloc_any(size)); }
 
 void *FAST_PATH(shard_malloc)(size_t size)
 {
@@ -114,9 +125,9 @@ void *shard_calloc(size_t count, size_t size)
 {
     size_t total;
     if (__builtin_mul_overflow(count, size, &total))
-        return NULL;
+        return out_of_memory();
     if (total > SHARD_MEDIUM_MAX)
-        return large_alloc(total, 1); /* zeroes only what a cached block had committed */
+        return or_out_of_memory(large_alloc(total, 1)); /* zeroes only what a cached block had committed */
     void *p = shard_malloc(total);
     if (p != NULL)
         mem_zero(p, total);
@@ -273,6 +284,125 @@ void *FAST_PATH(shard_realloc)(void *p, size_t size)
     return shard_realloc_slow(p, size);
 }
 
+/* ---- aligned allocation and the rest of the malloc family ------------------------------------------ */
+
+static inline int power_of_two(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+
+/* The smallest small class that holds size bytes and is a multiple of align (16 < align <= 16 KB): its
+ * items lie at multiples of its size from a 64 KB boundary, so all are aligned. Class 16384 always is. */
+static unsigned aligned_class(size_t size, size_t align)
+{
+    unsigned cls = class_by_size16[((size > align ? size : align) + 15) >> 4];
+    while (class_size[cls] % align != 0)
+        cls++;
+    return cls;
+}
+
+/* A medium block at a multiple of align, from the calling thread's heap (lent, as malloc_without_heap
+ * does, to a thread past its exit hook). */
+static void *medium_aligned(size_t size, size_t align)
+{
+    int lent = 0;
+    heap *h = port_heap_slot();
+    if (h == NULL && (h = heap_get_or_create(&lent)) == NULL)
+        return NULL;
+    void *p = medium_alloc_aligned(h, size, align);
+    if (lent)
+        heap_retire(h);
+    return p;
+}
+
+void *shard_malloc_aligned(size_t size, size_t align)
+{
+    if (!power_of_two(align) || align > SHARD_ALIGN_MAX)
+        return NULL;
+    if (align <= 16)
+        return shard_malloc(size);
+    if (size <= SHARD_SMALL_MAX && align <= SHARD_SMALL_MAX)
+        return shard_malloc(class_size[aligned_class(size, align)]); /* that size takes exactly that class */
+    if (size <= SHARD_MEDIUM_MAX)
+        return or_out_of_memory(medium_aligned(size, align));
+    return or_out_of_memory(large_alloc_aligned(size, align, 0));
+}
+
+void *shard_realloc_aligned(void *p, size_t size, size_t align)
+{
+    if (p == NULL)
+        return shard_malloc_aligned(size, align);
+    if (!power_of_two(align) || align > SHARD_ALIGN_MAX)
+        return NULL;
+    if (align <= 16)
+        return shard_realloc(p, size);
+    size_t old = usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
+    if (old == 0)
+        return NULL;
+    if (size == 0) {
+        shard_free(p);
+        return NULL;
+    }
+    if (((uintptr_t)p & (align - 1)) == 0) { /* in place keeps the alignment */
+        unsigned kind = segmap_kind((uintptr_t)p);
+        void *q = NULL;
+        if (kind == SEG_SMALL)
+            q = size <= old && size >= old / 4 ? p : NULL;
+        else if (kind == SEG_MEDIUM && port_heap_slot() != NULL && segment_of(p)->owner == port_heap_slot())
+            q = medium_resize_in_place(port_heap_slot(), p, size);
+        else if (kind == SEG_LARGE)
+            q = large_resize_in_place(p, size);
+        if (q != NULL)
+            return q;
+    }
+    void *q = shard_malloc_aligned(size, align);
+    if (q == NULL)
+        return NULL;
+    mem_copy(q, p, old < size ? old : size);
+    shard_free(p);
+    return q;
+}
+
+void *shard_reallocarray(void *p, size_t count, size_t size)
+{
+    size_t total;
+    if (__builtin_mul_overflow(count, size, &total))
+        return out_of_memory();
+    return shard_realloc(p, total);
+}
+
+enum { EINVAL_ = 22, ENOMEM_ = 12, PAGE_BYTES = 4096 }; /* the same numbers on Linux and in Windows's CRT */
+
+int shard_posix_memalign(void **out, size_t align, size_t size)
+{
+    if (!power_of_two(align) || align % sizeof(void *) != 0 || align > SHARD_ALIGN_MAX)
+        return EINVAL_;
+    void *p = shard_malloc_aligned(size, align);
+    if (p == NULL)
+        return ENOMEM_;
+    *out = p;
+    return 0;
+}
+
+void *shard_memalign(size_t align, size_t size)
+{
+    if (align > SHARD_ALIGN_MAX)
+        return out_of_memory();
+    size_t a = 16;
+    while (a < align) /* glibc: below 16 is 16, and any other is rounded up to a power of two */
+        a <<= 1;
+    return shard_malloc_aligned(size, a);
+}
+
+void *shard_aligned_alloc(size_t align, size_t size) { return shard_memalign(align, size); }
+
+void *shard_valloc(size_t size) { return shard_malloc_aligned(size, PAGE_BYTES); }
+
+void *shard_pvalloc(size_t size)
+{
+    if (size > SIZE_MAX - PAGE_BYTES)
+        return out_of_memory();
+    size_t rounded = (size + PAGE_BYTES - 1) & ~(size_t)(PAGE_BYTES - 1);
+    return shard_malloc_aligned(rounded ? rounded : PAGE_BYTES, PAGE_BYTES);
+}
+
 size_t shard_usable_size(const void *p)
 {
     if (p == NULL)
@@ -291,6 +421,10 @@ void shard_get_stats(shard_stats *out)
     out->committed = t.committed;
     out->committed_peak = t.committed_peak;
     out->os_calls = t.calls;
+#if SHARD_COUNTERS
+    out->atomic_ops = load_relaxed(&sync_atomic_ops);
+    out->lock_acquisitions = load_relaxed(&sync_lock_acquisitions);
+#endif
     out->live_large = large_live_count();
     large_cache_counts(&out->large_cached, &out->large_cached_bytes);
     out->heaps_free = heap_free_count();

@@ -5,6 +5,13 @@
 
 /* Debug level: 0 release; 1 assertions with their reason and a page check after every slow-path
  * change of a page. The debug library is built with 1. */
+/* SHARD_COUNTERS=1 (build/counters/libshardmm.so): every atomic read-modify-write and every lock
+ * acquisition of the core is counted (shard_stats.atomic_ops, .lock_acquisitions), with a relaxed atomic
+ * add of its own, which is not counted: for counting only, not for timing. */
+#ifndef SHARD_COUNTERS
+#define SHARD_COUNTERS 0
+#endif
+
 #ifndef SHARD_DEBUG
 #define SHARD_DEBUG 0
 #endif

@@ -34,6 +34,14 @@ void error_invalid_pointer(int error, void *p)
     fn(arg, error, p);
 }
 
+void error_lock_for_fork(int take)
+{
+    if (take)
+        spin_lock(&error_hook.lock);
+    else
+        spin_unlock(&error_hook.lock);
+}
+
 shard_error_fn shard_set_error_hook(shard_error_fn hook, void *arg)
 {
     spin_lock(&error_hook.lock);

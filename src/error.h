@@ -8,5 +8,7 @@
 
 /* Report p to the hook with error (enum shard_error); returns if the hook returns. */
 __attribute__((cold, noinline)) void error_invalid_pointer(int error, void *p);
+/* Take (1) or give back (0) the hook's lock around a fork (heap.c's fork hooks). */
+void error_lock_for_fork(int take);
 
 #endif

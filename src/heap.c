@@ -27,6 +27,7 @@
 #include "heap.h"
 
 #include "../port/port.h"
+#include "error.h"
 #include "large.h"
 #include "libc.h"
 
@@ -99,7 +100,7 @@ void heap_retire(heap *h)
     large_cache_expire();
 }
 
-static void on_thread_exit(void *arg) { heap_retire(arg); }
+static void heap_exit_hook(void *arg) { heap_retire(arg); }
 
 void heap_thread_done(void)
 {
@@ -133,7 +134,7 @@ static void put_back_stack(heap *first)
             last = last->next_free;
         push_chain(first, last);
     }
-    __atomic_fetch_add(&trimming, 1u, __ATOMIC_RELEASE);
+    (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_RELEASE));
 }
 
 /* Trim every heap in the stack to what a running thread keeps. */
@@ -192,7 +193,32 @@ static heap *pop_free_heap(void)
     }
 }
 
-/* Once per process: register the thread-exit hook. */
+/* fork() in a multithreaded process: the child keeps only the thread that forked, so a lock another
+ * thread held at that moment would stay taken in the child forever. The prepare hook takes every lock
+ * of the allocator in a fixed order - the stack of free heaps (whole, as a trim takes it, after any
+ * trim in progress), the metadata allocator's, the large-block cache's, the error hook's - and the
+ * parent and child hooks give them back. In the child the heaps of the parent's other threads stay
+ * with their blocks: the child can use and free those blocks (its frees go to those heaps' queues, which
+ * no thread drains: that memory stays with the child until it exits). */
+static heap *fork_stack;
+
+static void fork_prepare(void)
+{
+    fork_stack = take_stack();
+    meta_lock_for_fork(1);
+    large_lock_for_fork(1);
+    error_lock_for_fork(1);
+}
+
+static void fork_done(void)
+{
+    error_lock_for_fork(0);
+    large_lock_for_fork(0);
+    meta_lock_for_fork(0);
+    put_back_stack(fork_stack);
+}
+
+/* Once per process: register the thread-exit hook and the fork hooks. */
 static int init_once(void)
 {
     uint32_t state = load_acquire(&init_state);
@@ -201,7 +227,10 @@ static int init_once(void)
             return -1;
         uint32_t expected = 0;
         if (state == 0 && cas_acq_rel(&init_state, &expected, 1u)) {
-            state = port_thread_exit_hook(on_thread_exit) == 0 ? 2u : 3u;
+            state = port_thread_exit_hook(heap_exit_hook) == 0 &&
+                            port_fork_hooks(fork_prepare, fork_done, fork_done) == 0
+                        ? 2u
+                        : 3u;
             store_release(&init_state, state);
         } else {
             cpu_pause();

@@ -5,8 +5,8 @@
  * (SEG_LARGE, one entry: the rest of the reservation stays SEG_NONE, so an address in it is not a
  * block); a 32-byte header at the start, the block after it:
  *
- *   start + 0     mark | size | committed | span+slack       header, 32 bytes
- *   start + 32    the block: `size` usable bytes
+ *   start + 0     mark | size | committed | span+offset+slack       header, 32 bytes
+ *   start + 32    the block: `size` usable bytes (start + align for an aligned block, below)
  *   ...           committed up to start + committed, then address space only up to start + span
  *
  * The span is the request's size again as headroom (at most 1 GB of it) and never less than 16 MB in
@@ -17,6 +17,9 @@
  * Windows has no such call and copies. Shrinking to less than half of what is committed gives the tail
  * back at once; shrinking by less leaves it.
  *
+ * An aligned block (shard_malloc_aligned, align 64 B .. 2 MB) starts at start + align instead of
+ * start + 32: the header keeps log2 of the block's offset, and everything from the header up to the
+ * block's end is committed as for any block (up to 2 MB - 32 bytes of it unused).
  * The header's mark is LIVE while the block is live and FREED while it waits in the cache. A pointer is
  * a live block exactly when it is 32 bytes into a SEG_LARGE entry of the map and the mark there is LIVE;
  * free changes the mark with a CAS, so of two frees of one block only one gets past it, and the other
@@ -55,20 +58,33 @@ typedef struct large_header {
     uint64_t mark;
     size_t size;       /* usable bytes after the header: the last request, rounded up to the page */
     size_t committed;  /* bytes committed from the header on, a multiple of PORT_PAGE */
-    size_t span_slack; /* span (a multiple of 4 MB) | (start - reservation) / PORT_PAGE */
+    size_t span_slack; /* span (a multiple of 4 MB) | log2(block offset) << 10 | (start - reservation) / PORT_PAGE */
 } large_header;
 _Static_assert(sizeof(large_header) == LARGE_HEADER, "the block follows a 32-byte header");
+
+#define SLACK_BITS 10 /* (start - reservation) / PORT_PAGE < SEGMENT_SIZE / PORT_PAGE = 1024 */
+#define OFFSET_SHIFT SLACK_BITS
+_Static_assert(SEGMENT_SIZE / PORT_PAGE <= (1u << SLACK_BITS) && OFFSET_SHIFT + 5 <= SEGMENT_SHIFT,
+               "slack and offset fit below the span's bits");
 
 static size_t span_of(const large_header *h) { return h->span_slack & ~(size_t)SEGMENT_MASK; }
 static uint8_t *reservation_of(const large_header *h)
 {
-    return (uint8_t *)h - (h->span_slack & SEGMENT_MASK) * PORT_PAGE;
+    return (uint8_t *)h - (h->span_slack & ((1u << SLACK_BITS) - 1)) * PORT_PAGE;
+}
+/* Where the block starts, from the header: 32, or the alignment of an aligned block. */
+static size_t offset_of(const large_header *h) { return (size_t)1 << ((h->span_slack >> OFFSET_SHIFT) & 31); }
+static uint8_t *block_of(large_header *h) { return (uint8_t *)h + offset_of(h); }
+static size_t span_slack_of(size_t span, size_t offset, const large_header *h, const uint8_t *r)
+{
+    return span | (size_t)__builtin_ctzll(offset) << OFFSET_SHIFT | (size_t)((const uint8_t *)h - r) / PORT_PAGE;
 }
 /* What port_reserve took for a span: the span and the slack that aligns it. */
 static size_t reserved_for(size_t span) { return span + SEGMENT_SIZE; }
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
-static size_t need_of(size_t size) { return round_up(size + LARGE_HEADER, PORT_PAGE); }
+/* The bytes from the header to the block's end, whole pages. */
+static size_t need_of(size_t size, size_t offset) { return round_up(size + offset, PORT_PAGE); }
 
 static size_t span_for(size_t need)
 {
@@ -85,7 +101,7 @@ static size_t live_blocks; /* atomic: large blocks have no owner to count them *
  * and its map entry set to kind; *reservation receives what port_reserve gave. With commit_from 0 the header's
  * fields but the mark are filled (otherwise the header page is not committed: a move brings it). NULL
  * out of memory. */
-static large_header *reserve_block(size_t need, size_t commit_from, unsigned kind, uint8_t **reservation)
+static large_header *reserve_block(size_t need, size_t offset, size_t commit_from, unsigned kind, uint8_t **reservation)
 {
     size_t span = span_for(need);
     uint8_t *r = os_reserve(reserved_for(span));
@@ -104,9 +120,9 @@ static large_header *reserve_block(size_t need, size_t commit_from, unsigned kin
         return NULL;
     }
     if (commit_from == 0) {
-        h->size = need - LARGE_HEADER;
+        h->size = need - offset;
         h->committed = need;
-        h->span_slack = span | (size_t)((uint8_t *)h - r) / PORT_PAGE;
+        h->span_slack = span_slack_of(span, offset, h, r);
     }
     return h;
 }
@@ -263,6 +279,14 @@ static void cache_put(large_header *h)
     release_all(victims, n);
 }
 
+void large_lock_for_fork(int take)
+{
+    if (take)
+        spin_lock(&cache.lock);
+    else
+        spin_unlock(&cache.lock);
+}
+
 void large_cache_counts(size_t *blocks, size_t *bytes)
 {
     spin_lock(&cache.lock);
@@ -291,38 +315,44 @@ static int fit_commit(large_header *h, size_t committed, size_t need)
     return 0;
 }
 
-void *large_alloc(size_t size, int zero)
+void *large_alloc(size_t size, int zero) { return large_alloc_aligned(size, LARGE_HEADER, zero); }
+
+void *large_alloc_aligned(size_t size, size_t align, int zero)
 {
     if (size > LARGE_SIZE_MAX)
         return NULL;
-    size_t need = need_of(size), committed = 0;
+    size_t offset = align > LARGE_HEADER ? align : LARGE_HEADER;
+    size_t need = need_of(size, offset), committed = 0;
     large_header *h = cache_take(need, &committed);
     if (h != NULL) {
         if (fit_commit(h, committed, need) != 0) {
             cache_put(h); /* out of memory: the block waits for a smaller request */
             return NULL;
         }
-        h->size = need - LARGE_HEADER;
-        if (zero) /* memory committed in place reads zero; what was committed when cached is dirty */
-            mem_zero(h + 1, (committed < need ? committed : need) - LARGE_HEADER);
+        h->size = need - offset;
+        h->span_slack = span_slack_of(span_of(h), offset, h, reservation_of(h));
+        if (zero && committed > offset) /* memory committed in place reads zero; what was committed when cached is dirty */
+            mem_zero(block_of(h), (committed < need ? committed : need) - offset);
     } else {
         uint8_t *r;
-        h = reserve_block(need, 0, SEG_LARGE, &r);
+        h = reserve_block(need, offset, 0, SEG_LARGE, &r);
         if (h == NULL)
             return NULL;
     }
     fetch_add_relaxed(&live_blocks, 1);
     store_release(&h->mark, LARGE_MARK_LIVE);
-    return h + 1;
+    return block_of(h);
 }
 
 static large_header *live_header(const void *p)
 {
     uintptr_t a = (uintptr_t)p;
-    if ((a & SEGMENT_MASK) != LARGE_HEADER || segmap_kind(a) != SEG_LARGE)
+    if ((a & 15) != 0 || segmap_kind(a) != SEG_LARGE)
         return NULL;
-    large_header *h = (large_header *)(a - LARGE_HEADER);
-    return load_acquire(&h->mark) == LARGE_MARK_LIVE ? h : NULL;
+    large_header *h = (large_header *)(a & ~(uintptr_t)SEGMENT_MASK); /* committed: the map says a block starts here */
+    if (load_acquire(&h->mark) != LARGE_MARK_LIVE || (a & SEGMENT_MASK) != offset_of(h))
+        return NULL;
+    return h;
 }
 
 int large_free(void *p)
@@ -348,7 +378,7 @@ void *large_resize_in_place(void *p, size_t size)
     if (h == NULL || size <= SHARD_MEDIUM_MAX || size > LARGE_SIZE_MAX)
         return NULL;
     large_cache_expire(); /* a cache access, as the seed counts them: the age is checked */
-    size_t need = need_of(size), committed = h->committed;
+    size_t offset = offset_of(h), need = need_of(size, offset), committed = h->committed;
     if (need <= committed) {
         if (need < committed / 2 && os_decommit((uint8_t *)h + need, committed - need) == 0)
             h->committed = need; /* shrunk to less than half: the tail goes back at once */
@@ -359,7 +389,7 @@ void *large_resize_in_place(void *p, size_t size)
     } else {
         return NULL;
     }
-    h->size = need - LARGE_HEADER;
+    h->size = need - offset;
     return p;
 }
 
@@ -369,13 +399,13 @@ void *large_move(void *p, size_t size)
     large_header *old = live_header(p);
     if (old == NULL || size > LARGE_SIZE_MAX)
         return NULL;
-    size_t need = need_of(size), moved = old->committed, span = span_for(need);
+    size_t offset = offset_of(old), need = need_of(size, offset), moved = old->committed, span = span_for(need);
     if (need <= moved)
         return NULL; /* only growth moves pages over */
     /* The new entry is SEG_NONE until the pages are there (setting it now makes sure that its table
      * exists, so that the change to SEG_LARGE below cannot fail). */
     uint8_t *r;
-    large_header *h = reserve_block(need, moved, SEG_NONE, &r);
+    large_header *h = reserve_block(need, offset, moved, SEG_NONE, &r);
     if (h == NULL)
         return NULL;
     /* The old entry goes first: once the pages have moved, the old addresses may be anyone's. */
@@ -386,11 +416,11 @@ void *large_move(void *p, size_t size)
         return NULL;
     }
     /* The header came along with the pages, mark LIVE; only where the block lives now changes. */
-    h->size = need - LARGE_HEADER;
+    h->size = need - offset;
     h->committed = need;
-    h->span_slack = span | (size_t)((uint8_t *)h - r) / PORT_PAGE;
+    h->span_slack = span_slack_of(span, offset, h, r);
     segmap_set((uintptr_t)h, SEGMENT_SIZE, SEG_LARGE, SEG_LARGE);
-    return h + 1;
+    return block_of(h);
 }
 #else
 void *large_move(void *p, size_t size)

@@ -410,24 +410,62 @@ static inline void maybe_trim(heap *h)
         medium_trim(h);
 }
 
-void *medium_alloc(heap *h, size_t size)
+/* The start of every allocation: the slow-path duties, then a free chunk of at least size bytes, out of
+ * the bins (*have: its size), from a new arena if none fits; NULL out of memory. */
+static chunk *find_chunk(heap *h, uint32_t size, uint32_t *have)
 {
     heap_reserve_tick();
     if (unlikely(load_relaxed(&h->delayed_arenas) != NULL))
         medium_drain_delayed(h);
     maybe_trim(h);
-    uint32_t need = chunk_need(size);
-    chunk *c = bin_find(&h->medium, need);
+    chunk *c = bin_find(&h->medium, size);
     if (c == NULL) {
         medium_trim(h);
         if (arena_new(h) != 0)
             return NULL;
-        c = bin_find(&h->medium, need);
+        c = bin_find(&h->medium, size);
         shard_assert(c != NULL, "a new arena holds any medium block");
     }
-    uint32_t have = csize(c);
-    bin_remove(&h->medium, c, have);
-    return take(h, arena_of(c), c, have, need);
+    *have = csize(c);
+    bin_remove(&h->medium, c, *have);
+    return c;
+}
+
+void *medium_alloc(heap *h, size_t size)
+{
+    uint32_t need = chunk_need(size), have;
+    chunk *c = find_chunk(h, need, &have);
+    return c != NULL ? take(h, arena_of(c), c, have, need) : NULL;
+}
+
+void *medium_alloc_aligned(heap *h, size_t size, size_t align)
+{
+    /* A chunk with room for the block at an aligned address and, in front of it, a free chunk of at
+     * least CHUNK_MIN (or none). */
+    uint32_t need = chunk_need(size), have;
+    chunk *c = find_chunk(h, need + (uint32_t)align + CHUNK_MIN, &have);
+    if (c == NULL)
+        return NULL;
+    arena *a = arena_of(c);
+    uintptr_t block = (uintptr_t)c + CHUNK_HEADER, at = (block + align - 1) & ~(uintptr_t)(align - 1);
+    if (at != block && at - block < CHUNK_MIN)
+        at += align;
+    uint32_t front = (uint32_t)(at - block);
+    chunk *d = chunk_at(c, front);
+    if (commit_for(a, d, need, have - front) != 0) { /* commits from the arena's committed end on: c too */
+        bin_insert(&h->medium, c, have);
+        return NULL;
+    }
+    if (front != 0) { /* the front goes back to the bins as a free chunk of its own */
+        store_relaxed(&d->size_flags, have - front); /* not free: make_free must not merge it */
+        make_free(h, a, c, front, 0); /* sets d's prev_size; c's neighbour before it is not free: c was */
+        have -= front;
+    }
+    keep_front(h, a, d, need, have);
+    if (a->live++ == 0)
+        arena_used(h, a);
+    debug_check_arena(h, a, "arena inconsistent after an aligned allocation");
+    return (uint8_t *)d + CHUNK_HEADER;
 }
 
 /* The chunk of p, claimed for a free (PENDING set), or NULL after the error hook when p is not a live
@@ -436,8 +474,8 @@ static chunk *claim_for_free(arena *a, void *p, uint32_t *size)
 {
     chunk *c = chunk_at(p, -(size_t)CHUNK_HEADER);
     if (!valid_live(a, p, size) ||
-        !__atomic_compare_exchange_n(&c->size_flags, size, *size | CHUNK_PENDING, false, __ATOMIC_RELAXED,
-                                     __ATOMIC_RELAXED)) {
+        !counted(__atomic_compare_exchange_n(&c->size_flags, size, *size | CHUNK_PENDING, false, __ATOMIC_RELAXED,
+                                             __ATOMIC_RELAXED))) {
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
         return NULL;
     }

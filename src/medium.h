@@ -56,6 +56,10 @@ typedef struct medium_bins {
  * out of memory. */
 void *medium_alloc(struct heap *h, size_t size);
 
+/* The same at a multiple of align (a power of two, 32 up to 2 MB): the chunk found is split so that the
+ * block starts aligned, the part in front going back to the bins. */
+void *medium_alloc_aligned(struct heap *h, size_t size, size_t align);
+
 /* Free by the owner heap h of p's arena, and by any other thread. Both send a pointer that is not a
  * live medium block to the error hook and change nothing. */
 void medium_free_local(struct heap *h, void *p);

@@ -9,14 +9,18 @@ const uint8_t segmap_zero_leaf[SEGMAP_LEAF_BYTES];
 
 static os_totals totals; /* changed with atomics: one per OS call, never on a fast path */
 
+#if SHARD_COUNTERS
+uint64_t sync_atomic_ops, sync_lock_acquisitions; /* sync.h */
+#endif
+
 static void count_call(void) { fetch_add_relaxed(&totals.calls, 1); }
 
 static void count_commit(size_t size)
 {
-    size_t now = __atomic_add_fetch(&totals.committed, size, __ATOMIC_RELAXED);
+    size_t now = counted(__atomic_add_fetch(&totals.committed, size, __ATOMIC_RELAXED));
     size_t peak = load_relaxed(&totals.committed_peak);
-    while (now > peak && !__atomic_compare_exchange_n(&totals.committed_peak, &peak, now, true,
-                                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    while (now > peak && !counted(__atomic_compare_exchange_n(&totals.committed_peak, &peak, now, true,
+                                                              __ATOMIC_RELAXED, __ATOMIC_RELAXED))) {
     }
 }
 
@@ -85,6 +89,14 @@ static struct {
     spinlock lock;
     uint8_t *cursor, *committed_end, *reserved_end;
 } meta;
+
+void meta_lock_for_fork(int take)
+{
+    if (take)
+        spin_lock(&meta.lock);
+    else
+        spin_unlock(&meta.lock);
+}
 
 void *meta_alloc(size_t size)
 {

@@ -102,5 +102,7 @@ void os_get_totals(os_totals *out);
 /* Zeroed memory for the allocator's own structures (heaps, map tables); never freed. NULL when out of
  * memory. size <= 64 KB; the result is aligned to 64 bytes. */
 void *meta_alloc(size_t size);
+/* Take (1) or give back (0) the metadata allocator's lock around a fork (heap.c's fork hooks). */
+void meta_lock_for_fork(int take);
 
 #endif

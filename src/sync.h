@@ -15,17 +15,27 @@
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
+/* counted(x): x, an atomic read-modify-write, counted in a SHARD_COUNTERS build (config.h). */
+#if SHARD_COUNTERS
+extern uint64_t sync_atomic_ops, sync_lock_acquisitions;
+#define counted(x) (__atomic_fetch_add(&sync_atomic_ops, 1, __ATOMIC_RELAXED), (x))
+#define count_lock() __atomic_fetch_add(&sync_lock_acquisitions, 1, __ATOMIC_RELAXED)
+#else
+#define counted(x) (x)
+#define count_lock() ((void)0)
+#endif
+
 #define load_relaxed(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define load_acquire(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
 #define store_relaxed(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 #define store_release(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#define exchange_acq_rel(p, v) __atomic_exchange_n((p), (v), __ATOMIC_ACQ_REL)
-#define fetch_add_relaxed(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
+#define exchange_acq_rel(p, v) counted(__atomic_exchange_n((p), (v), __ATOMIC_ACQ_REL))
+#define fetch_add_relaxed(p, v) counted(__atomic_fetch_add((p), (v), __ATOMIC_RELAXED))
 /* Compare-and-swap; on failure *expected receives the current value. */
 #define cas_acq_rel(p, expected, desired) \
-    __atomic_compare_exchange_n((p), (expected), (desired), false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
+    counted(__atomic_compare_exchange_n((p), (expected), (desired), false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 #define cas_release(p, expected, desired) \
-    __atomic_compare_exchange_n((p), (expected), (desired), false, __ATOMIC_RELEASE, __ATOMIC_RELAXED)
+    counted(__atomic_compare_exchange_n((p), (expected), (desired), false, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
 
 static inline void cpu_pause(void) { __asm__ volatile("pause" ::: "memory"); }
 
@@ -44,6 +54,7 @@ typedef struct __attribute__((aligned(16))) pair128 {
 static inline bool cas128(pair128 *target, pair128 *expected, pair128 desired)
 {
     bool ok;
+    (void)counted(0);
     __asm__ volatile("lock cmpxchg16b %1"
                      : "=@ccz"(ok), "+m"(*target), "+a"(expected->ptr), "+d"(expected->count)
                      : "b"(desired.ptr), "c"(desired.count)
@@ -71,8 +82,10 @@ static inline void pause_or_yield(unsigned i)
 static inline void spin_lock(spinlock *l)
 {
     for (;;) {
-        if (!__atomic_exchange_n(&l->locked, 1u, __ATOMIC_ACQUIRE))
+        if (!counted(__atomic_exchange_n(&l->locked, 1u, __ATOMIC_ACQUIRE))) {
+            count_lock();
             return;
+        }
         for (unsigned i = 0; load_relaxed(&l->locked); i++)
             pause_or_yield(i);
     }

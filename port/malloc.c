@@ -1,0 +1,31 @@
+/* malloc.c - the C library's malloc family under its own names, on Linux: what makes libshardmm.so a
+ * drop-in malloc (LD_PRELOAD, or linked) and lets a program linked with libshardmm.a use it for all its
+ * allocations.
+ *
+ * A thin layer: each name is the shard_ function of include/shardmm.h that has glibc's semantics, and
+ * compiles to a tail jump (the library is linked with -Bsymbolic-functions, so the jump goes straight to
+ * our own entry, not through the PLT). errno is set by the core itself, through port_out_of_memory, on
+ * the rare path that returns NULL, so malloc, free, calloc and realloc cost one jump over the shard_
+ * entries. The core stays freestanding; this file is the only place the C library's names appear.
+ *
+ * Not here: malloc_trim, mallinfo, malloc_stats and mallopt (glibc's own heap's controls), and the
+ * __libc_ and __posix_ aliases glibc keeps for itself; a program that calls them gets glibc's, which
+ * act on glibc's (then unused) heap.
+ */
+#include "../include/shardmm.h"
+
+#include <stddef.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+EXPORT void *malloc(size_t size) { return shard_malloc(size); }
+EXPORT void free(void *p) { shard_free(p); }
+EXPORT void *calloc(size_t count, size_t size) { return shard_calloc(count, size); }
+EXPORT void *realloc(void *p, size_t size) { return shard_realloc(p, size); }
+EXPORT void *reallocarray(void *p, size_t count, size_t size) { return shard_reallocarray(p, count, size); }
+EXPORT int posix_memalign(void **out, size_t align, size_t size) { return shard_posix_memalign(out, align, size); }
+EXPORT void *aligned_alloc(size_t align, size_t size) { return shard_aligned_alloc(align, size); }
+EXPORT void *memalign(size_t align, size_t size) { return shard_memalign(align, size); }
+EXPORT void *valloc(size_t size) { return shard_valloc(size); }
+EXPORT void *pvalloc(size_t size) { return shard_pvalloc(size); }
+EXPORT size_t malloc_usable_size(void *p) { return shard_usable_size(p); }
