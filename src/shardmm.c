@@ -32,11 +32,4 @@
 #include "medium.c"
 #include "segment.c"
 #include "small.c"
-#if defined(_WIN64)
-#include "../port/win64.c"
-#else
-#include "../port/linux.c"
-#if SHARD_MALLOC_NAMES
-#include "../port/malloc.c"
-#endif
-#endif
+#include "../port/select.c" /* the port of the OS compiled for (and the malloc names if asked for) */
