@@ -260,27 +260,27 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
     return q;
 }
 
+/* Whether p, in a small segment, is an item of its page that keeps its place when resized to size: within
+ * its class and not below a quarter of it. */
+static inline int small_stays(const void *p, size_t size)
+{
+    const page *pg = page_of(p);
+    size_t bsize = pg->block_size;
+    return size <= bsize && size >= bsize >> 2 && page_has_item(pg, p);
+}
+
 /* The in-place test of the fast path, for a block of any thread (through the segment map), then the rest. */
 void *shard_realloc_slow(void *p, size_t size)
 {
-    if (segmap_kind((uintptr_t)p) == SEG_SMALL) {
-        const page *pg = page_of(p);
-        size_t bsize = pg->block_size;
-        if (size <= bsize && size >= bsize >> 2 && page_has_item(pg, p))
-            return p;
-    }
+    if (segmap_kind((uintptr_t)p) == SEG_SMALL && small_stays(p, size))
+        return p;
     return realloc_generic(p, size);
 }
 
 void *FAST_PATH(shard_realloc)(void *p, size_t size)
 {
-    heap *h = fast_heap();
-    if (likely(own_small(h, p))) {
-        const page *pg = page_of(p);
-        size_t bsize = pg->block_size;
-        if (likely(size <= bsize && size >= bsize >> 2 && page_has_item(pg, p)))
-            return p;
-    }
+    if (likely(own_small(fast_heap(), p) && small_stays(p, size)))
+        return p;
     return shard_realloc_slow(p, size);
 }
 
@@ -342,11 +342,12 @@ void *shard_realloc_aligned(void *p, size_t size, size_t align)
     }
     if (((uintptr_t)p & (align - 1)) == 0) { /* in place keeps the alignment */
         unsigned kind = segmap_kind((uintptr_t)p);
+        heap *h = port_heap_slot();
         void *q = NULL;
         if (kind == SEG_SMALL)
-            q = size <= old && size >= old / 4 ? p : NULL;
-        else if (kind == SEG_MEDIUM && port_heap_slot() != NULL && segment_of(p)->owner == port_heap_slot())
-            q = medium_resize_in_place(port_heap_slot(), p, size);
+            q = small_stays(p, size) ? p : NULL;
+        else if (kind == SEG_MEDIUM && h != NULL && segment_of(p)->owner == h)
+            q = medium_resize_in_place(h, p, size);
         else if (kind == SEG_LARGE)
             q = large_resize_in_place(p, size);
         if (q != NULL)

@@ -201,4 +201,17 @@ __attribute__((unused)) static void child_run(const char *action, child_result *
 #endif
 #endif /* PLATFORM_CHILD */
 
+/* With the harness (included first): run fn(arg) on a thread of its own and wait for it; a thread that
+ * cannot start is a test failure. */
+#ifdef HARNESS_H
+__attribute__((unused)) static void run_thread(thread_fn fn, void *arg)
+{
+    thread_t t;
+    int rc = thread_start(&t, fn, arg);
+    CHECKF(rc == 0, "thread_start: %d", rc);
+    if (rc == 0)
+        thread_join(t);
+}
+#endif
+
 #endif

@@ -217,15 +217,6 @@ static void check_disjoint(live_block *blocks, size_t n, const char *what)
                blocks[i - 1].usable, blocks[i].p);
 }
 
-static void run_thread(void *(*fn)(void *), void *arg)
-{
-    thread_t t;
-    int rc = thread_start(&t, fn, arg);
-    CHECKF(rc == 0, "thread_start: %d", rc);
-    if (rc == 0)
-        thread_join(t);
-}
-
 /* Sizes around the boundaries: the small classes, the small/medium limit, medium sizes, the medium/large
  * limit, large sizes. */
 static const size_t boundary_sizes[] = {

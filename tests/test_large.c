@@ -373,15 +373,6 @@ static void cache_undrain(drained *d)
     d->count = 0;
 }
 
-static void run_thread(void *(*fn)(void *), void *arg)
-{
-    thread_t t;
-    int rc = thread_start(&t, fn, arg);
-    CHECKF(rc == 0, "thread_start: %d", rc);
-    if (rc == 0)
-        thread_join(t);
-}
-
 /* ---- tests ---- */
 
 TEST(rules_of_the_test_are_the_documented_ones)

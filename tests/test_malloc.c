@@ -556,15 +556,6 @@ static void *nothing(void *arg)
     return arg;
 }
 
-static void run_thread(void *(*fn)(void *), void *arg)
-{
-    pthread_t t;
-    int rc = pthread_create(&t, NULL, fn, arg);
-    CHECKF(rc == 0, "pthread_create: %d", rc);
-    if (rc == 0)
-        pthread_join(t, NULL);
-}
-
 /* Blocks made with malloc, calloc and memalign by a pthread and freed by the main thread, and the other
  * way round: contents intact; nothing stays live. */
 TEST(blocks_change_threads_with_their_contents)

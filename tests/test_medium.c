@@ -105,15 +105,6 @@ static size_t min_size(size_t a, size_t b)
     return a < b ? a : b;
 }
 
-static void run_thread(void *(*fn)(void *), void *arg)
-{
-    thread_t t;
-    int rc = thread_start(&t, fn, arg);
-    CHECKF(rc == 0, "thread_start: %d", rc);
-    if (rc == 0)
-        thread_join(t);
-}
-
 #if SHARD_RULES
 
 static size_t live_of(const shard_stats *s, enum kind k)

@@ -97,15 +97,6 @@ static uintptr_t page_of(const void *p)
     return (uintptr_t)p / PAGE_SIZE;
 }
 
-static void run_thread(void *(*fn)(void *), void *arg)
-{
-    thread_t t;
-    int rc = thread_start(&t, fn, arg);
-    CHECKF(rc == 0, "thread_start: %d", rc);
-    if (rc == 0)
-        thread_join(t);
-}
-
 static int compare_ptr(const void *a, const void *b)
 {
     uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;

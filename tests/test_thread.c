@@ -93,15 +93,6 @@ static void store_int(int *p, int v)
     __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
 }
 
-static void run_thread(thread_fn fn, void *arg)
-{
-    thread_t t;
-    int rc = thread_start(&t, fn, arg);
-    CHECKF(rc == 0, "thread_start: %d", rc);
-    if (rc == 0)
-        thread_join(t);
-}
-
 #if SHARD_RULES
 /* Empty medium arenas that are still committed (beyond their first 64 KB). */
 static size_t committed_empty_arenas(const shard_stats *s)
