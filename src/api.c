@@ -130,7 +130,7 @@ void *shard_calloc(size_t count, size_t size)
         return or_out_of_memory(large_alloc(total, 1)); /* zeroes only what a cached block had committed */
     void *p = shard_malloc(total);
     if (p != NULL)
-        mem_zero(p, total);
+        mem_zero_block(p, total);
     return p;
 }
 
@@ -150,9 +150,17 @@ void shard_free_slow(void *p)
     if (kind == SEG_SMALL) {
         heap *h = port_heap_slot();
         page *pg = page_of(p);
-        if (h != NULL && segment_of(p)->owner == h)
+        if (h != NULL && segment_of(p)->owner == h) {
             small_free_local_slow(h, pg, p); /* tests the item; takes the ordinary case too */
-        else if (small_valid_foreign(pg, p))
+            return;
+        }
+        /* Another thread's block. Both lines it writes, the descriptor's foreign line (read first by
+         * the test, then changed by the CAS) and the item's link, are fetched for writing at once:
+         * a read would fetch them shared from the owner's core, and the write would then have to ask
+         * again for sole ownership. Harmless when p is not an item (a prefetch never faults). */
+        prefetch_write(&pg->thread_free);
+        prefetch_write(p);
+        if (small_valid_foreign(pg, p))
             small_free_foreign(pg, p);
         else
             error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
@@ -239,14 +247,21 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
         if (kind == SEG_LARGE && (q = large_move(p, target)) != NULL)
             return q;
     } else if (size > old && size <= SHARD_SMALL_MAX) {
-        /* Growth headroom for small blocks: half plus 32 bytes (without the 32, a short string appended
-         * a character at a time would move on every class step), but never out of the small range. */
-        target = size + size / 2 + 32;
+        /* A small block that moves to grow gets room for at least half as much again plus 32 bytes
+         * (without the 32, a short string appended a character at a time would move on every class
+         * step), but never out of the small range. The headroom is measured from the old size: a caller
+         * that grows its buffer geometrically itself (doubling) already asks for more than that and gets
+         * what it asks, not half as much again on top, which would only be held and never used. */
+        target = old + old / 2 + 32;
+        if (target < size)
+            target = size;
         if (target > SHARD_SMALL_MAX)
             target = SHARD_SMALL_MAX;
     } else if (size > old && size <= SHARD_MEDIUM_MAX) {
-        /* Medium blocks grow with a quarter of headroom, within the medium range. */
-        target = size + size / 4;
+        /* Medium blocks grow to at least a quarter more than they had, within the medium range. */
+        target = old + old / 4;
+        if (target < size)
+            target = size;
         if (target > SHARD_MEDIUM_MAX)
             target = SHARD_MEDIUM_MAX;
     }
