@@ -121,14 +121,22 @@ void *FAST_PATH(shard_malloc)(size_t size)
     return shard_malloc_slow(size);
 }
 
+/* Up to 2 KB the malloc fast path is inlined here (no call to the asm entry, no frame); the rest goes
+ * through malloc's slow path, which takes any size. */
 void *shard_calloc(size_t count, size_t size)
 {
     size_t total;
-    if (__builtin_mul_overflow(count, size, &total))
+    if (unlikely(__builtin_mul_overflow(count, size, &total)))
         return out_of_memory();
-    if (total > SHARD_MEDIUM_MAX)
+    void *p;
+    if (likely(total <= SHARD_DIRECT_MAX)) {
+        page *pg = fast_heap()->direct[(total + 15) >> 4];
+        p = likely(pg->free != NULL) ? page_pop(pg) : shard_malloc_slow(total);
+    } else if (total > SHARD_MEDIUM_MAX) {
         return or_out_of_memory(large_alloc(total, 1)); /* zeroes only what a cached block had committed */
-    void *p = shard_malloc(total);
+    } else {
+        p = shard_malloc_slow(total);
+    }
     if (p != NULL)
         mem_zero_block(p, total);
     return p;
