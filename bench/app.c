@@ -72,7 +72,8 @@
  *   on one thread with glibc's malloc on the 2-core VM this was written on.
  *   Prints one line on stdout and nothing else:
  *     <scenario> threads=<N> ms=<wall ms> rss_kb=<VmRSS at the barrier> peak_kb=<VmHWM> checksum=<hex>
- *       ops=<allocator calls> [os_calls=<n> atomic_ops=<n> lock_acquisitions=<n>: linked with shardmm]
+ *       ops=<allocator calls> [os_calls=<n> atomic_ops=<n> lock_acquisitions=<n> committed_peak_kb=<n>:
+ *       linked with shardmm]
  *   Errors (bad arguments, failed allocations, corrupted blocks) go to stderr with exit status 1.
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
@@ -1839,8 +1840,8 @@ int main(int argc, char **argv)
     if (get_stats != NULL) {
         shard_stats st;
         get_stats(&st);
-        printf(" os_calls=%zu atomic_ops=%zu lock_acquisitions=%zu", st.os_calls, st.atomic_ops,
-               st.lock_acquisitions);
+        printf(" os_calls=%zu atomic_ops=%zu lock_acquisitions=%zu committed_peak_kb=%zu", st.os_calls,
+               st.atomic_ops, st.lock_acquisitions, st.committed_peak / 1024);
     }
     printf("\n");
     return 0;
