@@ -57,6 +57,21 @@ static inline void *page_pop(page *pg)
     return b;
 }
 
+/* The fast paths' test: whether pg has a free item, taking its local_free list (what the owner freed)
+ * as the free list when that is dry. Only the slow path drains other threads' frees and carves: a class
+ * whose items come and go in the owner's hands stays on the fast path (with pages carved a few items at
+ * a time, it would otherwise take the slow path once per few items). */
+static inline int page_ready(page *pg)
+{
+    if (likely(pg->free != NULL))
+        return 1;
+    if (pg->local_free == NULL)
+        return 0;
+    pg->free = pg->local_free;
+    pg->local_free = NULL;
+    return 1;
+}
+
 /* A small or medium block for a thread without a heap in its slot: its first allocation, or one made
  * after its exit hook ran, with a heap lent for this one block. */
 static __attribute__((noinline)) void *malloc_without_heap(size_t size)
@@ -111,11 +126,11 @@ void *FAST_PATH(shard_malloc)(size_t size)
     heap *h = fast_heap();
     if (likely(size <= SHARD_DIRECT_MAX)) {
         page *pg = h->direct[(size + 15) >> 4];
-        if (likely(pg->free != NULL))
+        if (likely(page_ready(pg)))
             return page_pop(pg);
     } else if (size <= SHARD_SMALL_MAX) {
         page *pg = h->classes[class_by_size16[(size + 15) >> 4]].first;
-        if (pg != NULL && pg->free != NULL)
+        if (pg != NULL && page_ready(pg))
             return page_pop(pg);
     }
     return shard_malloc_slow(size);
@@ -131,7 +146,7 @@ void *shard_calloc(size_t count, size_t size)
     void *p;
     if (likely(total <= SHARD_DIRECT_MAX)) {
         page *pg = fast_heap()->direct[(total + 15) >> 4];
-        p = likely(pg->free != NULL) ? page_pop(pg) : shard_malloc_slow(total);
+        p = likely(page_ready(pg)) ? page_pop(pg) : shard_malloc_slow(total);
     } else if (total > SHARD_MEDIUM_MAX) {
         return or_out_of_memory(large_alloc(total, 1)); /* zeroes only what a cached block had committed */
     } else {
