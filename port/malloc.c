@@ -4,9 +4,9 @@
  *
  * A thin layer: each name is the shard_ function of include/shardmm.h that has glibc's semantics, and
  * compiles to a tail jump (the library is linked with -Bsymbolic-functions, so the jump goes straight to
- * our own entry, not through the PLT), or for the four busiest is the entry itself (below). errno is set by the core itself, through port_out_of_memory, on
- * the rare path that returns NULL, so malloc, free, calloc and realloc cost nothing over the shard_
- * entries. The core stays freestanding; this file is the only place the C library's names appear.
+ * our own entry, not through the PLT); the four busiest are the entries themselves in the shared
+ * libraries (below). errno is set by the core itself, through port_out_of_memory, on the rare path that
+ * returns NULL, so malloc, free, calloc and realloc cost nothing over the shard_ entries. The core stays freestanding; this file is the only place the C library's names appear.
  *
  * Not here: malloc_trim, mallinfo, malloc_stats and mallopt (glibc's own heap's controls), and the
  * __libc_ and __posix_ aliases glibc keeps for itself; a program that calls them gets glibc's, which

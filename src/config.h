@@ -52,7 +52,8 @@
  * touch n * size bytes, or n OS pages when items are larger than an OS page. A program that uses a few
  * blocks of each of many classes (strings growing through the classes) would otherwise hold 64 KB per
  * class of 1 KB and up for a few live items. With 4 items at least, a page of 16 KB items is carved at
- * once, and items of 4 KB and up take the slow path once per 4. */
+ * once. (The slow path carves; a class whose items the owner frees and takes again stays on the fast
+ * path, which takes the page's local_free list when its free list is dry.) */
 #ifndef SHARD_CARVE_BATCH
 #define SHARD_CARVE_BATCH 64
 #endif
