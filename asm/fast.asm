@@ -7,7 +7,8 @@
 ; constants come from gen/layout.py (layout.inc here, src/layout.h checked by _Static_assert in C).
 ;
 ; Linux instruction counts on the fast path, `ret` included (tests/test_asm.c checks them exactly by
-; single-stepping; bench/instr.py counts them under callgrind): malloc up to 2 KB 15, 2-16 KB 22, free 23
+; single-stepping; bench/instr.py counts them under callgrind): malloc up to 2 KB 15, 2-16 KB 22 (20 and
+; 27 when the page's free list is dry and its local_free list is taken instead), free 23
 ; (31 when it empties the only page of its class), realloc in place 25. Where free's go: the heap slot 2, "a small segment
 ; of mine" through the heap's own-segment table 6, the page descriptor's offset 3, the item test (carved
 ; and at a multiple of the class size, so that an interior or never-handed-out pointer reaches the error
@@ -52,12 +53,19 @@ FUNC shard_malloc
 .pop:                                               ; T2: a page of the class
     mov rax, [T2 + SHARD_L_PAGE_FREE]
     test rax, rax
-    jz .slow
+    jz .local
+.take:                                              ; rax: the first free item of page T2
     mov T1, [rax]                                   ; the next free item
     mov [T2 + SHARD_L_PAGE_FREE], T1
     add dword [T2 + SHARD_L_PAGE_USED], 1
     prefetchw [T1]                                  ; the next allocation reads its link (NULL: no fault)
     ret
+.local:                                             ; free is dry: the items the owner freed, if any
+    mov rax, [T2 + SHARD_L_PAGE_LOCAL_FREE]
+    test rax, rax
+    jz .slow
+    mov qword [T2 + SHARD_L_PAGE_LOCAL_FREE], 0
+    jmp .take
 .class:                                             ; 2-16 KB: the class table, then the class's first page
     cmp ARG0, SHARD_L_SMALL_MAX
     ja .slow

@@ -72,7 +72,8 @@
  *   on one thread with glibc's malloc on the 2-core VM this was written on.
  *   Prints one line on stdout and nothing else:
  *     <scenario> threads=<N> ms=<wall ms> rss_kb=<VmRSS at the barrier> peak_kb=<VmHWM> checksum=<hex>
- *       ops=<allocator calls> [os_calls=<n> atomic_ops=<n> lock_acquisitions=<n>: linked with shardmm]
+ *       ops=<allocator calls> [os_calls=<n> atomic_ops=<n> lock_acquisitions=<n> committed_peak_kb=<n>:
+ *       linked with shardmm]
  *   Errors (bad arguments, failed allocations, corrupted blocks) go to stderr with exit status 1.
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
@@ -225,6 +226,13 @@ struct worker {
     uint64_t pair_seed;   /* pipeline: seeds the messages, the same in both threads of a pair */
     bool consumer;        /* pipeline: this thread consumes */
     pthread_t thread;
+};
+
+/* Each worker has lines of its own (128 bytes: the adjacent-line prefetcher fetches pairs): the threads
+ * write rng and sum all the time, and two workers on one line would make every run measure that false
+ * sharing, at whatever offset the allocator put the array, instead of the allocator. */
+struct worker_slot {
+    alignas(128) struct worker w;
 };
 
 __attribute__((noreturn, cold)) static void corrupt(const struct worker *w, const char *what)
@@ -1777,9 +1785,12 @@ int main(int argc, char **argv)
     if (rounds > (double)(LONG_MAX / PIPE_MESSAGES))
         rounds = (double)(LONG_MAX / PIPE_MESSAGES);
     uint64_t name_seed = hash_bytes(HASH_START, (const unsigned char *)s->name, strlen(s->name));
-    struct worker *workers = xcalloc((size_t)running, sizeof *workers);
+    struct worker_slot *workers = aligned_alloc(alignof(struct worker_slot), (size_t)running * sizeof *workers);
+    if (workers == NULL)
+        out_of_memory((size_t)running * sizeof *workers);
+    memset(workers, 0, (size_t)running * sizeof *workers);
     for (int i = 0; i < running; i++) {
-        struct worker *w = &workers[i];
+        struct worker *w = &workers[i].w;
         w->name = s->name;
         w->index = i;
         w->run = s->run;
@@ -1800,7 +1811,7 @@ int main(int argc, char **argv)
             fail("pthread_barrier_init", err);
     }
     for (int i = 0; i < running; i++) {
-        int err = pthread_create(&workers[i].thread, NULL, worker_main, &workers[i]);
+        int err = pthread_create(&workers[i].w.thread, NULL, worker_main, &workers[i].w);
         if (err != 0)
             fail("pthread_create", err);
     }
@@ -1813,10 +1824,10 @@ int main(int argc, char **argv)
     barrier_wait(&release);
     uint64_t checksum = HASH_START;
     for (int i = 0; i < running; i++) {
-        int err = pthread_join(workers[i].thread, NULL);
+        int err = pthread_join(workers[i].w.thread, NULL);
         if (err != 0)
             fail("pthread_join", err);
-        checksum = mix(checksum, workers[i].sum);
+        checksum = mix(checksum, workers[i].w.sum);
     }
     free(workers);
 
@@ -1829,8 +1840,8 @@ int main(int argc, char **argv)
     if (get_stats != NULL) {
         shard_stats st;
         get_stats(&st);
-        printf(" os_calls=%zu atomic_ops=%zu lock_acquisitions=%zu", st.os_calls, st.atomic_ops,
-               st.lock_acquisitions);
+        printf(" os_calls=%zu atomic_ops=%zu lock_acquisitions=%zu committed_peak_kb=%zu", st.os_calls,
+               st.atomic_ops, st.lock_acquisitions, st.committed_peak / 1024);
     }
     printf("\n");
     return 0;

@@ -57,6 +57,21 @@ static inline void *page_pop(page *pg)
     return b;
 }
 
+/* The fast paths' test: whether pg has a free item, taking its local_free list (what the owner freed)
+ * as the free list when that is dry. Only the slow path drains other threads' frees and carves: a class
+ * whose items come and go in the owner's hands stays on the fast path (with pages carved a few items at
+ * a time, it would otherwise take the slow path once per few items). */
+static inline int page_ready(page *pg)
+{
+    if (likely(pg->free != NULL))
+        return 1;
+    if (pg->local_free == NULL)
+        return 0;
+    pg->free = pg->local_free;
+    pg->local_free = NULL;
+    return 1;
+}
+
 /* A small or medium block for a thread without a heap in its slot: its first allocation, or one made
  * after its exit hook ran, with a heap lent for this one block. */
 static __attribute__((noinline)) void *malloc_without_heap(size_t size)
@@ -111,26 +126,34 @@ void *FAST_PATH(shard_malloc)(size_t size)
     heap *h = fast_heap();
     if (likely(size <= SHARD_DIRECT_MAX)) {
         page *pg = h->direct[(size + 15) >> 4];
-        if (likely(pg->free != NULL))
+        if (likely(page_ready(pg)))
             return page_pop(pg);
     } else if (size <= SHARD_SMALL_MAX) {
         page *pg = h->classes[class_by_size16[(size + 15) >> 4]].first;
-        if (pg != NULL && pg->free != NULL)
+        if (pg != NULL && page_ready(pg))
             return page_pop(pg);
     }
     return shard_malloc_slow(size);
 }
 
+/* Up to 2 KB the malloc fast path is inlined here (no call to the asm entry, no frame); the rest goes
+ * through malloc's slow path, which takes any size. */
 void *shard_calloc(size_t count, size_t size)
 {
     size_t total;
-    if (__builtin_mul_overflow(count, size, &total))
+    if (unlikely(__builtin_mul_overflow(count, size, &total)))
         return out_of_memory();
-    if (total > SHARD_MEDIUM_MAX)
+    void *p;
+    if (likely(total <= SHARD_DIRECT_MAX)) {
+        page *pg = fast_heap()->direct[(total + 15) >> 4];
+        p = likely(page_ready(pg)) ? page_pop(pg) : shard_malloc_slow(total);
+    } else if (total > SHARD_MEDIUM_MAX) {
         return or_out_of_memory(large_alloc(total, 1)); /* zeroes only what a cached block had committed */
-    void *p = shard_malloc(total);
+    } else {
+        p = shard_malloc_slow(total);
+    }
     if (p != NULL)
-        mem_zero(p, total);
+        mem_zero_block(p, total);
     return p;
 }
 
@@ -150,9 +173,17 @@ void shard_free_slow(void *p)
     if (kind == SEG_SMALL) {
         heap *h = port_heap_slot();
         page *pg = page_of(p);
-        if (h != NULL && segment_of(p)->owner == h)
+        if (h != NULL && segment_of(p)->owner == h) {
             small_free_local_slow(h, pg, p); /* tests the item; takes the ordinary case too */
-        else if (small_valid_foreign(pg, p))
+            return;
+        }
+        /* Another thread's block. Both lines it writes, the descriptor's foreign line (read first by
+         * the test, then changed by the CAS) and the item's link, are fetched for writing at once:
+         * a read would fetch them shared from the owner's core, and the write would then have to ask
+         * again for sole ownership. Harmless when p is not an item (a prefetch never faults). */
+        prefetch_write(&pg->thread_free);
+        prefetch_write(p);
+        if (small_valid_foreign(pg, p))
             small_free_foreign(pg, p);
         else
             error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
@@ -239,14 +270,21 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
         if (kind == SEG_LARGE && (q = large_move(p, target)) != NULL)
             return q;
     } else if (size > old && size <= SHARD_SMALL_MAX) {
-        /* Growth headroom for small blocks: half plus 32 bytes (without the 32, a short string appended
-         * a character at a time would move on every class step), but never out of the small range. */
-        target = size + size / 2 + 32;
+        /* A small block that moves to grow gets room for at least half as much again plus 32 bytes
+         * (without the 32, a short string appended a character at a time would move on every class
+         * step), but never out of the small range. The headroom is measured from the old size: a caller
+         * that grows its buffer geometrically itself (doubling) already asks for more than that and gets
+         * what it asks, not half as much again on top, which would only be held and never used. */
+        target = old + old / 2 + 32;
+        if (target < size)
+            target = size;
         if (target > SHARD_SMALL_MAX)
             target = SHARD_SMALL_MAX;
     } else if (size > old && size <= SHARD_MEDIUM_MAX) {
-        /* Medium blocks grow with a quarter of headroom, within the medium range. */
-        target = size + size / 4;
+        /* Medium blocks grow to at least a quarter more than they had, within the medium range. */
+        target = old + old / 4;
+        if (target < size)
+            target = size;
         if (target > SHARD_MEDIUM_MAX)
             target = SHARD_MEDIUM_MAX;
     }

@@ -45,9 +45,23 @@
 #endif
 
 /* Items carved from a page's untouched part at a time: a batch, not the whole page, so a page used
- * for a few items never links all of its memory (and touches no more of it than needed). */
+ * for a few items never links all of its memory (and touches no more of it than needed). At most
+ * SHARD_CARVE_BATCH items, and no more than SHARD_CARVE_BYTES of memory touched but always
+ * SHARD_CARVE_MIN items (or what is left):
+ * carving writes a link at the start of every item, which makes the OS page under it resident: n items
+ * touch n * size bytes, or n OS pages when items are larger than an OS page. A program that uses a few
+ * blocks of each of many classes (strings growing through the classes) would otherwise hold 64 KB per
+ * class of 1 KB and up for a few live items. With 4 items at least, a page of 16 KB items is carved at
+ * once. (The slow path carves; a class whose items the owner frees and takes again stays on the fast
+ * path, which takes the page's local_free list when its free list is dry.) */
 #ifndef SHARD_CARVE_BATCH
 #define SHARD_CARVE_BATCH 64
+#endif
+#ifndef SHARD_CARVE_BYTES
+#define SHARD_CARVE_BYTES 4096
+#endif
+#ifndef SHARD_CARVE_MIN
+#define SHARD_CARVE_MIN 4
 #endif
 
 /* pause instructions before a waiting lock yields the processor (in the order of thousands). */
@@ -89,7 +103,7 @@
 #define SHARD_LARGE_EXCESS_MIN ((size_t)16 << 20)
 #endif
 
-#if SHARD_CARVE_BATCH < 1 || SHARD_KEEP_FREE_PAGES < 0
+#if SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || SHARD_KEEP_FREE_PAGES < 0
 #error "invalid shardmm configuration"
 #endif
 

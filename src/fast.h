@@ -13,8 +13,9 @@
  * The fast paths, both languages, step by step:
  *   heap  = the slot (Linux: &heap_none when the thread has no heap; Windows: NULL is tested)
  *   malloc(n), n <= 2 KB: page = heap->direct[(n + 15) >> 4]; 2-16 KB: the class table, then
- *          heap->classes[cls].first (NULL tested); item = page->free (NULL: slow); page->free =
- *          item->next; page->used++; prefetchw the new page->free.
+ *          heap->classes[cls].first (NULL tested); if page->free is NULL, page->free = page->local_free
+ *          and page->local_free = NULL (both NULL: slow); item = page->free; page->free = item->next;
+ *          page->used++; prefetchw the new page->free.
  *   free(p): seg = p & ~(4 MB - 1); heap->own[(uint32_t)p >> 22] == seg (else slow: not a small block
  *          of ours, or another thread's, or NULL); page = descriptor of p; p below carved_end and a
  *          multiple of the class size (else slow, which reports it); page->used - 1, and if that is not

@@ -130,14 +130,21 @@ static void page_init(page *pg, unsigned cls)
     store_relaxed(&pg->shared_block_size, size);
 }
 
-/* Link up to SHARD_CARVE_BATCH untouched items into `free`, in ascending address order. The loop
- * keeps the cursor, the size and the end in registers. */
+/* Link up to SHARD_CARVE_BATCH untouched items into `free`, in ascending address order, and no more
+ * than touch SHARD_CARVE_BYTES, but SHARD_CARVE_MIN at least (config.h). The loop keeps the cursor, the size and
+ * the end in registers. */
 static void page_carve(page *pg)
 {
-    unsigned n = (unsigned)pg->capacity - pg->carved;
-    if (n > SHARD_CARVE_BATCH)
-        n = SHARD_CARVE_BATCH;
     size_t size = pg->block_size;
+    size_t touched = size < PORT_PAGE ? size : PORT_PAGE; /* by the link written into each item */
+    unsigned n = (unsigned)pg->capacity - pg->carved;
+    unsigned most = (unsigned)(SHARD_CARVE_BYTES / touched);
+    if (most < SHARD_CARVE_MIN)
+        most = SHARD_CARVE_MIN;
+    if (most > SHARD_CARVE_BATCH)
+        most = SHARD_CARVE_BATCH;
+    if (n > most)
+        n = most;
     uint8_t *first = page_start(pg) + pg->carved_end;
     uint8_t *last = first + (size_t)(n - 1) * size;
     for (uint8_t *p = first; p < last; p += size)

@@ -245,9 +245,11 @@ static void entries_setup(void)
 }
 
 /* The fast paths' instruction counts on Linux, `ret` included, as asm/fast.asm states them; change
- * them together. malloc above 2 KB adds the class table (7), a free that empties the only page of its
- * class the test of the class list (8). */
-enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_FREE = 23, FAST_FREE_SOLE_PAGE = 31, FAST_REALLOC = 25 };
+ * them together. malloc above 2 KB adds the class table (7), a malloc that takes the page's local_free
+ * list because its free list is dry adds that test and the swap (5), a free that empties the only page
+ * of its class the test of the class list (8). */
+enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_MALLOC_LOCAL = 5, FAST_FREE = 23, FAST_FREE_SOLE_PAGE = 31,
+       FAST_REALLOC = 25 };
 
 #ifdef _WIN32
 extern uintptr_t port_win64_slot_offset;
@@ -287,9 +289,10 @@ static expectation contract(int op, const void *p, size_t size)
             pg = h->classes[class_by_size16[(size + 15) >> 4]].first;
         else
             return e;
-        if (pg != NULL && pg->free != NULL)
+        if (pg != NULL && (pg->free != NULL || pg->local_free != NULL))
             e.slow = SLOW_NONE;
-        e.instructions = size <= SHARD_DIRECT_MAX ? FAST_MALLOC : FAST_MALLOC_CLASS;
+        e.instructions = (size <= SHARD_DIRECT_MAX ? FAST_MALLOC : FAST_MALLOC_CLASS) +
+                         (pg != NULL && pg->free == NULL ? FAST_MALLOC_LOCAL : 0);
     } else {
         uintptr_t a = (uintptr_t)p, seg = a & ~(uintptr_t)SEGMENT_MASK;
         if (h->own[(uint32_t)a >> SEGMENT_SHIFT] != seg)

@@ -87,11 +87,16 @@ __attribute__((unused)) static size_t shrink_expected(size_t u, size_t n)
     return u >= r16(n) + SPLIT_MIN ? r16(n) : u;
 }
 
-/* The least usable size of a block that moved because it grew to n bytes. */
-__attribute__((unused)) static size_t grow_target(size_t n)
+/* The least usable size of a block of `old` usable bytes that moved because it grew to n bytes: a quarter
+ * more than it had, or n when that is more, within the medium range. */
+__attribute__((unused)) static size_t grow_target(size_t old, size_t n)
 {
-    if (n > SMALL_MAX && n <= MEDIUM_MAX && n + n / 4 <= MEDIUM_MAX)
-        return n + n / 4;
+    if (n > SMALL_MAX && n <= MEDIUM_MAX) {
+        size_t t = old + old / 4;
+        if (t < n)
+            t = n;
+        return t < MEDIUM_MAX ? t : MEDIUM_MAX;
+    }
     return n;
 }
 
@@ -308,10 +313,11 @@ TEST(rules_of_the_test_are_the_documented_ones)
     CHECK_EQ(shrink_expected(200000, 200000 - 255), 200000);
     CHECK_EQ(shrink_expected(200000, 200000 - 256), 200000 - 256);
     CHECK_EQ(shrink_expected(200000, 1), 16);
-    CHECK_EQ(grow_target(16385), 16385 + 4096);
-    CHECK_EQ(grow_target(838861), 1048576);
-    CHECK_EQ(grow_target(838862), 838862);
-    CHECK_EQ(grow_target(1048577), 1048577);
+    CHECK_EQ(grow_target(16384, 16385), 16384 + 4096);
+    CHECK_EQ(grow_target(16384, 40000), 40000);
+    CHECK_EQ(grow_target(838860, 838861), 1048575);
+    CHECK_EQ(grow_target(838862, 838863), 1048576);
+    CHECK_EQ(grow_target(1000000, 1048577), 1048577);
 }
 
 /* The sizes of the sweep: 16384, 16385, 16400, a geometric sweep to 1 MB with odd offsets, -1/0/+1
@@ -539,8 +545,8 @@ static void *shrink_body(void *unused)
             if (q) {
 #if SHARD_RULES
                 CHECKF(q != p, "a block followed by a live one grew in place (%zu -> %zu bytes)", u0, u0 + 1);
-                CHECKF(shard_usable_size(q) >= grow_target(u0 + 1), "moved to %zu bytes: usable %zu, expected >= %zu",
-                       u0 + 1, shard_usable_size(q), grow_target(u0 + 1));
+                CHECKF(shard_usable_size(q) >= grow_target(u0, u0 + 1), "moved to %zu bytes: usable %zu, expected >= %zu",
+                       u0 + 1, shard_usable_size(q), grow_target(u0, u0 + 1));
 #endif
                 CHECK_PATTERN(q, u0, 0x6002, "block moved because it grew");
                 p = q;
@@ -621,8 +627,8 @@ static void *grow_body(void *unused)
     if (q) {
 #if SHARD_RULES
         CHECKF(q != d, "a block followed by a live block grew in place (%zu -> %zu)", u[3], u[3] + 1);
-        CHECKF(shard_usable_size(q) >= grow_target(u[3] + 1), "moved for %zu bytes: usable %zu, expected >= %zu",
-               u[3] + 1, shard_usable_size(q), grow_target(u[3] + 1));
+        CHECKF(shard_usable_size(q) >= grow_target(u[3], u[3] + 1), "moved for %zu bytes: usable %zu, expected >= %zu",
+               u[3] + 1, shard_usable_size(q), grow_target(u[3], u[3] + 1));
 #endif
         CHECK_PATTERN(q, u[3], seeds[3], "block moved because it grew");
         b[3] = q;
@@ -665,9 +671,9 @@ static void *grow_body(void *unused)
             if (q) {
 #if SHARD_RULES
                 CHECKF(q != a, "a block with no free space after it grew in place (%zu -> %zu)", room, room + 1);
-                CHECKF(shard_usable_size(q) >= grow_target(room + 1),
+                CHECKF(shard_usable_size(q) >= grow_target(room, room + 1),
                        "moved for %zu bytes: usable %zu, expected >= %zu", room + 1, shard_usable_size(q),
-                       grow_target(room + 1));
+                       grow_target(room, room + 1));
 #endif
                 CHECK_PATTERN(q, room, 0x6111, "block moved because it grew past the free space");
                 a = q;
@@ -774,8 +780,8 @@ static void *headroom_body(void *unused)
 #if SHARD_RULES
         shard_stats s = stats_now();
         CHECKF(q != p, "shard_realloc(%zu -> %zu) with a live block after it stayed in place", u[2 * i], n);
-        CHECKF(shard_usable_size(q) >= grow_target(n), "shard_realloc(%zu -> %zu) moved: usable %zu, expected >= %zu",
-               u[2 * i], n, shard_usable_size(q), grow_target(n));
+        CHECKF(shard_usable_size(q) >= grow_target(u[2 * i], n), "shard_realloc(%zu -> %zu) moved: usable %zu, expected >= %zu",
+               u[2 * i], n, shard_usable_size(q), grow_target(u[2 * i], n));
         CHECKF(s.live_medium == a.live_medium, "shard_realloc(%zu -> %zu): live medium %zu -> %zu", u[2 * i], n,
                a.live_medium, s.live_medium);
 #endif
@@ -819,6 +825,7 @@ TEST(a_small_block_growing_beyond_16kb_moves_to_a_medium_block_with_headroom)
             fill(p, from, seed);
 #if SHARD_RULES
             shard_stats a = stats_now();
+            size_t u = shard_usable_size(p);
 #endif
             q = shard_realloc(p, to);
             CHECKF(q != NULL, "shard_realloc(%zu -> %zu)", from, to);
@@ -830,8 +837,8 @@ TEST(a_small_block_growing_beyond_16kb_moves_to_a_medium_block_with_headroom)
             shard_stats s = stats_now();
             enum kind k = kind_of_size(to);
             CHECKF(q != p, "shard_realloc(%zu -> %zu) of a small block stayed in place", from, to);
-            CHECKF(shard_usable_size(q) >= grow_target(to), "shard_realloc(%zu -> %zu): usable %zu, expected >= %zu",
-                   from, to, shard_usable_size(q), grow_target(to));
+            CHECKF(shard_usable_size(q) >= grow_target(u, to), "shard_realloc(%zu -> %zu): usable %zu, expected >= %zu",
+                   from, to, shard_usable_size(q), grow_target(u, to));
             CHECKF(s.live_small + 1 == a.live_small && live_of(&s, k) == live_of(&a, k) + 1,
                    "shard_realloc(%zu -> %zu): live small %zu -> %zu, live %s %zu -> %zu", from, to, a.live_small,
                    s.live_small, kind_name(k), live_of(&a, k), live_of(&s, k));
@@ -891,13 +898,13 @@ static void check_pair(size_t from, size_t to, uint64_t seed, unsigned char **ri
             CHECKF(to <= MEDIUM_MAX, "shard_realloc(%zu -> %zu): a medium block grew in place past 1 MB", from, to);
             CHECKF(medium_usable_ok(nu, to), "shard_realloc(%zu -> %zu) grown in place: usable %zu", from, to, nu);
         } else {
-            CHECKF(nu >= grow_target(to), "shard_realloc(%zu -> %zu) moved: usable %zu, expected >= %zu", from, to, nu,
-                   grow_target(to));
+            CHECKF(nu >= grow_target(u, to), "shard_realloc(%zu -> %zu) moved: usable %zu, expected >= %zu", from, to,
+                   nu, grow_target(u, to));
         }
     } else if (kf == KIND_SMALL && to > SMALL_MAX) {
         CHECKF(q != p, "shard_realloc(%zu -> %zu) of a small block stayed in place", from, to);
-        CHECKF(nu >= grow_target(to), "shard_realloc(%zu -> %zu) moved: usable %zu, expected >= %zu", from, to, nu,
-               grow_target(to));
+        CHECKF(nu >= grow_target(u, to), "shard_realloc(%zu -> %zu) moved: usable %zu, expected >= %zu", from, to, nu,
+               grow_target(u, to));
     }
 #else
     (void)u;
@@ -965,7 +972,8 @@ static void *growth_body(void *unused)
         if (q != p) {
             moves++;
 #if SHARD_RULES
-            CHECKF(shard_usable_size(q) >= grow_target(m), "moved for %zu bytes: usable %zu", m, shard_usable_size(q));
+            CHECKF(shard_usable_size(q) >= grow_target(before, m), "moved for %zu bytes: usable %zu", m,
+                   shard_usable_size(q));
 #endif
         } else if (m > before) {
 #if SHARD_RULES

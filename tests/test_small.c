@@ -60,11 +60,14 @@ __attribute__((unused)) static int stays_in_place(size_t cs, size_t n)
     return n > 0 && n <= cs && n >= cs / 4;
 }
 
-/* The bytes a moving realloc of a small block of class cs to n bytes allocates. */
+/* The bytes a moving realloc of a small block of class cs to n bytes allocates: growing, at least half
+ * as much again as the class plus 32 bytes, or n when that is more, within the small range. */
 __attribute__((unused)) static size_t realloc_target(size_t cs, size_t n)
 {
     if (n > cs) {
-        size_t t = n + n / 2 + 32;
+        size_t t = cs + cs / 2 + 32;
+        if (t < n)
+            t = n;
         if (n <= SMALL_MAX && t > SMALL_MAX)
             t = SMALL_MAX;
         return t;
@@ -511,9 +514,10 @@ TEST(realloc_growing_by_one_byte_and_shrinking_by_halves_keeps_contents)
     }
     CHECK_PATTERN(p, TOP, seed, "block grown to 20000 bytes");
 #if SHARD_RULES
-    /* Growth with headroom: 14 moves of small blocks under the rule, at 2 and 3 (below a quarter of 16),
-     * 17, 65, 161, 321, 641, 1025, 1793, 2817, 4609, 7169, 12289 and 16385. */
-    CHECK_EQ(moves, 14);
+    /* Growth with headroom: 15 moves of small blocks under the rule, at 2 and 3 (below a quarter of 16),
+     * 17, 65, 129, 225, 385, 641, 1025, 1793, 2817, 4609, 7169, 12289 and 16385 (each to the class of
+     * the old class + half + 32). */
+    CHECK_EQ(moves, 15);
 #else
     (void)moves;
 #endif
@@ -535,13 +539,6 @@ TEST(realloc_growing_by_one_byte_and_shrinking_by_halves_keeps_contents)
         CHECKF((uintptr_t)q == old, "medium block shrunk to %zu: moved", n);
         CHECKF(shard_usable_size(q) == (before - rounded >= 256 ? rounded : before),
                "medium block of %zu usable bytes shrunk to %zu: usable %zu", before, n, shard_usable_size(q));
-        if (0) {
-            int in_place = stays_in_place(before, n);
-            CHECKF(((uintptr_t)q == old) == in_place, "shrink to %zu in class %zu: %s", n, before,
-                   (uintptr_t)q == old ? "stayed" : "moved");
-            if (!in_place)
-                CHECK_EQ(shard_usable_size(q), expected_class(n));
-        }
 #else
         (void)before;
         (void)old;
