@@ -269,24 +269,20 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
         target = size + size / 16;
         if (kind == SEG_LARGE && (q = large_move(p, target)) != NULL)
             return q;
-    } else if (size > old && size <= SHARD_SMALL_MAX) {
-        /* A small block that moves to grow gets room for at least half as much again plus 32 bytes
-         * (without the 32, a short string appended a character at a time would move on every class
-         * step), but never out of the small range. The headroom is measured from the old size: a caller
-         * that grows its buffer geometrically itself (doubling) already asks for more than that and gets
-         * what it asks, not half as much again on top, which would only be held and never used. */
-        target = old + old / 2 + 32;
-        if (target < size)
-            target = size;
-        if (target > SHARD_SMALL_MAX)
-            target = SHARD_SMALL_MAX;
     } else if (size > old && size <= SHARD_MEDIUM_MAX) {
-        /* Medium blocks grow to at least a quarter more than they had, within the medium range. */
-        target = old + old / 4;
+        /* A block that moves to grow gets room for at least half as much again plus 32 bytes when the
+         * new size is small (without the 32, a short string appended a character at a time would move on
+         * every class step), a quarter more when it is medium, within the range of the new size. The
+         * headroom is measured from the old size: a caller that grows its buffer geometrically itself
+         * (doubling) already asks for more than that and gets what it asks, not a half or a quarter
+         * again on top, which would only be held and never used. */
+        int small = size <= SHARD_SMALL_MAX;
+        size_t limit = small ? SHARD_SMALL_MAX : SHARD_MEDIUM_MAX;
+        target = small ? old + old / 2 + 32 : old + old / 4;
         if (target < size)
             target = size;
-        if (target > SHARD_MEDIUM_MAX)
-            target = SHARD_MEDIUM_MAX;
+        if (target > limit)
+            target = limit;
     }
     q = shard_malloc(target);
     if (q == NULL && target != size)

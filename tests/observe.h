@@ -3,7 +3,8 @@
  * - stats_now(): a snapshot of shard_get_stats; check_allocator(): shard_check() is 0;
  * - an error hook that records its calls: recording_hook is installed with shard_set_error_hook,
  *   hook_record holds the number of calls and the last call's error, pointer and argument, hook_reset
- *   clears it. */
+ *   clears it, CHECK_HOOK(error, p, what) checks that the last call reached it exactly once with them
+ *   (needs harness.h). */
 #ifndef TEST_OBSERVE_H
 #define TEST_OBSERVE_H
 #if SHARD_RULES
@@ -37,6 +38,11 @@ __attribute__((unused)) static void hook_reset(void)
 {
     memset(&hook_record, 0, sizeof hook_record);
 }
+
+#define CHECK_HOOK(err, p, what)                                                                         \
+    CHECKF(hook_record.calls == 1 && hook_record.error == (err) && hook_record.ptr == (void *)(p),       \
+           "%s: hook called %d times, error %d (expected %d), pointer %p (expected %p)", (what),         \
+           hook_record.calls, hook_record.error, (err), hook_record.ptr, (void *)(p))
 
 #endif /* SHARD_RULES */
 

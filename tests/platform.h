@@ -9,12 +9,19 @@
  *                                      to stderr (Linux: fork; Windows: the program starts itself again
  *                                      with SHARD_TEST_CHILD=action in its environment)
  *
+ *   after_exit_setup(rounds)           once, 0 on success; then after_exit_arm(thread) in a thread: when
+ *   after_exit_arm(thread)             it ends, after shardmm's own exit hook, after_exit_action(thread)
+ *                                      - which the including file defines - runs `rounds` times in it
+ *                                      (at most 4, glibc's rounds of key destructors)
+ *
  * A program that uses child_run defines PLATFORM_CHILD before including this file, and
- * `static void child_action(const char *action)`.
+ * `static void child_action(const char *action)`; one that uses after_exit_setup defines
+ * PLATFORM_AFTER_EXIT and `static void after_exit_action(int thread)`.
  */
 #ifndef PLATFORM_H
 #define PLATFORM_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,5 +220,57 @@ __attribute__((unused)) static void run_thread(thread_fn fn, void *arg)
         thread_join(t);
 }
 #endif
+
+#ifdef PLATFORM_AFTER_EXIT
+/* Thread-local destructors run at thread exit, some after the allocator's own exit hook, and may
+ * allocate (a C++ thread_local object that logs, a runtime's per-thread cleanup). On Linux: a pthread
+ * key made after the allocator's (so its destructor runs after ours) that sets itself again for each
+ * further round; on Windows: a TLS callback of the program, which Windows runs after the FLS callbacks. */
+static void after_exit_action(int thread);
+static int after_exit_rounds;
+
+#ifdef _WIN32
+static DWORD after_exit_index = TLS_OUT_OF_INDEXES; /* holds thread + 1 in an armed thread */
+
+static void NTAPI after_exit_callback(PVOID module, DWORD reason, PVOID reserved)
+{
+    (void)module;
+    (void)reserved;
+    if (reason != DLL_THREAD_DETACH || after_exit_index == TLS_OUT_OF_INDEXES)
+        return;
+    intptr_t thread = (intptr_t)TlsGetValue(after_exit_index) - 1;
+    for (int round = 0; thread >= 0 && round < after_exit_rounds; round++)
+        after_exit_action((int)thread);
+}
+__attribute__((section(".CRT$XLF"), used)) static const PIMAGE_TLS_CALLBACK after_exit_tls = after_exit_callback;
+
+static int after_exit_setup(int rounds)
+{
+    after_exit_rounds = rounds;
+    after_exit_index = TlsAlloc();
+    return after_exit_index != TLS_OUT_OF_INDEXES ? 0 : -1;
+}
+
+static void after_exit_arm(int thread) { TlsSetValue(after_exit_index, (void *)(intptr_t)(thread + 1)); }
+#else
+static pthread_key_t after_exit_key;
+static __thread int after_exit_done; /* rounds run in this thread */
+
+static void after_exit_destructor(void *value)
+{
+    after_exit_action((int)(intptr_t)value - 1);
+    if (++after_exit_done < after_exit_rounds) /* glibc calls again while a value is set */
+        pthread_setspecific(after_exit_key, value);
+}
+
+static int after_exit_setup(int rounds)
+{
+    after_exit_rounds = rounds;
+    return pthread_key_create(&after_exit_key, after_exit_destructor); /* after the allocator's key */
+}
+
+static void after_exit_arm(int thread) { pthread_setspecific(after_exit_key, (void *)(intptr_t)(thread + 1)); }
+#endif
+#endif /* PLATFORM_AFTER_EXIT */
 
 #endif

@@ -30,6 +30,7 @@
  */
 #define HARNESS_MAIN
 #include "harness.h"
+#define PLATFORM_AFTER_EXIT
 #include "platform.h"
 
 #include <errno.h>
@@ -596,12 +597,6 @@ TEST(realloc_aligned_moves_a_block_to_a_larger_alignment)
 
 /* ---- the error hook ---- */
 
-/* Checks that the last call reached the hook once, with this error and pointer. */
-#define CHECK_HOOK(err, p, what)                                                                     \
-    CHECKF(hook_record.calls == 1 && hook_record.error == (err) && hook_record.ptr == (void *)(p),  \
-           "%s: hook called %d times, error %d (expected %d), pointer %p (expected %p)", (what),    \
-           hook_record.calls, hook_record.error, (err), hook_record.ptr, (void *)(p))
-
 /* Frees, reallocs (plain and aligned) and size-queries bad; each reaches the hook once. */
 static void check_bad_pointer(void *bad, const char *what)
 {
@@ -828,8 +823,7 @@ TEST(aligned_blocks_freed_and_resized_by_another_thread)
 
 /* ---- aligned allocation after the thread-exit hook ---- */
 
-/* A thread-local destructor that runs after the allocator's exit hook (a pthread key made after the
- * allocator's on Linux, a TLS callback of the program on Windows, which runs after the FLS callbacks)
+/* A thread-local destructor that runs after the allocator's exit hook (platform.h's after_exit_arm)
  * allocates aligned blocks of every kind: a small and a medium one need a heap, which the thread borrows
  * for the one block and gives straight back. The blocks are good and outlive the thread, and no heap
  * stays behind. */
@@ -842,7 +836,8 @@ static struct {
     size_t count[LATE_THREADS];
 } late;
 
-static void late_allocate(int thread)
+/* platform.h's after_exit_action: every request, once. */
+static void after_exit_action(int thread)
 {
     for (size_t i = late.count[thread]; i < LATE_COUNT; i++) {
         request r = late_requests[i];
@@ -861,56 +856,12 @@ static void late_allocate(int thread)
     }
 }
 
-#ifdef _WIN32
-static DWORD late_index = TLS_OUT_OF_INDEXES; /* holds thread + 1 in a test thread */
-
-static void NTAPI late_tls_callback(PVOID module, DWORD reason, PVOID reserved)
-{
-    (void)module;
-    (void)reserved;
-    if (reason != DLL_THREAD_DETACH || late_index == TLS_OUT_OF_INDEXES)
-        return;
-    intptr_t thread = (intptr_t)TlsGetValue(late_index) - 1;
-    if (thread >= 0)
-        late_allocate((int)thread);
-}
-__attribute__((section(".CRT$XLF"), used)) static const PIMAGE_TLS_CALLBACK late_callback = late_tls_callback;
-
-static int late_setup(void)
-{
-    late_index = TlsAlloc();
-    return late_index != TLS_OUT_OF_INDEXES ? 0 : -1;
-}
-
-static void late_arm(int thread)
-{
-    TlsSetValue(late_index, (void *)(intptr_t)(thread + 1));
-}
-#else
-static pthread_key_t late_key;
-
-static void late_destructor(void *value)
-{
-    late_allocate((int)(intptr_t)value - 1);
-}
-
-static int late_setup(void)
-{
-    return pthread_key_create(&late_key, late_destructor); /* after the allocator's key: runs after it */
-}
-
-static void late_arm(int thread)
-{
-    pthread_setspecific(late_key, (void *)(intptr_t)(thread + 1));
-}
-#endif
-
 static void *late_thread(void *arg)
 {
     void *p = shard_malloc(100); /* the thread has a heap of its own, and so an exit hook to run */
     CHECK(p != NULL);
     shard_free(p);
-    late_arm((int)(intptr_t)arg);
+    after_exit_arm((int)(intptr_t)arg);
     return NULL;
 }
 
@@ -919,7 +870,7 @@ TEST(aligned_allocations_after_the_thread_exit_hook_leave_no_heap_behind)
     live_counts start = live_now();
     void *mine = shard_malloc(100); /* the main thread holds a heap throughout */
     CHECK(mine != NULL);
-    CHECK_EQ(late_setup(), 0);
+    CHECK_EQ(after_exit_setup(1), 0);
     size_t heaps_before = stats_now().heaps;
     for (int i = 0; i < LATE_THREADS; i++)
         run_thread(late_thread, (void *)(intptr_t)i); /* one after another: one heap can serve them all */

@@ -323,16 +323,7 @@ static void check_moved_out(const shard_stats *a, const shard_stats *b, size_t h
 }
 
 static int hook_cookie; /* the hook's argument */
-
-/* Checks that the last call reached the hook exactly once with this error and pointer. */
-#define CHECK_HOOK(err, p, what)                                                                         \
-    CHECKF(hook_record.calls == 1 && hook_record.error == (err) && hook_record.ptr == (void *)(p) &&     \
-               hook_record.arg == &hook_cookie,                                                          \
-           "%s: hook called %d times, error %d (expected %d), pointer %p (expected %p), argument %s", (what), \
-           hook_record.calls, hook_record.error, (err), hook_record.ptr, (void *)(p),                   \
-           hook_record.arg == &hook_cookie ? "right" : "wrong")
 #endif
-
 
 /* Blocks taken out of the cache so that the next large allocations are fresh reservations. */
 enum { DRAIN_MAX = 2 * CACHE_MAX_BLOCKS };

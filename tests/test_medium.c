@@ -116,12 +116,6 @@ static size_t live_of(const shard_stats *s, enum kind k)
 {
     return k == KIND_SMALL ? s->live_small : k == KIND_MEDIUM ? s->live_medium : s->live_large;
 }
-
-/* Checks that the last call reached the hook exactly once with this error and pointer. */
-#define CHECK_HOOK(err, p, what)                                                                         \
-    CHECKF(hook_record.calls == 1 && hook_record.error == (err) && hook_record.ptr == (void *)(p),       \
-           "%s: hook called %d times, error %d (expected %d), pointer %p (expected %p)", (what),         \
-           hook_record.calls, hook_record.error, (err), hook_record.ptr, (void *)(p))
 #endif
 
 

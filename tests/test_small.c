@@ -18,6 +18,7 @@
 #define HARNESS_MAIN
 #include "harness.h"
 #define PLATFORM_CHILD
+#define PLATFORM_AFTER_EXIT
 #include "platform.h"
 
 #include <stdint.h>
@@ -1535,9 +1536,8 @@ TEST(the_default_error_hook_writes_one_line_and_aborts)
 
 /* Thread-local destructors run at thread exit, some after the allocator's own exit hook, and may
  * allocate (a C++ thread_local object that logs, a runtime's per-thread cleanup). Here each test thread
- * allocates LATE_BLOCKS blocks from such a destructor: on Linux a pthread key destructor made after the
- * allocator's key (so it runs after ours) that re-arms itself for all of glibc's rounds, on Windows a
- * TLS callback of the program, which Windows runs after the FLS callbacks. The blocks must be good and
+ * allocates LATE_BLOCKS blocks from such a destructor (platform.h's after_exit_arm), in each of
+ * LATE_ROUNDS rounds. The blocks must be good and
  * outlive the thread, and the thread must leave no heap behind: every heap but the main thread's is
  * back in the stack afterwards. */
 enum { LATE_THREADS = 12, LATE_ROUNDS = 4, LATE_BLOCKS = 3 };
@@ -1547,7 +1547,8 @@ static struct {
     int count[LATE_THREADS];
 } late;
 
-static void late_allocate(int thread)
+/* LATE_BLOCKS more blocks, in each of the LATE_ROUNDS rounds of platform.h's after_exit_action. */
+static void after_exit_action(int thread)
 {
     for (int i = 0; i < LATE_BLOCKS && late.count[thread] < LATE_ROUNDS * LATE_BLOCKS; i++) {
         int k = late.count[thread];
@@ -1562,50 +1563,13 @@ static void late_allocate(int thread)
     }
 }
 
-#ifdef _WIN32
-static DWORD late_index = TLS_OUT_OF_INDEXES; /* holds thread + 1 in a test thread */
-
-static void NTAPI late_tls_callback(PVOID module, DWORD reason, PVOID reserved)
-{
-    (void)module;
-    (void)reserved;
-    if (reason != DLL_THREAD_DETACH || late_index == TLS_OUT_OF_INDEXES)
-        return;
-    intptr_t thread = (intptr_t)TlsGetValue(late_index) - 1;
-    for (int round = 0; thread >= 0 && round < LATE_ROUNDS; round++)
-        late_allocate((int)thread);
-}
-__attribute__((section(".CRT$XLF"), used)) static const PIMAGE_TLS_CALLBACK late_callback = late_tls_callback;
-
-static void late_arm(int thread)
-{
-    TlsSetValue(late_index, (void *)(intptr_t)(thread + 1));
-}
-#else
-static pthread_key_t late_key;
-static __thread int late_rounds;
-
-static void late_destructor(void *value)
-{
-    int thread = (int)(intptr_t)value - 1;
-    late_allocate(thread);
-    if (++late_rounds < LATE_ROUNDS) /* glibc calls again while a value is set, for 4 rounds in all */
-        pthread_setspecific(late_key, value);
-}
-
-static void late_arm(int thread)
-{
-    pthread_setspecific(late_key, (void *)(intptr_t)(thread + 1));
-}
-#endif
-
 static void *late_thread(void *arg)
 {
     int thread = (int)(intptr_t)arg;
     void *p = shard_malloc(100); /* the thread has a heap of its own, and so an exit hook to run */
     CHECK(p != NULL);
     shard_free(p);
-    late_arm(thread);
+    after_exit_arm(thread);
     return NULL;
 }
 
@@ -1613,12 +1577,7 @@ TEST(allocations_after_the_thread_exit_hook_leave_no_heap_behind)
 {
     void *mine = shard_malloc(100); /* the main thread holds a heap throughout */
     CHECK(mine != NULL);
-#ifdef _WIN32
-    late_index = TlsAlloc();
-    CHECK(late_index != TLS_OUT_OF_INDEXES);
-#else
-    CHECK_EQ(pthread_key_create(&late_key, late_destructor), 0); /* after the allocator's key */
-#endif
+    CHECK_EQ(after_exit_setup(LATE_ROUNDS), 0);
 #if SHARD_RULES
     size_t heaps_before = stats_now().heaps;
 #endif
