@@ -136,25 +136,34 @@ void *FAST_PATH(shard_malloc)(size_t size)
     return shard_malloc_slow(size);
 }
 
+/* calloc's slow part: sizes above 2 KB, a page that needs the slow path; a tail call from shard_calloc,
+ * so that its fast path needs no stack frame. */
+static __attribute__((noinline)) void *calloc_slow(size_t total)
+{
+    if (total > SHARD_MEDIUM_MAX)
+        return or_out_of_memory(large_alloc(total, 1)); /* zeroes only what a cached block had committed */
+    void *p = shard_malloc_slow(total);
+    if (p != NULL)
+        mem_zero_block(p, total);
+    return p;
+}
+
 /* Up to 2 KB the malloc fast path is inlined here (no call to the asm entry, no frame); the rest goes
- * through malloc's slow path, which takes any size. */
+ * through calloc_slow. */
 void *shard_calloc(size_t count, size_t size)
 {
     size_t total;
     if (unlikely(__builtin_mul_overflow(count, size, &total)))
         return out_of_memory();
-    void *p;
     if (likely(total <= SHARD_DIRECT_MAX)) {
         page *pg = fast_heap()->direct[(total + 15) >> 4];
-        p = likely(page_ready(pg)) ? page_pop(pg) : shard_malloc_slow(total);
-    } else if (total > SHARD_MEDIUM_MAX) {
-        return or_out_of_memory(large_alloc(total, 1)); /* zeroes only what a cached block had committed */
-    } else {
-        p = shard_malloc_slow(total);
+        if (likely(page_ready(pg))) {
+            void *p = page_pop(pg);
+            mem_zero_block(p, total);
+            return p;
+        }
     }
-    if (p != NULL)
-        mem_zero_block(p, total);
-    return p;
+    return calloc_slow(total);
 }
 
 /* ---- free ---------------------------------------------------------------------------------------- */
