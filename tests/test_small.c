@@ -407,6 +407,32 @@ TEST(calloc_zeroes_dirty_reused_items_of_every_class)
 }
 
 /* count * size overflowing size_t gives NULL. */
+/* calloc of every size up to 2 KB (its inlined fast path and the zeroing by size steps) returns n zero
+ * bytes on a block that was dirty: the block just freed, full of 0xAA, comes back first (last in, first
+ * out) where the allocator does that, else another dirty one of the class. */
+TEST(calloc_of_every_size_to_2048_zeroes_a_dirty_block)
+{
+    for (size_t n = 1; n <= 2048; n++) {
+        unsigned char *dirty = shard_malloc(n);
+        CHECKF(dirty != NULL, "shard_malloc(%zu)", n);
+        if (!dirty)
+            continue;
+        memset(dirty, 0xAA, shard_usable_size(dirty));
+        shard_free(dirty);
+        unsigned char *p = shard_calloc(1, n);
+        CHECKF(p != NULL, "shard_calloc(1, %zu)", n);
+        if (!p)
+            continue;
+#if SHARD_RULES
+        CHECKF(p == dirty, "calloc(1, %zu) did not take back the block just freed", n);
+#endif
+        size_t bad = bytes_not_equal(p, n, 0);
+        CHECKF(bad == n, "calloc(1, %zu): byte %zu is not zero", n, bad);
+        memset(p, 0xAA, n);
+        shard_free(p);
+    }
+}
+
 TEST(calloc_overflow_gives_null)
 {
     static const size_t pairs[][2] = {
