@@ -406,7 +406,6 @@ TEST(calloc_zeroes_dirty_reused_items_of_every_class)
 #endif
 }
 
-/* count * size overflowing size_t gives NULL. */
 /* calloc of every size up to 2 KB (its inlined fast path and the zeroing by size steps) returns n zero
  * bytes on a block that was dirty: the block just freed, full of 0xAA, comes back first (last in, first
  * out) where the allocator does that, else another dirty one of the class. */
@@ -433,6 +432,7 @@ TEST(calloc_of_every_size_to_2048_zeroes_a_dirty_block)
     }
 }
 
+/* count * size overflowing size_t gives NULL. */
 TEST(calloc_overflow_gives_null)
 {
     static const size_t pairs[][2] = {
