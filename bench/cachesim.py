@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """bench/cachesim.py - the application benchmark's scenarios under valgrind's cache simulator: the
 instructions each program executes and the first-level data cache misses it takes, per allocator.
-Deterministic (the same numbers on every run of the same binaries), so it separates differences of a few
-per cent that the timed runs of bench/run cannot on a shared, noisy machine.
+Deterministic (the same numbers on every run of the same binaries, or within 1-2 % for an allocator that
+acts on the clock, such as jemalloc's purging), so it separates differences of a few per cent that the
+timed runs of bench/run cannot on a shared, noisy machine.
 
 Runs, for each scenario and allocator, <build-dir>/bench/app-<alloc> <scenario> -threads 1 -scale S under
     valgrind --tool=cachegrind --cache-sim=yes --I1=32768,8,64 --D1=32768,8,64 --LL=8388608,16,64
