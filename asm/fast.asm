@@ -115,9 +115,9 @@ FUNC shard_free
     sub dword [rax + T2 + SHARD_L_PAGE_USED], 1
     jle .empty_or_full
 .push:
-    mov T4, [rax + T2 + SHARD_L_PAGE_LOCAL_FREE]
-    mov [ARG0], T4
-    mov [rax + T2 + SHARD_L_PAGE_LOCAL_FREE], ARG0
+    mov T4, [rax + T2 + SHARD_L_PAGE_FREE]            ; onto `free`: the next malloc of the class takes
+    mov [ARG0], T4                                  ; this item back while it is still in the cache
+    mov [rax + T2 + SHARD_L_PAGE_FREE], ARG0
     ret
 .empty_or_full:                                     ; an empty page that is its class's only one stays
     jl .undo                                        ; as it is: the slow path would do no more

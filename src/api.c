@@ -9,7 +9,8 @@
  * - free of a small block of the own thread: the heap's own-segment table answers "a small segment of
  *   mine" in one load (the segment map and the owner in descriptor 0 would take four), then the item test
  *   (below the carved end, a multiple of the class size by one multiply), `used` - 1 (undone if the
- *   page empties or was full: the slow path's case), push onto `local_free`; no atomic operation.
+ *   page empties or was full: the slow path's case), push onto the page's `free` list, from which the
+ *   next malloc of the class takes it back first (small.h); no atomic operation.
  * - realloc of a small block of the own thread within its class and not below a quarter of it: the
  *   same tests, then the block itself.
  * The slow paths take anything: medium blocks (16 KB - 1 MB, medium.c) from the heap's arenas, larger
@@ -57,10 +58,10 @@ static inline void *page_pop(page *pg)
     return b;
 }
 
-/* The fast paths' test: whether pg has a free item, taking its local_free list (what the owner freed)
- * as the free list when that is dry. Only the slow path drains other threads' frees and carves: a class
- * whose items come and go in the owner's hands stays on the fast path (with pages carved a few items at
- * a time, it would otherwise take the slow path once per few items). */
+/* The fast paths' test: whether pg has a free item, taking its local_free list (other threads' frees,
+ * drained by an earlier slow path) as the free list when that is dry. Only the slow path drains other
+ * threads' frees and carves: a class whose items come and go in the owner's hands stays on the fast path
+ * (with pages carved a few items at a time, it would otherwise take the slow path once per few items). */
 static inline int page_ready(page *pg)
 {
     if (likely(pg->free != NULL))
@@ -136,25 +137,34 @@ void *FAST_PATH(shard_malloc)(size_t size)
     return shard_malloc_slow(size);
 }
 
+/* calloc's slow part: sizes above 2 KB, a page that needs the slow path; a tail call from shard_calloc,
+ * so that its fast path needs no stack frame. */
+static __attribute__((noinline)) void *calloc_slow(size_t total)
+{
+    if (total > SHARD_MEDIUM_MAX)
+        return or_out_of_memory(large_alloc(total, 1)); /* zeroes only what a cached block had committed */
+    void *p = shard_malloc_slow(total);
+    if (p != NULL)
+        mem_zero_block(p, total);
+    return p;
+}
+
 /* Up to 2 KB the malloc fast path is inlined here (no call to the asm entry, no frame); the rest goes
- * through malloc's slow path, which takes any size. */
+ * through calloc_slow. */
 void *shard_calloc(size_t count, size_t size)
 {
     size_t total;
     if (unlikely(__builtin_mul_overflow(count, size, &total)))
         return out_of_memory();
-    void *p;
     if (likely(total <= SHARD_DIRECT_MAX)) {
         page *pg = fast_heap()->direct[(total + 15) >> 4];
-        p = likely(page_ready(pg)) ? page_pop(pg) : shard_malloc_slow(total);
-    } else if (total > SHARD_MEDIUM_MAX) {
-        return or_out_of_memory(large_alloc(total, 1)); /* zeroes only what a cached block had committed */
-    } else {
-        p = shard_malloc_slow(total);
+        if (likely(page_ready(pg))) {
+            void *p = page_pop(pg);
+            mem_zero_block(p, total);
+            return p;
+        }
     }
-    if (p != NULL)
-        mem_zero_block(p, total);
-    return p;
+    return calloc_slow(total);
 }
 
 /* ---- free ---------------------------------------------------------------------------------------- */
@@ -213,8 +223,8 @@ void FAST_PATH(shard_free)(void *p)
              * as it is (small_free_local_slow would do no more): a malloc/free pair on its own. */
             if (likely(used > 0) ||
                 (used == 0 && h->classes[pg->cls].first == pg && h->classes[pg->cls].last == pg)) {
-                b->next = pg->local_free;
-                pg->local_free = b;
+                b->next = pg->free; /* last in, first out: see small.h */
+                pg->free = b;
                 return;
             }
             pg->used++; /* the page empties or was full: the slow path gets it as it was */

@@ -13,14 +13,15 @@
  * The fast paths, both languages, step by step:
  *   heap  = the slot (Linux: &heap_none when the thread has no heap; Windows: NULL is tested)
  *   malloc(n), n <= 2 KB: page = heap->direct[(n + 15) >> 4]; 2-16 KB: the class table, then
- *          heap->classes[cls].first (NULL tested); if page->free is NULL, page->free = page->local_free
- *          and page->local_free = NULL (both NULL: slow); item = page->free; page->free = item->next;
- *          page->used++; prefetchw the new page->free.
+ *          heap->classes[cls].first (NULL tested); if page->free is NULL, page->free =
+ *          page->local_free (drained foreign frees) and page->local_free = NULL (both NULL: slow);
+ *          item = page->free; page->free = item->next; page->used++; prefetchw the new page->free.
  *   free(p): seg = p & ~(4 MB - 1); heap->own[(uint32_t)p >> 22] == seg (else slow: not a small block
  *          of ours, or another thread's, or NULL); page = descriptor of p; p below carved_end and a
  *          multiple of the class size (else slow, which reports it); page->used - 1, and if that is not
  *          above 0 (the page empties, or was full) + 1 again and slow, except when it is 0 and the
- *          page is the only one of its class list (it stays as it is); push p on page->local_free.
+ *          page is the only one of its class list (it stays as it is); push p on page->free
+ *          (last in, first out; small.h).
  *          The slow path after the own-segment test is small_free_local_slow(heap, page, p) (small.h),
  *          which needs no second lookup; before it, shard_free_slow(p).
  *   realloc(p, n): the same own-segment and item tests; bsize / 4 <= n <= bsize returns p.

@@ -1,7 +1,7 @@
 /* small.c - the slow paths of small blocks: carving, class lists, foreign frees, free and cold pages.
  *
- * The fast paths (api.c, later asm/) pop from `free` of the first page of a class and push onto
- * `local_free`; everything else happens here:
+ * The fast paths (api.c, asm/fast.asm) pop from `free` of the first page of a class and push the
+ * owner's frees back onto it; everything else happens here:
  * - A class list holds the pages of a class that may have free items. When its first page has no
  *   `free` item, the slow path takes the page's `local_free`, else carves up to 64 more items from the
  *   untouched part in ascending address order, else takes the page out of the list as full (and
@@ -319,8 +319,8 @@ void small_free_local_slow(heap *h, page *pg, block *b)
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b);
         return;
     }
-    b->next = pg->local_free;
-    pg->local_free = b;
+    b->next = pg->free;
+    pg->free = b;
     pg->used--;
     debug_check_page(pg, "page inconsistent after a free");
     if (pg->used == 0) {

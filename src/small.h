@@ -3,9 +3,17 @@
  * A page of 64 KB serves one size class while it has items in use and may take another class when it
  * is empty. Items have no header; they are linked through their first word while free. A page has
  * three free lists:
- *   free        the owner allocates from it
- *   local_free  the owner puts its frees here (no atomic operation on either)
+ *   free        the owner allocates from it and puts its own frees back onto it
+ *   local_free  other threads' frees, once the owner has taken them from thread_free (no atomic
+ *               operation on either of the two)
  *   thread_free other threads push their frees here with one CAS
+ * The owner's frees go onto `free`, not (as in the seed and in mimalloc) onto `local_free`: last in,
+ * first out, the next allocation of the class takes back the item just freed, whose cache line the
+ * program has usually just touched. Measured (bench/app.c's objects at -scale 0.2 under cachegrind):
+ * 381 thousand first-level data cache misses with the frees on local_free, 181 thousand with them on
+ * free; in interleaved runs of both libraries at 1 thread, 1-3 % less time in objects, closures, json
+ * and pipeline, the rest unchanged. The malloc fast path takes local_free whole when `free` is dry.
+ *
  * thread_free is one word, not a pointer (layout below): the owner takes the whole list with one
  * exchange, splices it into local_free by its tail and subtracts the count from `used` without walking
  * the items, which other cores have just written. A push computes the new word from the old one alone,

@@ -251,6 +251,44 @@ TEST(malloc_zero_gives_unique_usable_block)
 #endif
 }
 
+/* The owner's frees go back onto the page's free list, last in first out (src/small.h): of a class
+ * whose page still has other items free (carved, or freed earlier), malloc hands out the item freed
+ * last, then the one before. Every class, by the size-per-page array up to 2 KB and by the class table
+ * above; the blocks left live keep their contents. */
+TEST(the_item_freed_last_is_the_next_one_allocated)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    for (int k = 0; k < CLASS_COUNT; k++) {
+        size_t c = test_classes[k];
+        void *blocks[3];
+        uint64_t seed = 0x1f0 + (uint64_t)k * 8;
+        alloc_and_fill_blocks(blocks, 3, c, seed);
+        if (!blocks[0] || !blocks[1] || !blocks[2]) {
+            check_and_free_blocks(blocks, 3, c, seed, "a block of the LIFO test");
+            continue;
+        }
+        void *first = blocks[0], *middle = blocks[1];
+        CHECK_PATTERN(first, c, seed, "the first block before its free");
+        CHECK_PATTERN(middle, c, seed + 1, "the middle block before its free");
+        shard_free(middle);
+        shard_free(first);
+        blocks[0] = shard_malloc(c);
+        blocks[1] = shard_malloc(c);
+        CHECK(blocks[0] == first);
+        CHECK(blocks[1] == middle);
+        if (blocks[0] != first || blocks[1] != middle)
+            fprintf(stderr, "  class %zu: freed %p then %p, got %p then %p\n", c, middle, first, blocks[0], blocks[1]);
+        for (int i = 0; i < 2; i++)
+            if (blocks[i])
+                fill(blocks[i], c, seed + (uint64_t)i);
+        check_and_free_blocks(blocks, 3, c, seed, "a block of the LIFO test after the reuse");
+    }
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
 /* Sizes beyond the address space give NULL, and a block that was to grow to one keeps its place and
  * its contents. */
 TEST(huge_sizes_give_null_and_keep_the_block)
@@ -366,6 +404,32 @@ TEST(calloc_zeroes_dirty_reused_items_of_every_class)
 #if SHARD_RULES
     CHECK_EQ(shard_check(), 0);
 #endif
+}
+
+/* calloc of every size up to 2 KB (its inlined fast path and the zeroing by size steps) returns n zero
+ * bytes on a block that was dirty: the block just freed, full of 0xAA, comes back first (last in, first
+ * out) where the allocator does that, else another dirty one of the class. */
+TEST(calloc_of_every_size_to_2048_zeroes_a_dirty_block)
+{
+    for (size_t n = 1; n <= 2048; n++) {
+        unsigned char *dirty = shard_malloc(n);
+        CHECKF(dirty != NULL, "shard_malloc(%zu)", n);
+        if (!dirty)
+            continue;
+        memset(dirty, 0xAA, shard_usable_size(dirty));
+        shard_free(dirty);
+        unsigned char *p = shard_calloc(1, n);
+        CHECKF(p != NULL, "shard_calloc(1, %zu)", n);
+        if (!p)
+            continue;
+#if SHARD_RULES
+        CHECKF(p == dirty, "calloc(1, %zu) did not take back the block just freed", n);
+#endif
+        size_t bad = bytes_not_equal(p, n, 0);
+        CHECKF(bad == n, "calloc(1, %zu): byte %zu is not zero", n, bad);
+        memset(p, 0xAA, n);
+        shard_free(p);
+    }
 }
 
 /* count * size overflowing size_t gives NULL. */
