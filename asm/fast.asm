@@ -9,7 +9,8 @@
 ; Linux instruction counts on the fast path, `ret` included (tests/test_asm.c checks them exactly by
 ; single-stepping; bench/instr.py counts them under callgrind): malloc up to 2 KB 15, 2-16 KB 22 (20 and
 ; 27 when the page's free list is dry and its local_free list is taken instead), free 23
-; (31 when it empties the only page of its class), realloc in place 25. Where free's go: the heap slot 2, "a small segment
+; (also when it empties the only page of its class: that page's `used` counts one more, src/small.c),
+; realloc in place 25. Where free's go: the heap slot 2, "a small segment
 ; of mine" through the heap's own-segment table 6, the page descriptor's offset 3, the item test (carved
 ; and at a multiple of the class size, so that an interior or never-handed-out pointer reaches the error
 ; hook rather than a free list) 6, `used` - 1 and its test 2, the push 3, ret 1. Windows adds 4 to each for the TLS index
@@ -113,21 +114,11 @@ FUNC shard_free
     OWN_PAGE .slow
     ITEM_TEST rax + T2, .own_slow
     sub dword [rax + T2 + SHARD_L_PAGE_USED], 1
-    jle .empty_or_full
-.push:
+    jle .undo                                       ; emptied (not its class's only page), or full
     mov T4, [rax + T2 + SHARD_L_PAGE_FREE]            ; onto `free`: the next malloc of the class takes
     mov [ARG0], T4                                  ; this item back while it is still in the cache
     mov [rax + T2 + SHARD_L_PAGE_FREE], ARG0
     ret
-.empty_or_full:                                     ; an empty page that is its class's only one stays
-    jl .undo                                        ; as it is: the slow path would do no more
-    lea T4, [rax + T2]
-    movzx T3D, byte [T4 + SHARD_L_PAGE_CLS]
-    shl T3D, SHARD_L_PAGE_LIST_SHIFT
-    cmp T4, [T1 + T3 + SHARD_L_HEAP_CLASSES]
-    jne .undo
-    cmp T4, [T1 + T3 + SHARD_L_HEAP_CLASSES + SHARD_L_PAGE_LIST_LAST]
-    je .push
 .undo:                                              ; the slow path gets the page as it was
     add dword [rax + T2 + SHARD_L_PAGE_USED], 1
 .own_slow:                                          ; small_free_local_slow(heap, page, p)

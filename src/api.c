@@ -218,11 +218,9 @@ void FAST_PATH(shard_free)(void *p)
         page *pg = page_of(p);
         block *b = p;
         if (likely(page_has_item(pg, b))) {
-            int32_t used = --pg->used;
-            /* An ordinary free; or the page empties and is the only page of its class, which keeps it
-             * as it is (small_free_local_slow would do no more): a malloc/free pair on its own. */
-            if (likely(used > 0) ||
-                (used == 0 && h->classes[pg->cls].first == pg && h->classes[pg->cls].last == pg)) {
+            /* Above 0: an ordinary free, also the one that empties its class's only page, whose
+             * `used` counts one more (small.c, sole_set). */
+            if (likely(--pg->used > 0)) {
                 b->next = pg->free; /* last in, first out: see small.h */
                 pg->free = b;
                 return;
@@ -486,6 +484,7 @@ void shard_get_stats(shard_stats *out)
                     long used = load_relaxed(&pg->used);
                     if (used < 0)
                         used += PAGE_FULL_BIAS;
+                    used -= load_relaxed(&pg->sole); /* the extra one of a class's only page */
                     uint64_t w = load_relaxed(&pg->thread_free);
                     out->small_pages_used++;
                     out->live_small += (size_t)used - (size_t)(w >> 32);

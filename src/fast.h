@@ -19,8 +19,8 @@
  *   free(p): seg = p & ~(4 MB - 1); heap->own[(uint32_t)p >> 22] == seg (else slow: not a small block
  *          of ours, or another thread's, or NULL); page = descriptor of p; p below carved_end and a
  *          multiple of the class size (else slow, which reports it); page->used - 1, and if that is not
- *          above 0 (the page empties, or was full) + 1 again and slow, except when it is 0 and the
- *          page is the only one of its class list (it stays as it is); push p on page->free
+ *          above 0 (the page empties, or was full) + 1 again and slow (the only page of a class
+ *          list counts one more in `used`, so emptying it stays fast); push p on page->free
  *          (last in, first out; small.h).
  *          The slow path after the own-segment test is small_free_local_slow(heap, page, p) (small.h),
  *          which needs no second lookup; before it, shard_free_slow(p).

@@ -314,7 +314,8 @@ int heap_check(heap *h)
     }
     for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
         for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next) {
-            if (pg->state != PAGE_IN_USE || pg->cls != cls || pg->used < 0 || segment_of(pg)->owner != h) {
+            if (pg->state != PAGE_IN_USE || pg->cls != cls || pg->used < 0 || segment_of(pg)->owner != h ||
+                pg->sole != (h->classes[cls].first == h->classes[cls].last)) {
                 report_error("page in the wrong class list:", (uintptr_t)pg);
                 problems++;
             }

@@ -25,10 +25,11 @@
  * `delayed` list, once until the owner exchanges the word for 0 again (after taking the page from
  * that list). So a page is free only with used == 0 and thread_free == 0.
  *
- * `used` counts items handed out, including those waiting in thread_free. A page with no free item
+ * `used` counts items handed out, including those waiting in thread_free, plus 1 (`sole`) while the
+ * page is the only one of its class list, which keeps it even when empty. A page with no free item
  * left is taken out of its class list and `used` gets PAGE_FULL_BIAS subtracted, so that the owner's
- * free fast path tests one thing: the decremented `used` is <= 0 when the page became empty (0) or was
- * full (negative) and has to go back into its class list.
+ * free fast path tests one thing: the decremented `used` is <= 0 when the page became empty (0: not
+ * its class's only page) or was full (negative) and has to be retired or go back into its list.
  *
  * The descriptor is laid out by cache lines: the first line holds what the owner reads and writes on
  * every operation, the second what other threads write, so a foreign free does not take the owner's
@@ -61,7 +62,7 @@ typedef struct page {
     /* line 0: the owner's */
     block *free;
     block *local_free;
-    int32_t used;            /* items out; minus PAGE_FULL_BIAS while the page is out of its list */
+    int32_t used;            /* items out, + sole; minus PAGE_FULL_BIAS while the page is out of its list */
     uint32_t carved_end;     /* offset of the end of the carved items: carved * block_size */
     uint64_t divisor;        /* ceil(2^64 / block_size): the item test of page_has_item() */
     uint32_t block_size;
@@ -70,7 +71,8 @@ typedef struct page {
     struct page *next, *prev; /* class list, free pages or cold pages */
     uint8_t cls;
     uint8_t state;
-    uint8_t pad0[6];
+    uint8_t sole;            /* 1 while the page is the only one of its class list, counted in `used` too */
+    uint8_t pad0[5];
     /* line 1: what other threads write, and copies of what they read, so that a foreign free does
      * not touch line 0 at all (item offsets come from the address: a page's items start at its
      * 64 KB boundary) */

@@ -246,10 +246,9 @@ static void entries_setup(void)
 
 /* The fast paths' instruction counts on Linux, `ret` included, as asm/fast.asm states them; change
  * them together. malloc above 2 KB adds the class table (7), a malloc that takes the page's local_free
- * list because its free list is dry adds that test and the swap (5), a free that empties the only page
- * of its class the test of the class list (8). */
-enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_MALLOC_LOCAL = 5, FAST_FREE = 23, FAST_FREE_SOLE_PAGE = 31,
-       FAST_REALLOC = 25 };
+ * list because its free list is dry adds that test and the swap (5). A free that empties the only page
+ * of its class takes the ordinary path (that page counts one more in `used`, src/small.c). */
+enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_MALLOC_LOCAL = 5, FAST_FREE = 23, FAST_REALLOC = 25 };
 
 #ifdef _WIN32
 extern uintptr_t port_win64_slot_offset;
@@ -301,10 +300,13 @@ static expectation contract(int op, const void *p, size_t size)
         uint64_t off = a & 0xffff;
         int item = off < pg->carved_end && off * pg->divisor < pg->divisor;
         if (op == OP_FREE) {
+            /* Fast: the page keeps items out after the free, or it empties and is its class's only
+             * page (judged by the list, not by `sole`: a wrong `sole` shows as a path mismatch). */
             const page_list *l = &h->classes[pg->cls];
-            int sole_page = pg->used - 1 == 0 && l->first == pg && l->last == pg;
-            e.slow = item && (pg->used - 1 > 0 || sole_page) ? SLOW_NONE : SLOW_FREE_OWN_PAGE;
-            e.instructions = sole_page ? FAST_FREE_SOLE_PAGE : FAST_FREE;
+            int alone = l->first == pg && l->last == pg;
+            long left = (long)pg->used - pg->sole - 1;
+            e.slow = item && (left > 0 || (left == 0 && alone)) ? SLOW_NONE : SLOW_FREE_OWN_PAGE;
+            e.instructions = FAST_FREE;
         } else {
             if (size <= pg->block_size && size >= (pg->block_size >> 2) && item)
                 e.slow = SLOW_NONE;
