@@ -61,7 +61,7 @@ FUNC shard_malloc
     add dword [T2 + SHARD_L_PAGE_USED], 1
     prefetchw [T1]                                  ; the next allocation reads its link (NULL: no fault)
     ret
-.local:                                             ; free is dry: the items the owner freed, if any
+.local:                                             ; free is dry: other threads' frees, drained, if any
     mov rax, [T2 + SHARD_L_PAGE_LOCAL_FREE]
     test rax, rax
     jz .slow

@@ -35,13 +35,11 @@ OFFSETS = [
     ("PAGE_CARVED_END", 20, "page.carved_end (uint32): offset of the end of the carved items"),
     ("PAGE_DIVISOR", 24, "page.divisor (uint64): ceil(2^64 / block_size), the item test"),
     ("PAGE_BLOCK_SIZE", 32, "page.block_size (uint32)"),
-    ("PAGE_CLS", 56, "page.cls (uint8): the class the page serves"),
     # struct heap (src/heap.h)
     ("HEAP_DIRECT", 0, "heap.direct[]: page per (size + 15) >> 4, pointers"),
     ("HEAP_OWN", DIRECT_COUNT * 8, "heap.own[]: own small segments by address bits 22..31"),
     ("HEAP_CLASSES", DIRECT_COUNT * 8 + 1024 * 8, "heap.classes[]: {first, last} per class"),
     ("PAGE_LIST_SHIFT", 4, "log2 of sizeof(page_list)"),
-    ("PAGE_LIST_LAST", 8, "page_list.last (page_list.first is at 0)"),
 ]
 
 

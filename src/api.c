@@ -35,11 +35,10 @@
 _Static_assert(FIELD_IS(page, free, SHARD_L_PAGE_FREE, 8) && FIELD_IS(page, local_free, SHARD_L_PAGE_LOCAL_FREE, 8) &&
                    FIELD_IS(page, used, SHARD_L_PAGE_USED, 4) && FIELD_IS(page, carved_end, SHARD_L_PAGE_CARVED_END, 4) &&
                    FIELD_IS(page, divisor, SHARD_L_PAGE_DIVISOR, 8) &&
-                   FIELD_IS(page, block_size, SHARD_L_PAGE_BLOCK_SIZE, 4) && FIELD_IS(page, cls, SHARD_L_PAGE_CLS, 1),
+                   FIELD_IS(page, block_size, SHARD_L_PAGE_BLOCK_SIZE, 4),
                "struct page differs from gen/layout.py");
 _Static_assert(offsetof(heap, direct) == SHARD_L_HEAP_DIRECT && offsetof(heap, own) == SHARD_L_HEAP_OWN &&
                    offsetof(heap, classes) == SHARD_L_HEAP_CLASSES && offsetof(page_list, first) == 0 &&
-                   offsetof(page_list, last) == SHARD_L_PAGE_LIST_LAST &&
                    sizeof(page_list) == (size_t)1 << SHARD_L_PAGE_LIST_SHIFT,
                "struct heap differs from gen/layout.py");
 _Static_assert(SEGMENT_SHIFT == SHARD_L_SEGMENT_SHIFT && PAGE_SHIFT == SHARD_L_PAGE_SHIFT &&
@@ -48,30 +47,6 @@ _Static_assert(SEGMENT_SHIFT == SHARD_L_SEGMENT_SHIFT && PAGE_SHIFT == SHARD_L_P
                "segment geometry or size limits differ from gen/layout.py");
 
 /* ---- malloc -------------------------------------------------------------------------------------- */
-
-static inline void *page_pop(page *pg)
-{
-    block *b = pg->free;
-    pg->free = b->next;
-    pg->used++;
-    prefetch_write(pg->free);
-    return b;
-}
-
-/* The fast paths' test: whether pg has a free item, taking its local_free list (other threads' frees,
- * drained by an earlier slow path) as the free list when that is dry. Only the slow path drains other
- * threads' frees and carves: a class whose items come and go in the owner's hands stays on the fast path
- * (with pages carved a few items at a time, it would otherwise take the slow path once per few items). */
-static inline int page_ready(page *pg)
-{
-    if (likely(pg->free != NULL))
-        return 1;
-    if (pg->local_free == NULL)
-        return 0;
-    pg->free = pg->local_free;
-    pg->local_free = NULL;
-    return 1;
-}
 
 /* A small or medium block for a thread without a heap in its slot: its first allocation, or one made
  * after its exit hook ran, with a heap lent for this one block. */

@@ -309,13 +309,8 @@ void *small_alloc_slow(heap *h, unsigned cls)
         pg = h->classes[cls].first;
         if (pg == NULL)
             break;
-        if (pg->free != NULL)
+        if (page_ready(pg))
             goto take;
-        if (pg->local_free != NULL) {
-            pg->free = pg->local_free;
-            pg->local_free = NULL;
-            goto take;
-        }
         if (pg->carved < pg->capacity) {
             page_carve(pg);
             goto take;
@@ -331,10 +326,7 @@ void *small_alloc_slow(heap *h, unsigned cls)
     class_push_front(h, pg);
     page_carve(pg);
 take:;
-    block *b = pg->free;
-    pg->free = b->next;
-    pg->used++;
-    prefetch_write(pg->free);
+    block *b = page_pop(pg);
     debug_check_page(pg, "page inconsistent after the allocation slow path");
     return b;
 }

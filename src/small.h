@@ -118,6 +118,32 @@ static inline page *page_of(const void *p)
     return (page *)((uintptr_t)segment_of(p) + (((uintptr_t)p >> PAGE_SHIFT) & (SEGMENT_PAGES - 1)) * PAGE_DESC_SIZE);
 }
 
+/* The first free item of pg, which has one (page_ready). */
+static inline void *page_pop(page *pg)
+{
+    block *b = pg->free;
+    pg->free = b->next;
+    pg->used++;
+    prefetch_write(pg->free);
+    return b;
+}
+
+/* Whether pg has a free item (the fast paths' test, and the slow path's first), taking its local_free
+ * list (other threads' frees, drained by an earlier slow path) as the free list when that is dry. Only
+ * the slow path drains other threads' frees and carves: a class whose items come and go in the owner's
+ * hands stays on the fast path (with pages carved a few items at a time, it would otherwise take the
+ * slow path once per few items). */
+static inline int page_ready(page *pg)
+{
+    if (likely(pg->free != NULL))
+        return 1;
+    if (pg->local_free == NULL)
+        return 0;
+    pg->free = pg->local_free;
+    pg->local_free = NULL;
+    return 1;
+}
+
 struct heap;
 
 /* Allocation of class cls when the first page of the class had no free item (or there was none). */
