@@ -238,13 +238,13 @@ static void page_retire(heap *h, page *pg, int in_list)
 
 /* All items of pg are back. The only page of its class stays in it, so that a thread that frees and
  * allocates one block at a time does not give its page away and take it back on every pair (the seed:
- * every thread keeps one page per class it uses); any other page is retired. */
+ * every thread keeps one page per class it uses); any other page is retired. A page in its list that is
+ * the only one never gets here: its `used` counts one more (sole_set), so it does not reach 0. A full
+ * page (out of its list) whose class list has emptied meanwhile becomes that list's only page. */
 static inline void page_emptied(heap *h, page *pg, int in_list)
 {
-    page_list *l = &h->classes[pg->cls];
-    if (in_list ? (l->first == pg && l->last == pg) : l->first == NULL) {
-        if (!in_list)
-            class_append(h, pg);
+    if (!in_list && h->classes[pg->cls].first == NULL) {
+        class_append(h, pg);
         return;
     }
     page_retire(h, pg, in_list);
