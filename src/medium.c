@@ -36,7 +36,7 @@ _Static_assert(offsetof(chunk, next_free) == CHUNK_HEADER, "the links are where 
 enum { ARENA_USED = 0, ARENA_EMPTY = 1, ARENA_DECOMMITTED = 2 };
 
 typedef struct arena {
-    segment seg;            /* owner, next (unused), reservation: as for a small segment */
+    segment seg;            /* owner (next unused): as for a small segment */
     struct arena *next;     /* the owner's arenas */
     struct arena *empty_next, *empty_prev; /* the owner's committed empty arenas */
     size_t committed;       /* bytes committed from the arena's start */
@@ -221,6 +221,24 @@ void medium_keep(heap *h, unsigned keep)
 {
     if (h->empty_arena_count > keep)
         trim_arenas(h, UINT64_MAX, keep);
+}
+
+void medium_release_empty(heap *h)
+{
+    arena **link = &h->arenas;
+    for (arena *a = *link; a != NULL; a = *link) {
+        if (a->live != 0) {
+            link = &a->next;
+            continue;
+        }
+        /* Empty: one free chunk of all its space, in the bins (medium.h), and no foreign free pending
+         * (a pending chunk counts as live). */
+        bin_remove(&h->medium, chunk_at(a, ARENA_DATA), ARENA_FIRST_SIZE);
+        if (a->state == ARENA_EMPTY)
+            empty_list_remove(h, a);
+        store_release(link, a->next); /* statistics walk the list (segment_walk_begin) */
+        segment_release(&a->seg, a->committed);
+    }
 }
 
 static void arena_emptied(heap *h, arena *a)
@@ -515,6 +533,7 @@ void medium_free_foreign(void *p)
     do {
         a->next_delayed = head;
     } while (!cas_release(&owner->delayed_arenas, &head, a));
+    heap_foreign_queued(owner);
 }
 
 void *medium_resize_in_place(heap *h, void *p, size_t size)
@@ -553,7 +572,7 @@ void *medium_resize_in_place(heap *h, void *p, size_t size)
 
 void medium_count(heap *h, medium_counts *out)
 {
-    for (arena *a = load_acquire(&h->arenas); a != NULL; a = load_relaxed(&a->next)) {
+    for (arena *a = load_acquire(&h->arenas); a != NULL; a = load_acquire(&a->next)) {
         uint32_t state = load_relaxed(&a->state), live = load_relaxed(&a->live);
         out->arenas++;
         out->live += live;

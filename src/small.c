@@ -13,6 +13,8 @@
  *   list is taken with one exchange and every page on it has its thread_free word exchanged for 0.
  * - A page whose items are all back goes to the heap's free pages. Up to SHARD_KEEP_FREE_PAGES stay
  *   committed; the memory of the others goes back once they have been free for SHARD_DECOMMIT_DELAY_MS.
+ *   A segment whose 63 pages are all cold keeps its address space until the heap is trimmed to nothing
+ *   (a waiting heap whose reserve expired, memory pressure: small_release_empty), which releases it.
  *   The clock is read only when there are more free pages than that (pages freed while there were
  *   fewer are stamped when the trim first sees them: they stay a little longer, never shorter).
  * - The page-per-size array `direct` is written only by sync_direct(), when a class's first page changes.
@@ -198,12 +200,30 @@ static void trim_at(heap *h, uint64_t now, unsigned keep)
             list_remove(&h->free_pages, pg);
             h->free_count--;
             pg->state = PAGE_COLD;
-            pg->next = h->cold_pages;
-            h->cold_pages = pg;
+            list_push_front(&h->cold_pages, pg);
+            segment_of(pg)->cold++;
         } else {
             return;
         }
         pg = next;
+    }
+}
+
+void small_release_empty(heap *h)
+{
+    segment **link = &h->segments;
+    for (segment *s = *link; s != NULL; s = *link) {
+        if (s->cold != SEGMENT_PAGES - 1) {
+            link = &s->next;
+            continue;
+        }
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
+            list_remove(&h->cold_pages, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
+        store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
+        uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
+        if (h->own[slot] == (uintptr_t)s)
+            h->own[slot] = 0; /* another segment may come to this address, another heap's */
+        segment_release(s, SEGMENT_DESC_BYTES);
     }
 }
 
@@ -273,7 +293,7 @@ static page *page_acquire(heap *h)
         h->free_count--;
         return pg;
     }
-    if (h->cold_pages == NULL) {
+    if (h->cold_pages.first == NULL) {
         segment *seg = segment_create(h, SEG_SMALL, SEGMENT_DESC_BYTES);
         if (seg == NULL)
             return NULL;
@@ -283,15 +303,15 @@ static page *page_acquire(heap *h)
         for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
             page *p = (page *)((uint8_t *)seg + i * PAGE_DESC_SIZE);
             p->state = PAGE_COLD;
-            p->next = h->cold_pages;
-            h->cold_pages = p;
+            list_push_front(&h->cold_pages, p);
         }
+        seg->cold = SEGMENT_PAGES - 1;
     }
-    pg = h->cold_pages;
+    pg = h->cold_pages.first;
     if (os_commit(page_start(pg), PAGE_SIZE) != 0)
         return NULL;
-    h->cold_pages = pg->next;
-    pg->next = NULL;
+    list_remove(&h->cold_pages, pg);
+    segment_of(pg)->cold--;
     return pg;
 }
 
@@ -378,6 +398,7 @@ void small_free_foreign(page *pg, block *b)
     do {
         pg->next_delayed = head;
     } while (!cas_release(&owner->delayed, &head, pg));
+    heap_foreign_queued(owner);
 }
 
 int small_valid_foreign(const page *pg, const void *p)

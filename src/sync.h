@@ -63,12 +63,21 @@ static inline bool cas128(pair128 *target, pair128 *expected, pair128 desired)
 }
 
 /* A lock for short sections that are never hot: spin with pause (Intel's advice, see
- * shared/seeds/fastmm4-avx-vs-fastmm5.txt) and only then give the processor away. */
+ * shared/seeds/fastmm4-avx-vs-fastmm5.txt) and only then give the processor away.
+ *
+ * `locked` is 0 (free), 1 (held) or SPIN_FORK: held by the fork handlers (heap.c), from the allocator's
+ * prepare handler to its parent or child handler. Other libraries' handlers run in that window on the
+ * forking thread, and they may allocate and free (glibc allows it); so the forking thread passes through
+ * a lock its fork holds (no other thread can be inside it: the prepare handler waited for them), and its
+ * unlock of such a lock leaves it held. A waiter takes the lock with a compare-and-swap from 0, never an
+ * exchange, so that SPIN_FORK is never overwritten. */
 typedef struct spinlock {
     uint32_t locked;
 } spinlock;
+#define SPIN_FORK 2u
 
-void spin_wait_yield(void); /* port_yield, through a function so that sync.h needs no port.h */
+void spin_wait_yield(void);   /* port_yield, through a function so that sync.h needs no port.h */
+int spin_fork_passes(void);   /* 1 on the thread whose fork holds the locks (heap.c) */
 
 /* The i-th round of a wait: pause for the first SHARD_SPIN_PAUSES rounds, then yield. */
 static inline void pause_or_yield(unsigned i)
@@ -79,18 +88,45 @@ static inline void pause_or_yield(unsigned i)
         spin_wait_yield();
 }
 
+/* One attempt: 1 when the lock is now the caller's (or held by the caller's own fork). */
+static inline int spin_try_lock(spinlock *l)
+{
+    uint32_t expected = 0;
+    if (counted(__atomic_compare_exchange_n(&l->locked, &expected, 1u, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))) {
+        count_lock();
+        return 1;
+    }
+    return expected == SPIN_FORK && spin_fork_passes();
+}
+
 static inline void spin_lock(spinlock *l)
 {
-    for (;;) {
-        if (!counted(__atomic_exchange_n(&l->locked, 1u, __ATOMIC_ACQUIRE))) {
-            count_lock();
-            return;
-        }
-        for (unsigned i = 0; load_relaxed(&l->locked); i++)
+    while (!spin_try_lock(l))
+        for (unsigned i = 0; load_relaxed(&l->locked) != 0; i++) {
+            if (load_relaxed(&l->locked) == SPIN_FORK && spin_fork_passes())
+                break;
             pause_or_yield(i);
+        }
+}
+
+static inline void spin_unlock(spinlock *l)
+{
+    if (unlikely(load_relaxed(&l->locked) == SPIN_FORK))
+        return; /* taken by passing through the fork's hold: the fork handlers give it back */
+    __atomic_store_n(&l->locked, 0u, __ATOMIC_RELEASE);
+}
+
+/* The fork handlers' own: hold the lock as SPIN_FORK, and give it back. */
+static inline void spin_lock_for_fork(spinlock *l)
+{
+    for (unsigned i = 0;; i++) {
+        uint32_t expected = 0;
+        if (__atomic_compare_exchange_n(&l->locked, &expected, SPIN_FORK, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return;
+        pause_or_yield(i);
     }
 }
 
-static inline void spin_unlock(spinlock *l) { __atomic_store_n(&l->locked, 0u, __ATOMIC_RELEASE); }
+static inline void spin_unlock_for_fork(spinlock *l) { __atomic_store_n(&l->locked, 0u, __ATOMIC_RELEASE); }
 
 #endif

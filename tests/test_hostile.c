@@ -662,6 +662,9 @@ static void idle_heaps(int threads, int collect)
     size_t after = rss_now();
     long took = 0;
     if (A.get_stats != NULL) {
+        /* At most 8 of the exited threads' heaps keep a reserve (of what each used, about 5 MB). */
+        EXPECT(committed_now() <= base_committed + slack + 8 * 6 * MB, "committed as the threads ended: %zu MB, %zu "
+               "before", committed_now() >> 20, base_committed >> 20);
         if (collect) {
             A.collect();
             EXPECT(committed_now() <= base_committed + slack, "after shard_collect: %zu MB committed, %zu before",
