@@ -141,13 +141,14 @@ static size_t statm_field(int field)
 static size_t rss_now(void) { return statm_field(1); }
 static size_t vsz_now(void) { return statm_field(0); }
 
-static size_t stats_heaps(void)
+static shard_stats stats_now(void)
 {
     shard_stats s;
     memset(&s, 0, sizeof s);
     A.get_stats(&s);
-    return s.heaps;
+    return s;
 }
+static size_t stats_heaps(void) { return stats_now().heaps; }
 
 /* A block of n bytes with the pattern of seed, checked; NULL (and a problem) when the allocator refused. */
 static void *filled(size_t n, uint64_t seed, const char *what)
@@ -221,16 +222,22 @@ static void *keys_thread(void *arg)
     return NULL;
 }
 
+/* The allocator's first use once the keys are taken: the main thread, threads that set every key, others. */
+static void work_after_keys(uint64_t seed)
+{
+    bind_allocator();
+    exercise(seed, "main thread");
+    run_threads(8, keys_thread, seed * 10);
+    run_threads(8, exercise_thread, seed * 10 + 5);
+}
+
 /* 40 keys before the first block: the allocator's own key is key 40 or above, and setting it makes glibc
  * call calloc for the thread's second-level array while the thread's heap is being set up. */
 static void scenario_keys_before_first_malloc(void)
 {
     many_key_count = take_keys(many_keys, 40);
     EXPECT(many_key_count == 40, "40 keys, got %d", many_key_count);
-    bind_allocator();
-    exercise(1, "main thread");
-    run_threads(8, keys_thread, 10);
-    run_threads(8, exercise_thread, 20);
+    work_after_keys(1);
 }
 
 /* Every key but one taken: the allocator may take the last one, and everything works. */
@@ -239,10 +246,7 @@ static void scenario_last_free_key(void)
     many_key_count = take_keys(many_keys, PTHREAD_KEYS_MAX + 1);
     EXPECT(many_key_count > 100, "keys taken: %d", many_key_count);
     pthread_key_delete(many_keys[--many_key_count]);
-    bind_allocator();
-    exercise(2, "main thread");
-    run_threads(8, keys_thread, 30);
-    run_threads(8, exercise_thread, 40);
+    work_after_keys(2);
 }
 
 /* Every key taken before the first block: small and medium blocks still work (the allocator cannot have
@@ -513,14 +517,14 @@ static void scenario_late_destructor_heaps(void)
     }
 }
 
-/* Waits until the process's resident size is at most `limit`, doing a little allocator work (a medium
- * block: a slow path) every 50 ms, for at most `ms`; the time it took, or -1. */
-static long wait_rss(size_t limit, long ms)
+/* Waits until measure() is at most `limit`, doing a little allocator work (a medium block: a slow path)
+ * every 50 ms, for at most `ms`; the time it took, or -1. */
+static long wait_until(size_t (*measure)(void), size_t limit, long ms)
 {
     uint64_t start = now_ms();
     for (;;) {
         long took = (long)(now_ms() - start);
-        if (rss_now() <= limit)
+        if (measure() <= limit)
             return took;
         if (took > ms)
             return -1;
@@ -582,7 +586,7 @@ static void scenario_exited_thread_memory_returned(void)
     for (size_t i = 0; i < loaded_count; i++)
         A.free(loaded[i]);
     A.free(loaded);
-    long took = wait_rss(base + 32 * MB, 3000);
+    long took = wait_until(rss_now, base + 32 * MB, 3000);
     EXPECT(took >= 0, "resident memory back within 32 MB of %zu MB in 3 s: %zu MB", base >> 20, rss_now() >> 20);
     fprintf(stderr, "exited thread's memory: %zu MB resident with the blocks, back to %zu MB (base %zu) in %ld ms\n",
             full >> 20, rss_now() >> 20, base >> 20, took);
@@ -614,31 +618,7 @@ static void *five_mb_thread(void *arg)
     return NULL;
 }
 
-static size_t committed_now(void)
-{
-    shard_stats s;
-    memset(&s, 0, sizeof s);
-    A.get_stats(&s);
-    return s.committed;
-}
-
-/* The allocator's committed memory is back within `slack` of `base`, doing a little allocator work (a
- * medium block: a slow path) every 50 ms, for at most `ms`; the time it took, or -1. */
-static long wait_committed(size_t base, size_t slack, long ms)
-{
-    uint64_t start = now_ms();
-    for (;;) {
-        long took = (long)(now_ms() - start);
-        if (committed_now() <= base + slack)
-            return took;
-        if (took > ms)
-            return -1;
-        void *p = A.malloc(64 * KB);
-        A.free(p);
-        struct timespec ts = {0, 50000000};
-        nanosleep(&ts, NULL);
-    }
-}
+static size_t committed_now(void) { return stats_now().committed; }
 
 /* glibc keeps some of its threads' arenas (80 MB after 100 threads, 143 MB after 500 here), so the
  * reference run only shows the scenario works; under shardmm the heaps of the exited threads keep
@@ -670,7 +650,7 @@ static void idle_heaps(int threads, int collect)
             EXPECT(committed_now() <= base_committed + slack, "after shard_collect: %zu MB committed, %zu before",
                    committed_now() >> 20, base_committed >> 20);
         } else {
-            took = wait_committed(base_committed, slack, 3000);
+            took = wait_until(committed_now, base_committed + slack, 3000);
             EXPECT(took >= 0, "committed within %zu MB of %zu MB after 3 s: %zu MB", slack >> 20, base_committed >> 20,
                    committed_now() >> 20);
         }
