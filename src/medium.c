@@ -525,9 +525,11 @@ void medium_free_foreign(void *p)
     uintptr_t old = load_relaxed(&a->thread_free);
     do {
         c->next_free = (chunk *)(old & ~(uintptr_t)1);
-    } while (!cas_release(&a->thread_free, &old, (uintptr_t)c | 1));
+    } while (!cas_acq_rel(&a->thread_free, &old, (uintptr_t)c | 1));
     if (old & 1)
         return; /* the arena is queued at its owner already */
+    /* Acquire as in small_free_foreign: the owner read next_delayed before its exchange left the 0 that
+     * this CAS found. */
     heap *owner = a->seg.owner;
     arena *head = load_relaxed(&owner->delayed_arenas);
     do {

@@ -389,10 +389,12 @@ void small_free_foreign(page *pg, block *b)
             b->next = (block *)(start + ((size_t)THREAD_FREE_HEAD(old) << 4));
             word = THREAD_FREE_WORD(off, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + 1);
         }
-    } while (!cas_release(&pg->thread_free, &old, word));
+    } while (!cas_acq_rel(&pg->thread_free, &old, word));
     if (old != 0)
         return;
-    /* First item since the owner's last drain: queue the page at its owner, exactly once. */
+    /* First item since the owner's last drain: queue the page at its owner, exactly once. The CAS that
+     * found 0 read the owner's exchange in small_drain_delayed and acquired with it, so the owner's read
+     * of next_delayed there comes before this write (on x86 the same lock cmpxchg as a release CAS). */
     heap *owner = segment_of(pg)->owner;
     page *head = load_relaxed(&owner->delayed);
     do {
