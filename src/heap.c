@@ -107,12 +107,13 @@ static pair128 read_top(void)
     return top;
 }
 
-/* Push the chain first .. last (linked by next_free) onto the stack. */
+/* Push the chain first .. last (linked by next_free) onto the stack. The link is stored as an atomic:
+ * a pop may read it from a stale top at any time (pop_free_heap). */
 static void push_chain(heap *first, heap *last)
 {
     pair128 old = read_top(), desired;
     do {
-        last->next_free = old.ptr;
+        store_relaxed(&last->next_free, (heap *)old.ptr);
         desired.ptr = first;
         desired.count = old.count + 1;
     } while (!cas128(&free_stack, &old, desired));
