@@ -2,7 +2,9 @@
  * the core. x86-64 only (the whole allocator is); no OS and no C library.
  *
  * The atomics are the compiler's __atomic builtins on plain fields, so the structures read by the asm
- * fast paths keep a simple, known layout. Every read-modify-write names its memory order.
+ * fast paths keep a simple, known layout. Every read-modify-write names its memory order. Compiled with
+ * ThreadSanitizer (SHARD_TSAN), the 16-byte CAS is a builtin too, and tsan_acquire / tsan_release tell it
+ * of orderings it cannot see (fuzz.ninja's build/tsan/stress).
  */
 #ifndef SHARD_SYNC_H
 #define SHARD_SYNC_H
@@ -60,6 +62,19 @@ typedef struct __attribute__((aligned(16))) pair128 {
 #endif
 #ifndef SHARD_TSAN
 #define SHARD_TSAN 0
+#endif
+
+/* An ordering that ThreadSanitizer cannot see for itself, told to it: tsan_release(p) after the last
+ * access that must come first, tsan_acquire(p) before the first that must come after (the sanitizer's
+ * own interface, declared here so that no header is needed). Nothing in every other build. */
+#if SHARD_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define tsan_acquire(p) __tsan_acquire(p)
+#define tsan_release(p) __tsan_release(p)
+#else
+#define tsan_acquire(p) ((void)(p))
+#define tsan_release(p) ((void)(p))
 #endif
 
 /* Replace *target with desired if it holds expected; otherwise *expected gets the current value.
