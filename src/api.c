@@ -244,7 +244,7 @@ void FAST_PATH(shard_free)(void *p)
 static size_t usable_or_report(const void *p, int error)
 {
     unsigned kind = segmap_kind((uintptr_t)p);
-    if (kind == SEG_SMALL && page_has_item(page_of(p), p))
+    if (kind == SEG_SMALL && page_has_item_any_thread(page_of(p), p))
         return page_of(p)->block_size;
     size_t n = kind == SEG_MEDIUM ? medium_usable(p) : kind_large(kind) ? large_usable(p) : 0;
     if (n == 0)
@@ -307,19 +307,32 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
     return q;
 }
 
-/* Whether p, in a small segment, is an item of its page that keeps its place when resized to size: within
- * its class and not below a quarter of it. */
+/* Whether size keeps a block of pg's class in place: within the class and not below a quarter of it. */
+static inline int small_size_stays(const page *pg, size_t size)
+{
+    size_t bsize = pg->block_size;
+    return size <= bsize && size >= bsize >> 2;
+}
+
+/* Whether p, in a small segment of the calling thread, is an item of its page that keeps its place when
+ * resized to size. */
 static inline int small_stays(const void *p, size_t size)
 {
     const page *pg = page_of(p);
-    size_t bsize = pg->block_size;
-    return size <= bsize && size >= bsize >> 2 && page_has_item(pg, p);
+    return small_size_stays(pg, size) && page_has_item(pg, p);
+}
+
+/* The same for p in any thread's small segment. */
+static inline int small_stays_any_thread(const void *p, size_t size)
+{
+    const page *pg = page_of(p);
+    return small_size_stays(pg, size) && page_has_item_any_thread(pg, p);
 }
 
 /* The in-place test of the fast path, for a block of any thread (through the segment map), then the rest. */
 void *shard_realloc_slow(void *p, size_t size)
 {
-    if (segmap_kind((uintptr_t)p) == SEG_SMALL && small_stays(p, size))
+    if (segmap_kind((uintptr_t)p) == SEG_SMALL && small_stays_any_thread(p, size))
         return p;
     return realloc_generic(p, size);
 }
@@ -401,7 +414,7 @@ void *shard_realloc_aligned(void *p, size_t size, size_t align)
         heap *h = port_heap_slot();
         void *q = NULL;
         if (kind == SEG_SMALL)
-            q = small_stays(p, size) ? p : NULL;
+            q = small_stays_any_thread(p, size) ? p : NULL;
         else if (kind == SEG_MEDIUM && h != NULL && segment_of(p)->owner == h)
             q = medium_resize_in_place(h, p, size);
         else if (kind_large(kind))

@@ -107,23 +107,27 @@ static pair128 read_top(void)
     return top;
 }
 
-/* Push the chain first .. last (linked by next_free) onto the stack. */
+/* Push the chain first .. last (linked by next_free) onto the stack. The link is stored as an atomic:
+ * a pop may read it from a stale top at any time (pop_free_heap). */
 static void push_chain(heap *first, heap *last)
 {
     pair128 old = read_top(), desired;
     do {
-        last->next_free = old.ptr;
+        store_relaxed(&last->next_free, (heap *)old.ptr);
         desired.ptr = first;
         desired.count = old.count + 1;
     } while (!cas128(&free_stack, &old, desired));
 }
 
-/* h goes onto the stack as it is, no thread's. */
-static void give_back(heap *h)
+/* h goes onto the stack as it is, no thread's; the time it went there. From the push on h is any
+ * thread's to take: the caller reads nothing of it after this. */
+static uint64_t give_back(heap *h)
 {
-    h->retired_at = port_clock_ms();
+    uint64_t now = port_clock_ms();
+    h->retired_at = now;
     set_owner(h, 0);
     push_chain(h, h);
+    return now;
 }
 
 /* Take the stack whole (NULL when empty); `trimming` makes new threads wait for it, not make heaps.
@@ -280,11 +284,11 @@ static void retire(heap *h)
     }
     int reserve = has_reserve(h);
     debug_check_heap(h, "heap inconsistent as its thread ends");
-    give_back(h);
+    uint64_t retired_at = give_back(h);
     /* After the push: a trim that takes the due from now on takes the stack after the push, so h is
      * trimmed either by the trim that consumes an earlier due or by the one this sets. */
     if (reserve)
-        arm_due(h->retired_at + SHARD_RESERVE_DELAY_MS);
+        arm_due(retired_at + SHARD_RESERVE_DELAY_MS);
 }
 
 /* Every heap whose thread no longer lives is retired onto the stack (see the file comment). Under

@@ -39,7 +39,8 @@ typedef struct arena {
     segment seg;            /* owner (next unused): as for a small segment */
     struct arena *next;     /* the owner's arenas */
     struct arena *empty_next, *empty_prev; /* the owner's committed empty arenas */
-    size_t committed;       /* bytes committed from the arena's start */
+    size_t committed;       /* bytes committed from the arena's start; stored as an atomic, since
+                             * valid_live reads it from any thread */
     uint32_t live;          /* blocks handed out and not yet freed by the owner (pending ones count) */
     uint32_t state;
     uint64_t emptied_at;    /* port_clock_ms() when it became empty */
@@ -266,7 +267,7 @@ static int arena_new(heap *h)
     arena *a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP);
     if (a == NULL)
         return -1;
-    a->committed = ARENA_KEEP;
+    store_relaxed(&a->committed, ARENA_KEEP);
     chunk *c = chunk_at(a, ARENA_DATA);
     c->prev_size = 0;
     c->size_flags = ARENA_FIRST_SIZE | CHUNK_FREE;
@@ -286,7 +287,7 @@ static int ensure_committed(arena *a, size_t end)
     size_t to = (end + ARENA_KEEP - 1) & ~(ARENA_KEEP - 1);
     if (os_commit((uint8_t *)a + a->committed, to - a->committed) != 0)
         return -1;
-    a->committed = to;
+    store_relaxed(&a->committed, to);
     return 0;
 }
 
@@ -525,9 +526,11 @@ void medium_free_foreign(void *p)
     uintptr_t old = load_relaxed(&a->thread_free);
     do {
         c->next_free = (chunk *)(old & ~(uintptr_t)1);
-    } while (!cas_release(&a->thread_free, &old, (uintptr_t)c | 1));
+    } while (!cas_acq_rel(&a->thread_free, &old, (uintptr_t)c | 1));
     if (old & 1)
         return; /* the arena is queued at its owner already */
+    /* Acquire as in small_free_foreign: the owner read next_delayed before its exchange left the 0 that
+     * this CAS found. */
     heap *owner = a->seg.owner;
     arena *head = load_relaxed(&owner->delayed_arenas);
     do {

@@ -9,6 +9,14 @@ const uint8_t segmap_zero_leaf[SEGMAP_LEAF_BYTES];
 
 static os_totals totals; /* changed with atomics: one per OS call, never on a fast path */
 
+/* The OS hands addresses out again only after they were released (the kernel maps and unmaps under one
+ * lock of the address space; Windows likewise): whatever a thread did to a range before giving it back
+ * comes before what the next thread to get those addresses does. ThreadSanitizer does not see the
+ * port's system calls, so it is told: a release of this before every release of a range, an acquire
+ * after every reservation. Without it, a large block's new header written where a block just released
+ * by another thread had its own looks like a race. */
+static char address_space_order;
+
 #if SHARD_COUNTERS
 uint64_t sync_atomic_ops, sync_lock_acquisitions; /* sync.h */
 #endif
@@ -28,8 +36,10 @@ void *os_reserve(size_t size, size_t align)
 {
     count_call();
     void *p = port_reserve(size, align);
-    if (p)
+    if (p) {
+        tsan_acquire(&address_space_order);
         fetch_add_relaxed(&totals.reserved, size);
+    }
     return p;
 }
 
@@ -54,6 +64,7 @@ int os_decommit(void *addr, size_t size)
 int os_release(void *addr, size_t size, size_t committed)
 {
     count_call();
+    tsan_release(&address_space_order);
     if (port_release(addr, size) != 0)
         return -1;
     fetch_add_relaxed(&totals.reserved, -size);
@@ -65,6 +76,7 @@ int os_release(void *addr, size_t size, size_t committed)
 int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
 {
     count_call();
+    tsan_release(&address_space_order);
     if (port_move_release(reservation, reservation_size, from, size, to) != 0)
         return -1;
     fetch_add_relaxed(&totals.reserved, -reservation_size);

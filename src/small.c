@@ -151,7 +151,7 @@ static void page_init(page *pg, unsigned cls)
     pg->sole = 0;
     pg->capacity = class_capacity[cls];
     pg->carved = 0;
-    pg->carved_end = 0;
+    store_relaxed(&pg->carved_end, 0u);
     pg->block_size = size;
     pg->divisor = divisor;
     pg->cls = (uint8_t)cls;
@@ -182,7 +182,7 @@ static void page_carve(page *pg)
     ((block *)last)->next = pg->free;
     pg->free = (block *)first;
     pg->carved = (uint16_t)(pg->carved + n);
-    pg->carved_end += n * (uint32_t)size;
+    store_relaxed(&pg->carved_end, pg->carved_end + n * (uint32_t)size);
 }
 
 /* Decommit the oldest free pages beyond `keep`: those free for the delay, or all of them with `now`
@@ -245,7 +245,7 @@ static void page_retire(heap *h, page *pg, int in_list)
     pg->state = PAGE_FREE;
     pg->free = pg->local_free = NULL;
     pg->carved = 0;
-    pg->carved_end = 0;
+    store_relaxed(&pg->carved_end, 0u);
     uint64_t now = h->free_count >= SHARD_KEEP_FREE_PAGES ? port_clock_ms() : 0;
     pg->freed_at = now;
     list_append(&h->free_pages, pg);
@@ -389,10 +389,12 @@ void small_free_foreign(page *pg, block *b)
             b->next = (block *)(start + ((size_t)THREAD_FREE_HEAD(old) << 4));
             word = THREAD_FREE_WORD(off, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + 1);
         }
-    } while (!cas_release(&pg->thread_free, &old, word));
+    } while (!cas_acq_rel(&pg->thread_free, &old, word));
     if (old != 0)
         return;
-    /* First item since the owner's last drain: queue the page at its owner, exactly once. */
+    /* First item since the owner's last drain: queue the page at its owner, exactly once. The CAS that
+     * found 0 read the owner's exchange in small_drain_delayed and acquired with it, so the owner's read
+     * of next_delayed there comes before this write (on x86 the same lock cmpxchg as a release CAS). */
     heap *owner = segment_of(pg)->owner;
     page *head = load_relaxed(&owner->delayed);
     do {

@@ -2,7 +2,9 @@
  * the core. x86-64 only (the whole allocator is); no OS and no C library.
  *
  * The atomics are the compiler's __atomic builtins on plain fields, so the structures read by the asm
- * fast paths keep a simple, known layout. Every read-modify-write names its memory order.
+ * fast paths keep a simple, known layout. Every read-modify-write names its memory order. Compiled with
+ * ThreadSanitizer (SHARD_TSAN), the 16-byte CAS is a builtin too, and tsan_acquire / tsan_release tell it
+ * of orderings it cannot see (fuzz.ninja's build/tsan/stress).
  */
 #ifndef SHARD_SYNC_H
 #define SHARD_SYNC_H
@@ -50,9 +52,41 @@ typedef struct __attribute__((aligned(16))) pair128 {
     uint64_t count;
 } pair128;
 
-/* Replace *target with desired if it holds expected; otherwise *expected gets the current value. */
+/* SHARD_TSAN: compiled with ThreadSanitizer (clang's and gcc's spellings). Not a knob: the compiler says. */
+#if defined(__SANITIZE_THREAD__)
+#define SHARD_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SHARD_TSAN 1
+#endif
+#endif
+#ifndef SHARD_TSAN
+#define SHARD_TSAN 0
+#endif
+
+/* An ordering that ThreadSanitizer cannot see for itself, told to it: tsan_release(p) after the last
+ * access that must come first, tsan_acquire(p) before the first that must come after (the sanitizer's
+ * own interface, declared here so that no header is needed). Nothing in every other build. */
+#if SHARD_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define tsan_acquire(p) __tsan_acquire(p)
+#define tsan_release(p) __tsan_release(p)
+#else
+#define tsan_acquire(p) ((void)(p))
+#define tsan_release(p) ((void)(p))
+#endif
+
+/* Replace *target with desired if it holds expected; otherwise *expected gets the current value.
+ * Acquire and release both ways: a heap pushed onto the stack of free heaps is handed, whole, to the
+ * thread that pops it (heap.c). The inline asm is the release build's: the compiler's 16-byte CAS would
+ * need -mcx16 on every build, or become a call into libatomic. ThreadSanitizer sees no synchronisation
+ * in inline asm, so its build (fuzz.ninja, with -mcx16) takes the builtin, which it instruments. */
 static inline bool cas128(pair128 *target, pair128 *expected, pair128 desired)
 {
+#if SHARD_TSAN
+    return counted(__atomic_compare_exchange(target, expected, &desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+#else
     bool ok;
     (void)counted(0);
     __asm__ volatile("lock cmpxchg16b %1"
@@ -60,6 +94,7 @@ static inline bool cas128(pair128 *target, pair128 *expected, pair128 desired)
                      : "b"(desired.ptr), "c"(desired.count)
                      : "memory");
     return ok;
+#endif
 }
 
 /* A lock for short sections that are never hot: spin with pause (Intel's advice, see
