@@ -55,13 +55,6 @@
 #define SHARD_RECLAIM_MIN 8
 #endif
 
-/* Pages and arenas that other threads' frees queue at heaps waiting in the stack of free heaps before the
- * thread whose free queues the last of them trims the stack at once (heap.c): the memory freed into an
- * exited thread's heap goes back as it is freed, a batch at a time, not only at the next due time. */
-#ifndef SHARD_IDLE_QUEUE_BATCH
-#define SHARD_IDLE_QUEUE_BATCH 64
-#endif
-
 /* Items carved from a page's untouched part at a time: a batch, not the whole page, so a page used
  * for a few items never links all of its memory (and touches no more of it than needed). At most
  * SHARD_CARVE_BATCH items, and no more than SHARD_CARVE_BYTES of memory touched but always
@@ -121,7 +114,7 @@
 #define SHARD_LARGE_EXCESS_MIN ((size_t)16 << 20)
 #endif
 
-#if SHARD_RESERVE_HEAPS < 0 || SHARD_RECLAIM_MIN < 1 || SHARD_IDLE_QUEUE_BATCH < 1 || SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || SHARD_KEEP_FREE_PAGES < 0
+#if SHARD_RESERVE_HEAPS < 0 || SHARD_RECLAIM_MIN < 1 || SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || SHARD_KEEP_FREE_PAGES < 0
 #error "invalid shardmm configuration"
 #endif
 

@@ -28,13 +28,15 @@
  * so reading next_free of a stale top is safe.
  *
  * What a waiting heap holds over time. Frees into a heap in the stack gather in its queues of foreign
- * frees. The stack is trimmed (trim_stack: taken whole, every heap's queues taken in, then trimmed and
- * put back) at `heap_reserve_due`, which the next slow path of any thread or thread exit after it acts
- * on, and at once after SHARD_IDLE_QUEUE_BATCH pages or arenas were queued at heaps in the stack (the
- * thread whose free made the last one trims). A heap that entered the stack less than
- * SHARD_RESERVE_DELAY_MS ago keeps its reserve; after that, and at once on shard_collect or under memory
- * pressure, it keeps nothing but its live blocks: every free page decommitted, every empty arena and
- * every segment without a committed page released. A thread that finds the stack empty while it is
+ * frees, and the first page or arena queued at a heap in the stack sets `heap_reserve_due` a delay
+ * ahead (unless an earlier one is set). The stack is trimmed (trim_stack: taken whole, every heap's
+ * queues taken in, then trimmed and put back) at `heap_reserve_due`, which the next slow path of any
+ * thread or thread exit after it acts on. Not sooner: the next thread to take the heap takes the frees
+ * warm, and a trim before that would decommit what it is about to fault in again (a batch trim every
+ * 64 queued pages made bench/churn.py 8-12 % slower, 34 thousand page faults against 14). A heap that
+ * entered the stack less than SHARD_RESERVE_DELAY_MS ago keeps its reserve; after that, and at once on
+ * shard_collect or under memory pressure, it keeps nothing but its live blocks: every free page
+ * decommitted, every empty arena and every segment without a committed page released. A thread that finds the stack empty while it is
  * being trimmed waits for the heaps to come back rather than make a new heap: `trimming` is odd while
  * the stack is taken, and a pop believes an empty top only when `trimming` was even and unchanged
  * around reading it.
@@ -82,7 +84,6 @@ static uint32_t exit_hook_state;  /* 0 not asked for, 1 being asked for, 2 done 
 uint64_t heap_reserve_due;       /* port_clock_ms() when the stack is due for a trim; 0: not due */
 static uint32_t trimming;        /* odd while the stack is taken whole (trim, check); +1 at take and put back */
 static spinlock trim_lock;       /* one trim of the stack, check of it or search for dead threads' heaps at a time */
-static uint32_t idle_queued;     /* pages and arenas queued at heaps in the stack since its last trim */
 static uint32_t reserves_held;   /* heaps in the stack that hold a reserve (at most SHARD_RESERVE_HEAPS) */
 static uintptr_t fork_tag;       /* port_thread_tag() of the thread in the middle of fork(), or 0 */
 
@@ -224,7 +225,6 @@ static void drop_reserve(heap *h)
  * delay, nothing but live blocks after it, without a reserve, or with `all`. Under trim_lock. */
 static void trim_stack(int all)
 {
-    store_relaxed(&idle_queued, 0u);
     heap *first = take_stack();
     uint64_t now = port_clock_ms(), due = 0;
     for (heap *h = first; h != NULL; h = h->next_free) {
@@ -262,11 +262,6 @@ void heap_foreign_queued(heap *h)
     if (OWNER_THREAD(load_relaxed(&h->owner)) != 0)
         return; /* a thread has it and takes its queues in on its own slow paths */
     arm_due(port_clock_ms() + SHARD_RESERVE_DELAY_MS);
-    if (counted(__atomic_add_fetch(&idle_queued, 1u, __ATOMIC_RELAXED)) >= SHARD_IDLE_QUEUE_BATCH &&
-        spin_try_lock(&trim_lock)) {
-        trim_stack(0);
-        spin_unlock(&trim_lock);
-    }
 }
 
 /* ---- heaps of exited threads -------------------------------------------------------------------- */
