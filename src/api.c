@@ -389,7 +389,7 @@ void *shard_malloc_aligned(size_t size, size_t align)
     if (size <= SHARD_SMALL_MAX && align <= SHARD_SMALL_MAX)
         return shard_malloc(class_size[aligned_class(size, align)]); /* that size takes exactly that class */
     void *p = aligned_any(size, align);
-    if (worth_retry(p, size))
+    if (worth_retry(p, size > align ? size : align)) /* an alignment no address space holds: no second try */
         p = aligned_any(size, align);
     return or_out_of_memory(p);
 }

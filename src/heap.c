@@ -60,8 +60,11 @@
  * allocator's, the large-block cache's and the error hook's; the parent and child hooks give them back.
  * Handlers of other libraries registered before ours run between our prepare and our parent/child hooks,
  * on the forking thread, and may allocate and free: the locks are held as SPIN_FORK (sync.h), which the
- * forking thread passes through while `fork_tag` names it. The stack itself is lock-free and consistent at
- * any instant, so it is not held. In the child the heaps of the parent's other threads stay with their
+ * forking thread passes through while `fork_tag` names it. Other threads never wait for a fork's lock
+ * (a prepare handler of another library may wait for them): they do without it (sync.h). The stacks of
+ * free heaps are lock-free and consistent at any instant, so they are not held. No heap is reclaimed
+ * from a dead thread while `fork_tag` is set: in the child, the parent's other threads look dead
+ * before fork_child has marked their heaps. In the child the heaps of the parent's other threads stay with their
  * blocks and may be in the middle of a change: they are marked as no thread's (PORT_THREAD_NONE) and
  * never reused; the child can use and free their blocks (its frees go to those heaps' queues, which no
  * thread drains: that memory stays with the child until it exits). The forking thread's heap gets the
@@ -74,7 +77,10 @@
 #include "large.h"
 #include "libc.h"
 
-static pair128 free_stack;       /* ptr: heap *, count: changes */
+/* The stacks of free heaps (ptr: heap *, count: changes): those that hold a reserve, which a new thread
+ * takes first, and the others. */
+static pair128 stacks[2];
+enum { STACK_WARM, STACK_COLD };
 static heap *all_heaps;          /* pushed with a CAS, never popped */
 static uint32_t heaps_made;      /* the length of all_heaps */
 static uint32_t reclaim_at = SHARD_RECLAIM_MIN; /* heaps_made at which a new heap first looks for dead threads' */
@@ -97,79 +103,119 @@ static void set_owner(heap *h, uint32_t thread)
     store_release(&h->owner, owner_word(load_relaxed(&h->owner), thread));
 }
 
-/* ---- the stack of free heaps -------------------------------------------------------------------- */
+/* ---- the stacks of free heaps ------------------------------------------------------------------- */
 
 /* The top as two plain loads: a torn pair only makes the following cmpxchg16b fail and retry. */
-static pair128 read_top(void)
+static pair128 read_top(pair128 *stack)
 {
     pair128 top;
-    top.count = load_relaxed(&free_stack.count);
-    top.ptr = load_relaxed(&free_stack.ptr);
+    top.count = load_relaxed(&stack->count);
+    top.ptr = load_relaxed(&stack->ptr);
     return top;
 }
 
-/* Push the chain first .. last (linked by next_free) onto the stack. The link is stored as an atomic:
- * a pop may read it from a stale top at any time (pop_free_heap). */
-static void push_chain(heap *first, heap *last)
+/* Push the chain first .. last (linked by next_free) onto a stack. The link is stored as an atomic: a
+ * pop may read it from a stale top at any time (pop_free_heap). */
+static void push_chain(pair128 *stack, heap *first, heap *last)
 {
-    pair128 old = read_top(), desired;
+    pair128 old = read_top(stack), desired;
     do {
         store_relaxed(&last->next_free, (heap *)old.ptr);
         desired.ptr = first;
         desired.count = old.count + 1;
-    } while (!cas128(&free_stack, &old, desired));
+    } while (!cas128(stack, &old, desired));
 }
 
-/* h goes onto the stack as it is, no thread's; the time it went there. From the push on h is any
- * thread's to take: the caller reads nothing of it after this. */
-static uint64_t give_back(heap *h)
+static pair128 *stack_of(const heap *h) { return &stacks[h->reserve_held ? STACK_WARM : STACK_COLD]; }
+
+/* h goes onto its stack as it is, no thread's. From the push on h is any thread's to take: the caller
+ * reads nothing of it afterwards. Returns whether frees of other threads wait in its queues, taken in
+ * by no one until a trim (see retire). */
+static int give_back(heap *h)
 {
-    uint64_t now = port_clock_ms();
-    h->retired_at = now;
+    h->retired_at = port_clock_ms();
     set_owner(h, 0);
-    push_chain(h, h);
-    return now;
+    /* The owner word, then the queues; a foreign free pushes onto a queue, then reads the owner word:
+     * one of the two sees the other (heap_foreign_queued). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    int queued = load_relaxed(&h->delayed) != NULL || load_relaxed(&h->delayed_arenas) != NULL;
+    push_chain(stack_of(h), h, h);
+    return queued;
 }
 
-/* Take the stack whole (NULL when empty); `trimming` makes new threads wait for it, not make heaps.
- * Under trim_lock. */
-static heap *take_stack(void)
+/* Take a stack whole, and its last heap. */
+static heap *take_one(pair128 *stack, heap **last)
 {
-    (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_ACQ_REL));
-    pair128 old = read_top();
-    while (!cas128(&free_stack, &old, (pair128){NULL, old.count + 1})) {
+    pair128 old = read_top(stack);
+    while (!cas128(stack, &old, (pair128){NULL, old.count + 1})) {
     }
+    *last = old.ptr;
+    while (*last != NULL && (*last)->next_free != NULL)
+        *last = (*last)->next_free;
     return old.ptr;
 }
 
+/* Take both stacks whole, as one list, the warm heaps first (NULL when both are empty); `trimming` makes
+ * new threads wait for them meanwhile, not make heaps. Under trim_lock. */
+static heap *take_stack(void)
+{
+    (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_ACQ_REL));
+    heap *warm_last, *cold_last;
+    heap *warm = take_one(&stacks[STACK_WARM], &warm_last), *cold = take_one(&stacks[STACK_COLD], &cold_last);
+    if (warm == NULL)
+        return cold;
+    warm_last->next_free = cold;
+    return warm;
+}
+
+/* Put the heaps of take_stack back, each onto the stack its reserve says, in their order. */
 static void put_back_stack(heap *first)
 {
-    if (first != NULL) {
-        heap *last = first;
-        while (last->next_free != NULL)
-            last = last->next_free;
-        push_chain(first, last);
+    heap *head[2] = {NULL, NULL}, *tail[2] = {NULL, NULL};
+    for (heap *h = first, *next; h != NULL; h = next) {
+        next = h->next_free;
+        int s = h->reserve_held ? STACK_WARM : STACK_COLD;
+        h->next_free = NULL;
+        if (tail[s] != NULL)
+            tail[s]->next_free = h;
+        else
+            head[s] = h;
+        tail[s] = h;
     }
+    for (int s = 0; s < 2; s++)
+        if (head[s] != NULL)
+            push_chain(&stacks[s], head[s], tail[s]);
     (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_RELEASE));
 }
 
+/* The top heap of a stack, or NULL when it is empty. */
+static heap *try_pop(pair128 *stack)
+{
+    pair128 old = read_top(stack);
+    while (old.ptr != NULL) {
+        /* A stale top's next_free may be changing under a push (heaps are never freed, so the read is
+         * safe); the CAS then fails on the change counter. */
+        pair128 desired = {load_relaxed(&((heap *)old.ptr)->next_free), old.count + 1};
+        if (cas128(stack, &old, desired))
+            return old.ptr;
+    }
+    return NULL;
+}
+
+/* A free heap, one with a reserve first; NULL when there is none. */
 static heap *pop_free_heap(void)
 {
     for (unsigned i = 0;; i++) {
         uint32_t seq = load_acquire(&trimming);
-        pair128 old = read_top();
-        if (old.ptr == NULL) {
-            __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the top is read before `trimming` again */
-            if ((seq & 1) == 0 && load_relaxed(&trimming) == seq)
-                return NULL; /* empty, and not because a trim or check had taken it */
-            pause_or_yield(i); /* the heaps are being trimmed and come back soon */
-            continue;
-        }
-        /* A stale top's next_free may be changing under a push (heaps are never freed, so the read is
-         * safe); the CAS then fails on the change counter. */
-        pair128 desired = {load_relaxed(&((heap *)old.ptr)->next_free), old.count + 1};
-        if (cas128(&free_stack, &old, desired))
-            return old.ptr;
+        heap *h = try_pop(&stacks[STACK_WARM]);
+        if (h == NULL)
+            h = try_pop(&stacks[STACK_COLD]);
+        if (h != NULL)
+            return h;
+        __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the tops are read before `trimming` again */
+        if ((seq & 1) == 0 && load_relaxed(&trimming) == seq)
+            return NULL; /* empty, and not because a trim or check had taken them */
+        pause_or_yield(i); /* the heaps are being trimmed and come back soon */
     }
 }
 
@@ -259,6 +305,7 @@ void heap_reserve_expire(uint64_t due)
 
 void heap_foreign_queued(heap *h)
 {
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the push onto h's queue, then its owner (give_back) */
     if (OWNER_THREAD(load_relaxed(&h->owner)) != 0)
         return; /* a thread has it and takes its queues in on its own slow paths */
     arm_due(port_clock_ms() + SHARD_RESERVE_DELAY_MS);
@@ -267,7 +314,8 @@ void heap_foreign_queued(heap *h)
 /* ---- heaps of exited threads -------------------------------------------------------------------- */
 
 /* The end of a thread's use of h, without the look at the due time (heap_retire adds it): a reserve
- * while fewer than SHARD_RESERVE_HEAPS heaps in the stack hold one, else nothing but its live blocks. */
+ * while fewer than SHARD_RESERVE_HEAPS heaps in the stack hold one, else nothing but its live blocks.
+ * A trim is armed when h keeps memory or frees of other threads wait in its queues. */
 static void retire(heap *h)
 {
     if (counted(__atomic_fetch_add(&reserves_held, 1u, __ATOMIC_RELAXED)) < SHARD_RESERVE_HEAPS) {
@@ -278,18 +326,25 @@ static void retire(heap *h)
         trim_all(h, 1);
     }
     int reserve = has_reserve(h);
+    if (!reserve)
+        drop_reserve(h); /* nothing was left to keep: the place is another heap's */
     debug_check_heap(h, "heap inconsistent as its thread ends");
-    uint64_t retired_at = give_back(h);
+    uint64_t now = port_clock_ms();
     /* After the push: a trim that takes the due from now on takes the stack after the push, so h is
      * trimmed either by the trim that consumes an earlier due or by the one this sets. */
-    if (reserve)
-        arm_due(retired_at + SHARD_RESERVE_DELAY_MS);
+    if (give_back(h) || reserve)
+        arm_due(now + SHARD_RESERVE_DELAY_MS);
 }
 
 /* Every heap whose thread no longer lives is retired onto the stack (see the file comment). Under
  * trim_lock. */
 static void reclaim_dead(void)
 {
+    /* Inside fork(), the child's handlers run before ours can mark the parent's other threads' heaps as
+     * no one's (fork_child), and those threads are gone from the child: their heaps would look dead, and
+     * may be in the middle of a change. None is reclaimed until the fork's handlers are done. */
+    if (load_acquire(&fork_tag) != 0)
+        return;
     uint32_t live = 0;
     for (heap *h = load_acquire(&all_heaps); h != NULL; h = h->next_all) {
         uint64_t w = load_acquire(&h->owner);
@@ -324,15 +379,23 @@ void heap_thread_done(void)
     heap_retire(h);
 }
 
+/* The heaps of dead threads reclaimed, then the stack trimmed to nothing but live blocks; skipped while
+ * another thread's fork holds the stacks. */
+static void empty_stack(void)
+{
+    if (!spin_lock_unless_fork(&trim_lock))
+        return;
+    reclaim_dead();
+    trim_stack(1);
+    spin_unlock(&trim_lock);
+}
+
 void heap_collect(void)
 {
     heap *h = port_heap_slot();
     if (h != NULL)
         trim_to(h, SHARD_KEEP_FREE_PAGES, 1, 0);
-    spin_lock(&trim_lock);
-    reclaim_dead();
-    trim_stack(1);
-    spin_unlock(&trim_lock);
+    empty_stack();
 }
 
 int heap_relieve(void)
@@ -343,10 +406,7 @@ int heap_relieve(void)
     heap *h = port_heap_slot();
     if (h != NULL)
         trim_all(h, 0);
-    spin_lock(&trim_lock);
-    reclaim_dead();
-    trim_stack(1);
-    spin_unlock(&trim_lock);
+    empty_stack();
     os_get_totals(&after);
     return after.reserved < before.reserved || after.committed < before.committed;
 }
@@ -354,7 +414,8 @@ int heap_relieve(void)
 int heap_check_stack(void)
 {
     int problems = 0;
-    spin_lock(&trim_lock);
+    if (!spin_lock_unless_fork(&trim_lock))
+        return 0; /* a fork holds the stacks: nothing to check now */
     heap *first = take_stack();
     for (heap *h = first; h != NULL; h = h->next_free)
         problems += heap_check(h);
@@ -595,7 +656,8 @@ size_t heap_free_count(void)
     for (heap *h = heap_all(); h != NULL; h = h->next_all)
         all++;
     /* The links change under a concurrent pop and push: never count more than there are heaps. */
-    for (heap *h = read_top().ptr; h != NULL && n < all; h = load_relaxed(&h->next_free))
-        n++;
+    for (int s = 0; s < 2; s++)
+        for (heap *h = read_top(&stacks[s]).ptr; h != NULL && n < all; h = load_relaxed(&h->next_free))
+            n++;
     return n;
 }

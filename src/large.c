@@ -42,7 +42,8 @@
  *
  * The cache: up to SHARD_LARGE_CACHE_BLOCKS blocks and SHARD_LARGE_CACHE_BYTES committed, oldest first,
  * under a spin lock of its own (pause, then yield: sync.h). Only the choice and the reordering happen
- * under the lock; the OS calls (commit, decommit, release) come after it. A block is shared by the
+ * under the lock; the OS calls (commit, decommit, release) come after it. While a fork holds the lock,
+ * other threads do without the cache: fresh reservations, frees straight back to the OS. A block is shared by the
  * process because large buffers are often allocated by one thread and freed by another.
  * - Choice: among the blocks whose span fits the request, the smallest of those committed enough; else
  *   the one with the most committed memory, which commits the rest in place. Memory committed beyond
@@ -227,7 +228,8 @@ void large_cache_expire(void)
     if (oldest == UINT64_MAX || !expired(oldest, port_clock_ms()))
         return;
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock))
+        return; /* a fork holds the cache: the blocks wait for the next look */
     unsigned n = take_oldest(expired_count(port_clock_ms()), victims);
     publish_oldest();
     spin_unlock(&cache.lock);
@@ -237,7 +239,8 @@ void large_cache_expire(void)
 void large_cache_release_all(void)
 {
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock))
+        return;
     unsigned n = take_oldest(cache.count, victims);
     publish_oldest();
     spin_unlock(&cache.lock);
@@ -251,7 +254,8 @@ static large_header *cache_take(size_t need, size_t *committed)
     if (load_relaxed(&cache.oldest_at) == UINT64_MAX)
         return NULL; /* an empty cache costs one load */
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS], *h = NULL;
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock))
+        return NULL; /* a fork holds the cache: a fresh block instead */
     unsigned n = take_oldest(expired_count(port_clock_ms()), victims);
     unsigned best = cache.count;
     for (unsigned i = 0; i < cache.count; i++) {
@@ -287,7 +291,10 @@ static void cache_put(large_header *h)
         return;
     }
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock)) {
+        release_block(h); /* a fork holds the cache: the block goes back to the OS */
+        return;
+    }
     uint64_t now = port_clock_ms();
     unsigned n = expired_count(now);
     /* Room for one more entry and its bytes: the oldest go first. */
@@ -314,7 +321,10 @@ void large_lock_for_fork(int take)
 
 void large_cache_counts(size_t *blocks, size_t *bytes)
 {
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock)) {
+        *blocks = *bytes = 0; /* not known while a fork holds the cache */
+        return;
+    }
     *blocks = cache.count;
     *bytes = cache.bytes;
     spin_unlock(&cache.lock);
@@ -506,7 +516,8 @@ size_t large_live_count(void) { return load_relaxed(&live_blocks); }
 int large_check(void)
 {
     int problems = 0;
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock))
+        return 0; /* a fork holds the cache: nothing to check now */
     size_t bytes = 0;
     for (unsigned i = 0; i < cache.count; i++) {
         const cached *c = &cache.entry[i];

@@ -93,7 +93,8 @@ void os_get_totals(os_totals *out)
 }
 
 /* The metadata allocator: a bump pointer through 4 MB reservations committed 64 KB at a time, under a
- * spin lock (it runs when a thread creates its heap or a new 4 GB range is first mapped). */
+ * spin lock (it runs when a thread creates its heap or a new 4 GB range is first mapped); while a fork
+ * holds the lock, another thread's block gets a reservation of its own. */
 #define META_RESERVE ((size_t)4 << 20)
 #define META_COMMIT ((size_t)64 << 10)
 
@@ -110,12 +111,24 @@ void meta_lock_for_fork(int take)
         spin_unlock_for_fork(&meta.lock);
 }
 
+/* meta_alloc while a fork holds the lock: a reservation of the block's own (rare, and never freed). */
+static void *meta_alloc_alone(size_t size)
+{
+    uint8_t *r = os_reserve(META_COMMIT, PORT_RESERVE_ALIGN);
+    if (r != NULL && os_commit(r, (size + PORT_PAGE - 1) & ~(PORT_PAGE - 1)) != 0) {
+        os_release(r, META_COMMIT, 0);
+        r = NULL;
+    }
+    return r;
+}
+
 void *meta_alloc(size_t size)
 {
     size = (size + 63) & ~(size_t)63;
     shard_assert(size <= META_COMMIT, "metadata blocks are small");
     void *result = NULL;
-    spin_lock(&meta.lock);
+    if (!spin_lock_unless_fork(&meta.lock))
+        return meta_alloc_alone(size);
     if (meta.cursor == NULL || (size_t)(meta.reserved_end - meta.cursor) < size) {
         uint8_t *r = os_reserve(META_RESERVE, PORT_RESERVE_ALIGN);
         if (r == NULL)

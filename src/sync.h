@@ -105,7 +105,14 @@ static inline bool cas128(pair128 *target, pair128 *expected, pair128 desired)
  * forking thread, and they may allocate and free (glibc allows it); so the forking thread passes through
  * a lock its fork holds (no other thread can be inside it: the prepare handler waited for them), and its
  * unlock of such a lock leaves it held. A waiter takes the lock with a compare-and-swap from 0, never an
- * exchange, so that SPIN_FORK is never overwritten. */
+ * exchange, so that SPIN_FORK is never overwritten.
+ *
+ * Other threads must not wait for a fork either: a library's prepare handler that runs after ours may
+ * wait for a mutex of its own that a thread holds while it allocates (glibc takes its own locks after
+ * every prepare handler, so there that works). So the allocator's locks are taken with
+ * spin_lock_unless_fork, which answers 0 instead of waiting for a lock held by another thread's fork,
+ * and each caller has a way to do without (a large block that skips the cache, metadata from a
+ * reservation of its own, a trim left for later); only setting the error hook waits. */
 typedef struct spinlock {
     uint32_t locked;
 } spinlock;
@@ -142,6 +149,23 @@ static inline void spin_lock(spinlock *l)
                 break;
             pause_or_yield(i);
         }
+}
+
+/* spin_lock, but 0 (the lock not taken) where another thread's fork holds it; 1 when it is the caller's. */
+static inline int spin_lock_unless_fork(spinlock *l)
+{
+    for (;;) {
+        if (spin_try_lock(l))
+            return 1;
+        for (unsigned i = 0;; i++) {
+            uint32_t v = load_relaxed(&l->locked);
+            if (v == 0)
+                break;
+            if (v == SPIN_FORK)
+                return spin_fork_passes();
+            pause_or_yield(i);
+        }
+    }
 }
 
 static inline void spin_unlock(spinlock *l)

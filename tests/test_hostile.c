@@ -55,6 +55,8 @@ static struct {
     size_t (*usable)(void *);
     void (*get_stats)(shard_stats *); /* NULL under glibc */
     void (*collect)(void);
+    int (*check)(void);
+    shard_error_fn (*set_error_hook)(shard_error_fn, void *);
 } A;
 static const char *mode = "glibc";
 
@@ -85,6 +87,8 @@ static void bind_allocator(void)
         A.usable = (size_t(*)(void *))dlsym(lib, "shard_usable_size");
         A.get_stats = (void (*)(shard_stats *))dlsym(lib, "shard_get_stats");
         A.collect = (void (*)(void))dlsym(lib, "shard_collect");
+        A.check = (int (*)(void))dlsym(lib, "shard_check");
+        A.set_error_hook = (shard_error_fn(*)(shard_error_fn, void *))dlsym(lib, "shard_set_error_hook");
         return;
     }
     A.malloc = malloc;
@@ -97,6 +101,8 @@ static void bind_allocator(void)
     A.usable = usable_const;
     A.get_stats = (void (*)(shard_stats *))dlsym(RTLD_DEFAULT, "shard_get_stats");
     A.collect = (void (*)(void))dlsym(RTLD_DEFAULT, "shard_collect");
+    A.check = (int (*)(void))dlsym(RTLD_DEFAULT, "shard_check");
+    A.set_error_hook = (shard_error_fn(*)(shard_error_fn, void *))dlsym(RTLD_DEFAULT, "shard_set_error_hook");
     if (strcmp(mode, "preload") == 0 && A.get_stats == NULL) {
         fprintf(stderr, "preload mode without shardmm in the process\n");
         _exit(92);
@@ -428,6 +434,110 @@ static void scenario_atfork_handlers_allocate(void)
     for (int i = 0; i < 3; i++)
         pthread_join(bg[i], NULL);
     EXPECT(handler_problems == 0, "handlers' blocks: %d problems", handler_problems);
+}
+
+/* A library whose fork handlers do what libraries do (registered before shardmm's in the api mode, so
+ * its prepare handler runs while shardmm holds its locks, and its child handler before shardmm's):
+ * - its prepare handler takes a mutex of its own, which its other threads hold while they allocate and
+ *   free large blocks (glibc takes its malloc locks after every prepare handler, so this works there:
+ *   the allocator's other threads must not wait for the fork's locks);
+ * - its prepare handler frees a pointer that is not a block, with an error hook installed (the hook is
+ *   called, nothing waits);
+ * - its child handler, on a forking thread that has no heap yet, allocates and calls shard_collect; the
+ *   child then finds no heap of the parent's other threads reused (they may be in the middle of a change)
+ *   and shard_check clean. */
+static pthread_mutex_t library_mutex = PTHREAD_MUTEX_INITIALIZER;
+static int hook_calls;
+static char not_a_block[64];
+
+static void count_hook(void *arg, int error, void *p)
+{
+    (void)arg, (void)error, (void)p;
+    hook_calls++;
+}
+
+static void library_prepare(void)
+{
+    pthread_mutex_lock(&library_mutex);
+    if (A.set_error_hook != NULL)
+        A.free(not_a_block + 16);
+}
+static void library_parent(void) { pthread_mutex_unlock(&library_mutex); }
+static void library_child(void)
+{
+    pthread_mutex_unlock(&library_mutex);
+    void *p = A.malloc(64); /* this thread's first block */
+    A.free(p);
+    if (A.collect != NULL)
+        A.collect();
+}
+
+static void *library_worker(void *arg)
+{
+    size_t n = MB + 4096 + (uintptr_t)arg;
+    while (!background_stop) {
+        pthread_mutex_lock(&library_mutex);
+        void *p = A.malloc(n), *q = A.malloc(300);
+        A.free(q);
+        A.free(p);
+        pthread_mutex_unlock(&library_mutex);
+    }
+    return NULL;
+}
+
+static void *small_worker(void *arg)
+{
+    void *b[256];
+    for (int i = 0; i < 256; i++)
+        b[i] = A.malloc(48 + (uintptr_t)arg);
+    while (!background_stop)
+        for (int i = 0; i < 256; i++) {
+            A.free(b[i]);
+            b[i] = A.malloc(48 + (uintptr_t)arg);
+        }
+    for (int i = 0; i < 256; i++)
+        A.free(b[i]);
+    return NULL;
+}
+
+static void *library_forker(void *arg)
+{
+    (void)arg;
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(10);
+        shard_stats s = A.get_stats != NULL ? stats_now() : (shard_stats){0};
+        int clean = A.check == NULL || (s.heaps_free <= 1 && A.check() == 0);
+        exercise(600, "child");
+        _exit(clean && problems == 0 ? 0 : 1);
+    }
+    EXPECT(pid > 0, "fork");
+    if (pid > 0)
+        child_ok(pid, "fork with a library's locking handlers");
+    return NULL;
+}
+
+static void scenario_atfork_library_locks(void)
+{
+    EXPECT(pthread_atfork(library_prepare, library_parent, library_child) == 0, "handler");
+    bind_allocator();
+    if (A.set_error_hook != NULL)
+        A.set_error_hook(count_hook, NULL);
+    pthread_t w[4];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&w[i], NULL, library_worker, (void *)(uintptr_t)(i * 4096));
+    for (int i = 2; i < 4; i++)
+        pthread_create(&w[i], NULL, small_worker, (void *)(uintptr_t)(i * 16));
+    for (int i = 0; i < 100; i++) {
+        pthread_t t;
+        pthread_create(&t, NULL, library_forker, NULL);
+        pthread_join(t, NULL);
+    }
+    background_stop = 1;
+    for (int i = 0; i < 4; i++)
+        pthread_join(w[i], NULL);
+    EXPECT(A.set_error_hook == NULL || hook_calls == 100, "the error hook saw %d of 100 frees of a non-block",
+           hook_calls);
 }
 
 /* The first blocks of the process are large ones, allocated and freed by two threads in a tight loop
@@ -803,6 +913,7 @@ static const struct {
     {"no-key-left", scenario_no_key_left},
     {"atfork-many-before-first-malloc", scenario_atfork_many_before_first_malloc},
     {"atfork-handlers-allocate", scenario_atfork_handlers_allocate},
+    {"atfork-library-locks", scenario_atfork_library_locks},
     {"first-blocks-large-then-fork", scenario_first_blocks_large_then_fork},
     {"late-destructor-heaps", scenario_late_destructor_heaps},
     {"exited-thread-memory-returned", scenario_exited_thread_memory_returned},
@@ -896,6 +1007,7 @@ TEST(last_free_key_taken_by_the_allocator) { run_scenario("last-free-key"); }
 TEST(no_key_left_before_first_malloc) { run_scenario("no-key-left"); }
 TEST(atfork_many_handlers_before_first_malloc) { run_scenario("atfork-many-before-first-malloc"); }
 TEST(atfork_handlers_allocate_and_free) { run_scenario("atfork-handlers-allocate"); }
+TEST(atfork_handlers_that_lock_free_and_collect) { run_scenario("atfork-library-locks"); }
 TEST(first_blocks_large_then_fork) { run_scenario("first-blocks-large-then-fork"); }
 TEST(first_allocation_in_last_destructor_round_leaves_no_heap) { run_scenario("late-destructor-heaps"); }
 TEST(exited_thread_memory_returned_without_a_call) { run_scenario("exited-thread-memory-returned"); }

@@ -1401,3 +1401,117 @@ TEST(statistics_walk_safely_while_segments_and_arenas_are_released)
     CHECK(walks > 0);
     check_allocator("after statistics walked while segments were released");
 }
+
+/* ---- which heaps keep a reserve ---- */
+
+#if SHARD_RULES
+#define RESERVE_HEAPS 8 /* heaps in the stack that keep a reserve at a time */
+
+/* Allocates `pages` pages' worth of 16 KB blocks and frees them: the heap has free pages to keep. */
+static void page_user_job(void *arg)
+{
+    size_t pages = (size_t)(uintptr_t)arg;
+    struct blk *b = calloc(pages * 4, sizeof *b);
+    CHECK(b != NULL);
+    if (b == NULL)
+        return;
+    for (size_t i = 0; i < pages * 4; i++)
+        blk_alloc(&b[i], 16384, 0x8500 + i);
+    for (size_t i = 0; i < pages * 4; i++)
+        blk_free(&b[i]);
+    free(b);
+}
+
+static void *page_user_thread(void *arg)
+{
+    page_user_job(arg);
+    return NULL;
+}
+
+/* Allocates blocks that outlive the thread (the test frees them later): the heap has nothing to keep. */
+static void hand_on_job(void *arg)
+{
+    struct blk *b = arg;
+    for (int i = 0; i < 4; i++)
+        blk_alloc(&b[i], 16384, 0x8600 + (uint64_t)i);
+}
+
+/* n agents at once, each with a heap of its own, each running job(args[i]) and then ending, in order:
+ * their heaps enter the stack one after another. */
+static void agents_run_and_end(int n, job_fn job, void *const *args)
+{
+    struct agent *a = calloc((size_t)n, sizeof *a);
+    CHECK(a != NULL);
+    if (a == NULL)
+        return;
+    for (int i = 0; i < n; i++)
+        if (agent_start(&a[i]))
+            agent_do(&a[i], job, args[i]);
+    for (int i = 0; i < n; i++)
+        agent_stop(&a[i]);
+    free(a);
+}
+#endif
+
+/* A heap that ends with nothing to keep takes no place among the 8 that keep a reserve: after 16 such
+ * heaps entered the stack (and stay there), the next heap with free pages still keeps its reserve. */
+TEST(a_heap_with_nothing_to_keep_takes_no_reserve_place)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    static struct blk handed_on[2 * RESERVE_HEAPS][4];
+    void *args[2 * RESERVE_HEAPS];
+    for (int i = 0; i < 2 * RESERVE_HEAPS; i++)
+        args[i] = handed_on[i];
+    struct holders h;
+    hold_waiting_heaps(&h); /* every reserve of earlier tests taken by a running thread */
+    agents_run_and_end(2 * RESERVE_HEAPS, hand_on_job, args);
+    shard_stats before = stats_now();
+    run_thread(page_user_thread, (void *)(uintptr_t)20); /* takes one of the 16 heaps, frees 20 pages, ends */
+    shard_stats after = stats_now();
+    CHECKF(delta(before.small_pages_free, after.small_pages_free) == 20,
+           "a thread that freed 20 pages ended after 16 heaps with nothing to keep: %+lld free pages kept, 20 "
+           "expected", delta(before.small_pages_free, after.small_pages_free));
+    for (int i = 0; i < 2 * RESERVE_HEAPS; i++)
+        for (int j = 0; j < 4; j++) {
+            blk_check(&handed_on[i][j], "block of a thread that handed it on");
+            blk_free(&handed_on[i][j]);
+        }
+    release_holders(&h);
+    check_allocator("after heaps with nothing to keep");
+#endif
+}
+
+/* The heaps that keep a reserve are the first a new thread takes, also when heaps without one entered
+ * the stack after them: a new thread's first block comes from a free page its heap kept (no new
+ * segment, no commit). */
+TEST(a_new_thread_takes_a_heap_with_a_reserve_first)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    void *args[RESERVE_HEAPS + 4];
+    for (int i = 0; i < RESERVE_HEAPS + 4; i++)
+        args[i] = (void *)(uintptr_t)4;
+    struct holders h;
+    hold_waiting_heaps(&h);
+    /* 8 heaps enter the stack with a reserve, then 4 more, which find the places taken. */
+    agents_run_and_end(RESERVE_HEAPS + 4, page_user_job, args);
+    shard_stats before = stats_now();
+    CHECKF(before.heaps_free == RESERVE_HEAPS + 4, "%zu heaps wait, %d expected", before.heaps_free, RESERVE_HEAPS + 4);
+    struct agent a;
+    if (agent_start(&a)) {
+        agent_do(&a, small_op_job, NULL);
+        shard_stats after = stats_now();
+        CHECKF(delta(before.small_pages_free, after.small_pages_free) == -1 &&
+                   after.small_pages_decommitted == before.small_pages_decommitted && after.heaps == before.heaps,
+               "a new thread's first block: free pages %+lld, decommitted %+lld, heaps %+lld (a kept page expected)",
+               delta(before.small_pages_free, after.small_pages_free),
+               delta(before.small_pages_decommitted, after.small_pages_decommitted), delta(before.heaps, after.heaps));
+        agent_stop(&a);
+    }
+    release_holders(&h);
+    check_allocator("after a new thread took a heap with a reserve");
+#endif
+}
