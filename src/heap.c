@@ -240,12 +240,15 @@ static void trim_to(heap *h, unsigned pages, unsigned arenas, int idle)
     medium_keep(h, arenas);
 }
 
-/* Everything h holds but its live blocks goes back: free pages, empty arenas, segments left empty. */
+/* Everything h holds but its live blocks goes back: segments and arenas left empty first (released
+ * whole, without a decommit of each of their pages first), then the other free pages and empty arenas. */
 static void trim_all(heap *h, int idle)
 {
-    trim_to(h, 0, 0, idle);
+    trim_to(h, UINT32_MAX, UINT32_MAX, idle); /* the queues taken in, the class pages kept retired */
     small_release_empty(h);
     medium_release_empty(h);
+    small_keep(h, 0, 0);
+    medium_keep(h, 0);
 }
 
 static int has_reserve(const heap *h) { return h->free_count > 0 || h->empty_arena_count > 0; }

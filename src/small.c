@@ -13,8 +13,8 @@
  *   list is taken with one exchange and every page on it has its thread_free word exchanged for 0.
  * - A page whose items are all back goes to the heap's free pages. Up to SHARD_KEEP_FREE_PAGES stay
  *   committed; the memory of the others goes back once they have been free for SHARD_DECOMMIT_DELAY_MS.
- *   A segment whose 63 pages are all cold keeps its address space until the heap is trimmed to nothing
- *   (a waiting heap whose reserve expired, memory pressure: small_release_empty), which releases it.
+ *   A segment with no page in use keeps its address space until the heap is trimmed to nothing (a
+ *   waiting heap whose reserve expired, memory pressure: small_release_empty), which releases it.
  *   The clock is read only when there are more free pages than that (pages freed while there were
  *   fewer are stamped when the trim first sees them: they stay a little longer, never shorter).
  * - The page-per-size array `direct` is written only by sync_direct(), when a class's first page changes.
@@ -213,17 +213,27 @@ void small_release_empty(heap *h)
 {
     segment **link = &h->segments;
     for (segment *s = *link; s != NULL; s = *link) {
-        if (s->cold != SEGMENT_PAGES - 1) {
+        unsigned free_pages = 0, in_use = 0;
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
+            unsigned state = ((const page *)((uint8_t *)s + i * PAGE_DESC_SIZE))->state;
+            free_pages += state == PAGE_FREE;
+            in_use += state == PAGE_IN_USE;
+        }
+        if (in_use != 0) {
             link = &s->next;
             continue;
         }
-        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
-            list_remove(&h->cold_pages, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
+        /* Its free pages go with it, committed: one release instead of a decommit each first. */
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
+            page *pg = (page *)((uint8_t *)s + i * PAGE_DESC_SIZE);
+            list_remove(pg->state == PAGE_FREE ? &h->free_pages : &h->cold_pages, pg);
+        }
+        h->free_count -= free_pages;
         store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
         uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
         if (h->own[slot] == (uintptr_t)s)
             h->own[slot] = 0; /* another segment may come to this address, another heap's */
-        segment_release(s, SEGMENT_DESC_BYTES);
+        segment_release(s, SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE);
     }
 }
 

@@ -174,7 +174,7 @@ void small_drain_delayed(struct heap *h);
  * expiry of an exited thread's reserve, shard_collect). With `exiting` the pages its classes keep while
  * their thread runs (the only page of a class, empty) are retired first. */
 void small_keep(struct heap *h, unsigned keep, int exiting);
-/* Release h's segments whose pages are all cold (decommitted): their address space goes back too. */
+/* Release h's segments with no page in use (free pages and all): their address space goes back too. */
 void small_release_empty(struct heap *h);
 /* Problems in one page's lists and counts (reported through report_error); 0 when it is consistent. */
 int small_check_page(const page *pg);
