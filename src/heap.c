@@ -150,8 +150,8 @@ static heap *take_one(pair128 *stack, heap **last)
     while (!cas128(stack, &old, (pair128){NULL, old.count + 1})) {
     }
     *last = old.ptr;
-    while (*last != NULL && (*last)->next_free != NULL)
-        *last = (*last)->next_free;
+    while (*last != NULL && load_relaxed(&(*last)->next_free) != NULL)
+        *last = load_relaxed(&(*last)->next_free);
     return old.ptr;
 }
 
@@ -164,7 +164,7 @@ static heap *take_stack(void)
     heap *warm = take_one(&stacks[STACK_WARM], &warm_last), *cold = take_one(&stacks[STACK_COLD], &cold_last);
     if (warm == NULL)
         return cold;
-    warm_last->next_free = cold;
+    store_relaxed(&warm_last->next_free, cold); /* links are atomics: a stale pop may read them (try_pop) */
     return warm;
 }
 
@@ -173,11 +173,11 @@ static void put_back_stack(heap *first)
 {
     heap *head[2] = {NULL, NULL}, *tail[2] = {NULL, NULL};
     for (heap *h = first, *next; h != NULL; h = next) {
-        next = h->next_free;
+        next = load_relaxed(&h->next_free);
         int s = h->reserve_held ? STACK_WARM : STACK_COLD;
-        h->next_free = NULL;
+        store_relaxed(&h->next_free, (heap *)NULL); /* atomics: a stale pop may read them (try_pop) */
         if (tail[s] != NULL)
-            tail[s]->next_free = h;
+            store_relaxed(&tail[s]->next_free, h);
         else
             head[s] = h;
         tail[s] = h;
