@@ -572,7 +572,7 @@ heap *heap_get_or_create(int *lent)
 int heap_check(heap *h)
 {
     int problems = 0;
-    size_t segments = 0, entered = 0;
+    size_t segments = 0, entered = 0, all_cold = 0;
     for (segment *s = h->segments; s != NULL; s = s->next, segments++) {
         if (s->owner != h || segmap_kind((uintptr_t)s) != SEG_SMALL) {
             report_error("segment with a wrong owner or map entry:", (uintptr_t)s);
@@ -584,15 +584,10 @@ int heap_check(heap *h)
             report_error("segment missing from its free own-segment entry:", (uintptr_t)s);
             problems++;
         }
-        unsigned cold = 0;
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
             problems += small_check_page(pg);
-            cold += pg->state == PAGE_COLD;
-        }
-        if (cold != s->cold) {
-            report_error("cold page count of a segment differs from its pages:", (uintptr_t)s);
-            problems++;
+            all_cold += pg->state == PAGE_COLD;
         }
     }
     /* Every own-segment entry is one of these segments (entry 0 holds 1), each at most once. */
@@ -641,11 +636,8 @@ int heap_check(heap *h)
         report_error("free page count differs from the list:", h->free_count);
         problems++;
     }
-    size_t all_cold = 0;
-    for (segment *s = h->segments; s != NULL; s = s->next)
-        all_cold += s->cold;
     if (cold_pages != all_cold) {
-        report_error("cold pages listed differ from the segments' counts:", cold_pages);
+        report_error("cold pages listed differ from the segments' cold pages:", cold_pages);
         problems++;
     }
     return problems;

@@ -56,12 +56,10 @@ typedef struct segment {
     struct segment *next;          /* the owner's segments */
     uint8_t zero[16];
     struct segment *next_released; /* in the list of segments waiting for their release (segment_release) */
-    uint32_t cold;                  /* small segments: pages not committed (all 63 of them: the segment is empty) */
-    uint32_t pad0;
     size_t released_committed;      /* bytes still committed when it was given up, for the accounting */
-    uint8_t pad[PAGE_DESC_SIZE - 56];
+    uint8_t pad[PAGE_DESC_SIZE - 48];
 } segment;
-_Static_assert(sizeof(segment) == PAGE_DESC_SIZE && offsetof(segment, zero) == 16 && offsetof(segment, pad) == 56,
+_Static_assert(sizeof(segment) == PAGE_DESC_SIZE && offsetof(segment, zero) == 16 && offsetof(segment, pad) == 48,
                "the header is descriptor 0, with zero bytes where small.h expects them");
 
 #define SEGMAP_TOP_BITS 15      /* address bits 32..46 */

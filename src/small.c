@@ -201,7 +201,6 @@ static void trim_at(heap *h, uint64_t now, unsigned keep)
             h->free_count--;
             pg->state = PAGE_COLD;
             list_push_front(&h->cold_pages, pg);
-            segment_of(pg)->cold++;
         } else {
             return;
         }
@@ -315,13 +314,11 @@ static page *page_acquire(heap *h)
             p->state = PAGE_COLD;
             list_push_front(&h->cold_pages, p);
         }
-        seg->cold = SEGMENT_PAGES - 1;
     }
     pg = h->cold_pages.first;
     if (os_commit(page_start(pg), PAGE_SIZE) != 0)
         return NULL;
     list_remove(&h->cold_pages, pg);
-    segment_of(pg)->cold--;
     return pg;
 }
 
