@@ -19,27 +19,28 @@
  * into it are taken in, the only page a class keeps while its thread runs is retired if empty, and the
  * heap keeps a reserve of SHARD_RESERVE_PAGES free pages and SHARD_RESERVE_ARENAS empty arenas for the
  * next thread; the rest of its free memory goes back to the OS at once. Only SHARD_RESERVE_HEAPS heaps
- * in the stack hold a reserve at a time (the next threads to start take those first): when 500 threads
- * end at once, the reserves of 8 wait for new threads, not of 500 (measured: 2.5 GB resident for a
- * second after 500 threads of 5 MB each ended, with a reserve each; test_hostile.c's idle-heaps-500). Then the heap goes, whole, onto
- * the stack of free heaps, and a new thread pops one before it makes a new heap. The stack's top is a
+ * hold a reserve at a time, and a heap with nothing to keep takes no place: when 500 threads end at
+ * once, the reserves of 8 wait for new threads, not of 500 (measured: 2.5 GB resident for a second
+ * after 500 threads of 5 MB each ended, with a reserve each; test_hostile.c's idle-heaps-500). Then the
+ * heap goes, whole, onto one of two stacks of free heaps - the warm one if it holds a reserve, else the
+ * cold one - and a new thread pops one, warm first, before it makes a new heap. A stack's top is a
  * pointer and a change counter swapped together by cmpxchg16b: a pop that read top A and A->next_free
  * could otherwise succeed after A was popped and pushed again with another next. Heaps are never freed,
  * so reading next_free of a stale top is safe.
  *
- * What a waiting heap holds over time. Frees into a heap in the stack gather in its queues of foreign
- * frees, and the first page or arena queued at a heap in the stack sets `heap_reserve_due` a delay
- * ahead (unless an earlier one is set). The stack is trimmed (trim_stack: taken whole, every heap's
- * queues taken in, then trimmed and put back) at `heap_reserve_due`, which the next slow path of any
- * thread or thread exit after it acts on. Not sooner: the next thread to take the heap takes the frees
- * warm, and a trim before that would decommit what it is about to fault in again (a batch trim every
- * 64 queued pages made bench/churn.py 8-12 % slower, 34 thousand page faults against 14). A heap that
- * entered the stack less than SHARD_RESERVE_DELAY_MS ago keeps its reserve; after that, and at once on
- * shard_collect or under memory pressure, it keeps nothing but its live blocks: every free page
- * decommitted, every empty arena and every segment without a committed page released. A thread that finds the stack empty while it is
- * being trimmed waits for the heaps to come back rather than make a new heap: `trimming` is odd while
- * the stack is taken, and a pop believes an empty top only when `trimming` was even and unchanged
- * around reading it.
+ * What a waiting heap holds over time. Frees into a heap in a stack gather in its queues of foreign
+ * frees, and the first page or arena queued at a heap in a stack sets `heap_reserve_due` a delay ahead
+ * (unless an earlier one is set). The stacks are trimmed (trim_stack: taken whole, every heap's queues
+ * taken in, then trimmed and put back) at `heap_reserve_due`, which the next slow path of any thread or
+ * thread exit after it acts on. Not sooner: the next thread to take the heap takes the frees warm, and a
+ * trim before that would decommit what it is about to fault in again (a batch trim every 64 queued
+ * pages made bench/churn.py 8-12 % slower, 34 thousand page faults against 14). A heap that entered the
+ * stack less than SHARD_RESERVE_DELAY_MS ago keeps its reserve; after that, and at once on shard_collect
+ * or under memory pressure, it keeps nothing but its live blocks: segments without a page in use and
+ * empty arenas released, the other free pages decommitted. A thread that finds the stacks empty while
+ * they are being trimmed waits for the heaps to come back rather than make a new heap: `trimming` is odd
+ * while the stacks are taken, and a pop believes empty tops only when `trimming` was even and unchanged
+ * around reading them.
  *
  * Heaps of threads that exited without the hook: a thread whose first allocation runs in the last round
  * of key destructors (its hook was armed too late for glibc to call it), or any thread of a process
@@ -56,18 +57,18 @@
  *
  * Fork. The child keeps only the thread that forked, so a lock another thread held at that moment would
  * stay taken in the child forever. The prepare hook takes every lock of the allocator in a fixed order:
- * `trim_lock` (so no trim of the stack or search for dead threads' heaps is under way), the metadata
+ * `trim_lock` (so no trim of the stacks or search for dead threads' heaps is under way), the metadata
  * allocator's, the large-block cache's and the error hook's; the parent and child hooks give them back.
  * Handlers of other libraries registered before ours run between our prepare and our parent/child hooks,
  * on the forking thread, and may allocate and free: the locks are held as SPIN_FORK (sync.h), which the
  * forking thread passes through while `fork_tag` names it. Other threads never wait for a fork's lock
  * (a prepare handler of another library may wait for them): they do without it (sync.h). The stacks of
  * free heaps are lock-free and consistent at any instant, so they are not held. No heap is reclaimed
- * from a dead thread while `fork_tag` is set: in the child, the parent's other threads look dead
- * before fork_child has marked their heaps. In the child the heaps of the parent's other threads stay with their
- * blocks and may be in the middle of a change: they are marked as no thread's (PORT_THREAD_NONE) and
- * never reused; the child can use and free their blocks (its frees go to those heaps' queues, which no
- * thread drains: that memory stays with the child until it exits). The forking thread's heap gets the
+ * from a dead thread while `fork_tag` is set: in the child, the parent's other threads look dead before
+ * fork_child has marked their heaps. In the child the heaps of the parent's other threads stay with
+ * their blocks and may be in the middle of a change: they are marked as no thread's (PORT_THREAD_NONE)
+ * and never reused; the child can use and free their blocks (its frees go to those heaps' queues, which
+ * no thread drains: that memory stays with the child until it exits). The forking thread's heap gets the
  * child's thread number.
  */
 #include "heap.h"
@@ -83,14 +84,14 @@ static pair128 stacks[2];
 enum { STACK_WARM, STACK_COLD };
 static heap *all_heaps;          /* pushed with a CAS, never popped */
 static uint32_t heaps_made;      /* the length of all_heaps */
-static uint32_t reclaim_at = SHARD_RECLAIM_MIN; /* heaps_made at which a new heap first looks for dead threads' */
+static uint32_t reclaim_at = SHARD_RECLAIM_MIN; /* heaps_made from which a new heap looks for dead threads' */
 uint32_t heap_start_done;        /* heap_start has run (heap.h) */
 static uint32_t fork_hooks_state; /* 0 not registered, 1 being registered, 2 done (or refused) */
 static uint32_t exit_hook_state;  /* 0 not asked for, 1 being asked for, 2 done (with or without a hook) */
 uint64_t heap_reserve_due;       /* port_clock_ms() when the stack is due for a trim; 0: not due */
-static uint32_t trimming;        /* odd while the stack is taken whole (trim, check); +1 at take and put back */
-static spinlock trim_lock;       /* one trim of the stack, check of it or search for dead threads' heaps at a time */
-static uint32_t reserves_held;   /* heaps in the stack that hold a reserve (at most SHARD_RESERVE_HEAPS) */
+static uint32_t trimming;        /* odd while the stacks are taken whole (trim, check): +1 at take, at put back */
+static spinlock trim_lock;       /* one trim or check of the stacks, or search for dead threads' heaps, at a time */
+static uint32_t reserves_held;   /* heaps in the warm stack (at most SHARD_RESERVE_HEAPS) */
 static uintptr_t fork_tag;       /* port_thread_tag() of the thread in the middle of fork(), or 0 */
 
 /* ---- owners ----------------------------------------------------------------------------------------- */
@@ -270,7 +271,7 @@ static void drop_reserve(heap *h)
     }
 }
 
-/* Trim every heap in the stack: its queues taken in, then its reserve kept while it is younger than the
+/* Trim every heap in the stacks: its queues taken in, then its reserve kept while it is younger than the
  * delay, nothing but live blocks after it, without a reserve, or with `all`. Under trim_lock. */
 static void trim_stack(int all)
 {
@@ -282,7 +283,9 @@ static void trim_stack(int all)
             trim_all(h, 1);
         } else {
             trim_to(h, SHARD_RESERVE_PAGES, SHARD_RESERVE_ARENAS, 1);
-            if (has_reserve(h) && (due == 0 || (int64_t)(h->retired_at - (due - SHARD_RESERVE_DELAY_MS)) < 0))
+            if (!has_reserve(h))
+                drop_reserve(h);
+            else if (due == 0 || (int64_t)(h->retired_at - (due - SHARD_RESERVE_DELAY_MS)) < 0)
                 due = h->retired_at + SHARD_RESERVE_DELAY_MS;
         }
         debug_check_heap(h, "heap in the free stack inconsistent after trimming it");
@@ -317,7 +320,7 @@ void heap_foreign_queued(heap *h)
 /* ---- heaps of exited threads -------------------------------------------------------------------- */
 
 /* The end of a thread's use of h, without the look at the due time (heap_retire adds it): a reserve
- * while fewer than SHARD_RESERVE_HEAPS heaps in the stack hold one, else nothing but its live blocks.
+ * while fewer than SHARD_RESERVE_HEAPS heaps in the stacks hold one, else nothing but its live blocks.
  * A trim is armed when h keeps memory or frees of other threads wait in its queues. */
 static void retire(heap *h)
 {
@@ -493,7 +496,7 @@ void heap_start(void)
     while (state != 2) {
         uint32_t expected = 0;
         if (state == 0 && cas_acq_rel(&exit_hook_state, &expected, 1u)) {
-            port_thread_exit_hook(heap_exit_hook); /* -1: no hook; exited threads' heaps are found by reclaim_dead */
+            port_thread_exit_hook(heap_exit_hook); /* -1: no hook; reclaim_dead finds exited threads' heaps */
             store_release(&exit_hook_state, 2u);
             break;
         }

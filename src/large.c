@@ -43,8 +43,8 @@
  * The cache: up to SHARD_LARGE_CACHE_BLOCKS blocks and SHARD_LARGE_CACHE_BYTES committed, oldest first,
  * under a spin lock of its own (pause, then yield: sync.h). Only the choice and the reordering happen
  * under the lock; the OS calls (commit, decommit, release) come after it. While a fork holds the lock,
- * other threads do without the cache: fresh reservations, frees straight back to the OS. A block is shared by the
- * process because large buffers are often allocated by one thread and freed by another.
+ * other threads do without the cache: fresh reservations, frees straight back to the OS. A block is
+ * shared by the process because large buffers are often allocated by one thread and freed by another.
  * - Choice: among the blocks whose span fits the request, the smallest of those committed enough; else
  *   the one with the most committed memory, which commits the rest in place. Memory committed beyond
  *   the request stays with the block for growth unless it is both more than four times the request
