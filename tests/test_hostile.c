@@ -280,17 +280,29 @@ static void count_prepare(void) { prepared++; }
 static void count_parent(void) { parented++; }
 static void count_child(void) { childed++; }
 
-/* Waits for a child (each child sets alarm(10) first: a child that hangs dies of SIGALRM); 1 when it
- * exited 0. */
-static int child_ok(pid_t pid, const char *what)
+/* fork(); the child runs in_child() with a time limit (a child that hangs dies of SIGALRM) and exits 0
+ * when it answered 1 and found no problem; the parent waits for it. 1 when the child exited 0. */
+static int fork_and_check(int (*in_child)(void), const char *what)
 {
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(10);
+        int ok = in_child();
+        _exit(ok && problems == 0 ? 0 : 1);
+    }
     int status = 0;
-    if (waitpid(pid, &status, 0) != pid)
+    if (pid < 0 || waitpid(pid, &status, 0) != pid)
         status = -1;
     int ok = status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
     EXPECT(ok, "%s: child %s %d", what, status != -1 && WIFSIGNALED(status) ? "killed by signal" : "status",
            status != -1 && WIFSIGNALED(status) ? WTERMSIG(status) : status);
     return ok;
+}
+
+static int child_after_many_handlers(void)
+{
+    exercise(5, "child");
+    return childed == 60;
 }
 
 /* 60 atfork handlers before the first block: glibc allocates to grow its list of handlers from the 49th
@@ -302,14 +314,7 @@ static void scenario_atfork_many_before_first_malloc(void)
     bind_allocator();
     exercise(4, "main thread");
     run_threads(4, exercise_thread, 50);
-    pid_t pid = fork();
-    if (pid == 0) {
-        alarm(10);
-        exercise(5, "child");
-        _exit(childed == 60 && problems == 0 ? 0 : 1);
-    }
-    EXPECT(pid > 0, "fork");
-    child_ok(pid, "fork after 60 handlers");
+    fork_and_check(child_after_many_handlers, "fork after 60 handlers");
     EXPECT(prepared == 60 && parented == 60, "handlers ran: %d %d", prepared, parented);
 }
 
@@ -388,21 +393,32 @@ static void *churn(void *arg)
     return NULL;
 }
 
-/* One fork from a thread that has not allocated yet (its first block is a handler's). */
-static void *forker(void *arg)
+static int child_after_allocating_handlers(void)
 {
-    int i = (int)(uintptr_t)arg;
-    pid_t pid = fork();
-    if (pid == 0) {
-        alarm(10);
-        handler_work(400);
-        exercise(500, "child");
-        _exit(handler_problems == 0 && problems == 0 ? 0 : 1);
-    }
-    EXPECT(pid > 0, "fork %d", i);
-    if (pid > 0)
-        child_ok(pid, "fork with allocating handlers");
+    handler_work(400);
+    exercise(500, "child");
+    return handler_problems == 0;
+}
+
+/* fork_and_check from a new thread, which has not allocated yet (its first block is a handler's). */
+struct fork_request {
+    int (*in_child)(void);
+    const char *what;
+};
+
+static void *fork_thread(void *arg)
+{
+    struct fork_request *r = arg;
+    fork_and_check(r->in_child, r->what);
     return NULL;
+}
+
+static void fork_from_new_thread(int (*in_child)(void), const char *what)
+{
+    struct fork_request r = {in_child, what};
+    pthread_t t;
+    if (pthread_create(&t, NULL, fork_thread, &r) == 0)
+        pthread_join(t, NULL);
 }
 
 static void scenario_atfork_handlers_allocate(void)
@@ -426,9 +442,7 @@ static void scenario_atfork_handlers_allocate(void)
         kept_large = A.malloc(2 * MB);
         for (page_block_count = 0; page_block_count < 64; page_block_count++)
             page_blocks[page_block_count] = A.malloc(1008); /* a class of its own: 64 fill a page */
-        pthread_t t;
-        pthread_create(&t, NULL, forker, (void *)(uintptr_t)i);
-        pthread_join(t, NULL);
+        fork_from_new_thread(child_after_allocating_handlers, "fork with allocating handlers");
     }
     background_stop = 1;
     for (int i = 0; i < 3; i++)
@@ -500,21 +514,12 @@ static void *small_worker(void *arg)
     return NULL;
 }
 
-static void *library_forker(void *arg)
+static int child_after_library_handlers(void)
 {
-    (void)arg;
-    pid_t pid = fork();
-    if (pid == 0) {
-        alarm(10);
-        shard_stats s = A.get_stats != NULL ? stats_now() : (shard_stats){0};
-        int clean = A.check == NULL || (s.heaps_free <= 1 && A.check() == 0);
-        exercise(600, "child");
-        _exit(clean && problems == 0 ? 0 : 1);
-    }
-    EXPECT(pid > 0, "fork");
-    if (pid > 0)
-        child_ok(pid, "fork with a library's locking handlers");
-    return NULL;
+    shard_stats s = A.get_stats != NULL ? stats_now() : (shard_stats){0};
+    int clean = A.check == NULL || (s.heaps_free <= 1 && A.check() == 0);
+    exercise(600, "child");
+    return clean;
 }
 
 static void scenario_atfork_library_locks(void)
@@ -528,11 +533,8 @@ static void scenario_atfork_library_locks(void)
         pthread_create(&w[i], NULL, library_worker, (void *)(uintptr_t)(i * 4096));
     for (int i = 2; i < 4; i++)
         pthread_create(&w[i], NULL, small_worker, (void *)(uintptr_t)(i * 16));
-    for (int i = 0; i < 100; i++) {
-        pthread_t t;
-        pthread_create(&t, NULL, library_forker, NULL);
-        pthread_join(t, NULL);
-    }
+    for (int i = 0; i < 100; i++)
+        fork_from_new_thread(child_after_library_handlers, "fork with a library's locking handlers");
     background_stop = 1;
     for (int i = 0; i < 4; i++)
         pthread_join(w[i], NULL);
@@ -553,25 +555,24 @@ static void *large_only(void *arg)
     return NULL;
 }
 
+static int child_large_block(void)
+{
+    void *p = A.malloc(2 * MB);
+    if (p != NULL)
+        memset(p, 7, 2 * MB);
+    A.free(p);
+    return p != NULL;
+}
+
 static void scenario_first_blocks_large_then_fork(void)
 {
     bind_allocator();
     pthread_t t[2];
     for (int i = 0; i < 2; i++)
         pthread_create(&t[i], NULL, large_only, (void *)(uintptr_t)(i * 4096));
-    for (int i = 0; i < 300; i++) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            alarm(5);
-            void *p = A.malloc(2 * MB);
-            if (p != NULL)
-                memset(p, 7, 2 * MB);
-            A.free(p);
-            _exit(p != NULL ? 0 : 1);
-        }
-        if (!child_ok(pid, "fork while large blocks come and go"))
+    for (int i = 0; i < 300; i++)
+        if (!fork_and_check(child_large_block, "fork while large blocks come and go"))
             break;
-    }
     background_stop = 1;
     for (int i = 0; i < 2; i++)
         pthread_join(t[i], NULL);
@@ -652,34 +653,29 @@ static long wait_until(size_t (*measure)(void), size_t limit, long ms)
 static void **loaded;
 static size_t loaded_count;
 
+/* Appends blocks of least + (random % spread) bytes, each filled, to `loaded` until they hold `bytes`. */
+static void load(uint64_t *rng, size_t bytes, size_t least, size_t spread, size_t cap)
+{
+    for (size_t held = 0; held < bytes && loaded_count < cap;) {
+        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+        size_t n = least + (*rng >> 33) % spread;
+        unsigned char *p = A.malloc(n);
+        if (p == NULL)
+            break;
+        memset(p, (int)(n & 0xff), n);
+        loaded[loaded_count++] = p;
+        held += n;
+    }
+}
+
 static void *loader(void *arg)
 {
     (void)arg;
     size_t cap = LOADED_SMALL / 16 + LOADED_MEDIUM / (16 * KB);
     loaded = A.malloc(cap * sizeof *loaded);
     uint64_t rng = 12345;
-    size_t bytes = 0;
-    while (bytes < LOADED_SMALL && loaded_count < cap) {
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        size_t n = 16 + (rng >> 33) % 2000;
-        unsigned char *p = A.malloc(n);
-        if (p == NULL)
-            break;
-        memset(p, (int)(n & 0xff), n);
-        loaded[loaded_count++] = p;
-        bytes += n;
-    }
-    bytes = 0;
-    while (bytes < LOADED_MEDIUM && loaded_count < cap) {
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        size_t n = 20 * KB + (rng >> 33) % (400 * KB);
-        unsigned char *p = A.malloc(n);
-        if (p == NULL)
-            break;
-        memset(p, (int)(n & 0xff), n);
-        loaded[loaded_count++] = p;
-        bytes += n;
-    }
+    load(&rng, LOADED_SMALL, 16, 2000, cap);
+    load(&rng, LOADED_MEDIUM, 20 * KB, 400 * KB, cap);
     return NULL;
 }
 
