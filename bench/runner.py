@@ -1,9 +1,11 @@
 """bench/runner.py - what the benchmark runners (micro.py, medium.py, large.py, ...) share: their error
-exit, comma-separated options, where a benchmark binary is, durations for the progress line, and
-running one benchmark process: a time limit, its exit status and its one line of output.
+exit, comma-separated options, where a benchmark binary is, durations for the progress line, running
+one benchmark process (a time limit, its exit status and its one line of output), and the confidence
+interval of a median ratio.
 
 Standard library only; the runners import it from their own folder.
 """
+import math
 import os
 import shlex
 import subprocess
@@ -65,3 +67,18 @@ def numbers(words, kinds, shown):
         return tuple(kind(word) for kind, word in zip(kinds, words))
     except ValueError:
         fail(f"{shown} printed a non-number: {' '.join(words)!r}")
+
+
+def median_interval(values, level=0.95):
+    """A distribution-free confidence interval of the median of `values` (the sign-test interval): with
+    k the largest count such that P(Binomial(n, 1/2) <= k) <= (1 - level) / 2, the (k+1)-th smallest and
+    the (k+1)-th largest value. None when n is too small for the level (fewer than 6 values at 95 %)."""
+    x = sorted(values)
+    n = len(x)
+    tail, k, cumulative = (1 - level) / 2, -1, 0.0
+    for i in range(n + 1):
+        cumulative += math.comb(n, i) / 2 ** n
+        if cumulative > tail:
+            break
+        k = i
+    return None if k < 0 else (x[k], x[n - 1 - k])

@@ -39,11 +39,13 @@ SHARD_API void shard_free(void *p);
 /* The bytes usable in a live block (its size class for small blocks); 0 for NULL. */
 SHARD_API size_t shard_usable_size(const void *p);
 
-/* Aligned allocation: a block of size bytes at a multiple of align, a power of two from 1 up to
- * SHARD_ALIGN_MAX (2 MB); NULL for any other align (also 0) or out of memory. shard_free, shard_realloc and
- * shard_usable_size take the result like any block (shard_realloc may move it without the alignment).
- * Up to 16 KB with an align up to 16 KB the block is a small one of a class that is a multiple of align:
- * its free is the ordinary fast path. */
+/* Aligned allocation: a block of size bytes at a multiple of align, any power of two; NULL for any
+ * other align (also 0), or out of memory (also for an alignment the address space cannot hold).
+ * shard_free, shard_realloc and shard_usable_size take the result like any block (shard_realloc may move
+ * it without the alignment). Up to 16 KB with an align up to 16 KB the block is a small one of a class
+ * that is a multiple of align: its free is the ordinary fast path. Alignments up to SHARD_ALIGN_MAX
+ * (2 MB) cost no address space beyond the block's; a block aligned to 4 MB or more takes the alignment
+ * again in address space (reserved, never committed), as glibc's memalign does. */
 #define SHARD_ALIGN_MAX ((size_t)2 << 20)
 SHARD_API void *shard_malloc_aligned(size_t size, size_t align);
 /* shard_realloc that keeps the alignment: in place when it can and p is aligned, else a move to a new
@@ -55,11 +57,11 @@ SHARD_API void *shard_realloc_aligned(void *p, size_t size, size_t align);
  * failure the core sets the C library's errno to ENOMEM on Linux and the thread's last error to
  * ERROR_NOT_ENOUGH_MEMORY on Windows. */
 SHARD_API void *shard_reallocarray(void *p, size_t count, size_t size); /* NULL when count * size overflows */
-/* 0, EINVAL (22) unless align is a power of two and a multiple of sizeof(void *) (or above
- * SHARD_ALIGN_MAX), or ENOMEM (12); *out is set only on success. */
+/* 0, EINVAL (22) unless align is a power of two and a multiple of sizeof(void *), or ENOMEM (12); *out
+ * is set only on success. */
 SHARD_API int shard_posix_memalign(void **out, size_t align, size_t size);
 /* glibc 2.36's aligned_alloc and memalign: an align below 16 is 16, one that is not a power of two is
- * rounded up to the next one. */
+ * rounded up to the next one, one above 2^63 (no power of two holds it) is EINVAL. */
 SHARD_API void *shard_aligned_alloc(size_t align, size_t size);
 SHARD_API void *shard_memalign(size_t align, size_t size);
 SHARD_API void *shard_valloc(size_t size);  /* aligned to the page size (4 KB) */

@@ -3,7 +3,8 @@
  * Raw system calls for everything but what belongs to the C library: the thread-exit hook
  * (pthread_key_create, the only way to run code at the exit of a thread we did not create), the fork
  * hooks (pthread_atfork) and errno:
- * - reserve: mmap PROT_NONE (an inaccessible private mapping is not charged against the commit limit);
+ * - reserve: mmap PROT_NONE (an inaccessible private mapping is not charged against the commit limit),
+ *   over-sized by the alignment and trimmed at both ends, so nothing beyond the reservation stays mapped;
  *   commit: mprotect read/write, which charges it, so an impossible size is refused here as on
  *   Windows (with MAP_NORESERVE it would not be, and 64 TB "succeeded"); decommit:
  *   madvise(MADV_DONTNEED), which frees the pages and keeps the range read/write. Decommit does not
@@ -14,7 +15,10 @@
  *   kernel's commit charge (Committed_AS), which only falls at release: under strict overcommit
  *   (mode 2) the charge is the highest ever committed, while the statistics count what is committed
  *   now. release: munmap.
- * - the heap slot: an initial-exec TLS word, read with one fs-relative load.
+ * - the heap slot: an initial-exec TLS word, read with one fs-relative load; the exit hook is a pthread
+ *   key, set after the slot (pthread_setspecific may call calloc, which must find the heap in the slot).
+ *   With every key of the process taken there is no hook: the slot works, exits go unreported.
+ * - threads: gettid, and tgkill with signal 0 to learn whether a thread id still lives.
  * - the clock: CLOCK_MONOTONIC_COARSE through the kernel's vDSO (a few loads, no system call), found
  *   once by reading /proc/self/auxv for the vDSO's address and its ELF symbol table for
  *   __vdso_clock_gettime; without it, the clock_gettime system call. It is read when a page is freed
@@ -28,8 +32,8 @@
 
 enum {
     SYS_read = 0, SYS_write = 1, SYS_close = 3, SYS_mmap = 9, SYS_mprotect = 10, SYS_munmap = 11, SYS_rt_sigprocmask = 14,
-    SYS_sched_yield = 24, SYS_mremap = 25, SYS_madvise = 28, SYS_getpid = 39, SYS_kill = 62, SYS_clock_gettime = 228, SYS_exit_group = 231,
-    SYS_openat = 257
+    SYS_sched_yield = 24, SYS_mremap = 25, SYS_madvise = 28, SYS_getpid = 39, SYS_kill = 62, SYS_gettid = 186,
+    SYS_clock_gettime = 228, SYS_exit_group = 231, SYS_tgkill = 234, SYS_openat = 257, SYS_prlimit64 = 302
 };
 enum { PROT_NONE_ = 0, PROT_RW_ = 3 };
 enum { MAP_PRIVATE_ = 0x02, MAP_ANONYMOUS_ = 0x20, MADV_DONTNEED_ = 4 };
@@ -59,27 +63,59 @@ __thread void *port_linux_heap_slot __attribute__((tls_model("initial-exec"))) =
 #endif
 static __thread int thread_exited __attribute__((tls_model("initial-exec"))); /* the exit hook has run */
 
-void *port_reserve(size_t size)
+static long map_none(uintptr_t hint, size_t size)
 {
-    long r = sys6(SYS_mmap, 0, (long)size, PROT_NONE_, MAP_PRIVATE_ | MAP_ANONYMOUS_, -1, 0);
+    return sys6(SYS_mmap, (long)hint, (long)size, PROT_NONE_, MAP_PRIVATE_ | MAP_ANONYMOUS_, -1, 0);
+}
+
+/* A mapping of exactly size bytes at `at`, or 0 (the hint is only a hint: the kernel may put it elsewhere). */
+static uintptr_t map_at(uintptr_t at, size_t size)
+{
+    long r = map_none(at, size);
+    if (sys_failed(r))
+        return 0;
+    if ((uintptr_t)r == at)
+        return at;
+    sys3(SYS_munmap, r, (long)size, 0);
+    return 0;
+}
+
+void *port_reserve(size_t size, size_t align)
+{
+    /* Map align - 4 KB more than asked and unmap what lies before the first aligned address and after the
+     * reservation: the slack goes back at once. */
+    long r = map_none(0, size + align - PORT_PAGE);
+    if (!sys_failed(r)) {
+        uintptr_t start = (uintptr_t)r, aligned = (start + align - 1) & ~(align - 1), end = start + size + align - PORT_PAGE;
+        if (aligned > start)
+            sys3(SYS_munmap, (long)start, (long)(aligned - start), 0);
+        if (end > aligned + size)
+            sys3(SYS_munmap, (long)(aligned + size), (long)(end - aligned - size), 0);
+        return (void *)aligned;
+    }
+    /* No room for the slack (RLIMIT_AS almost reached): a mapping of the size alone, and if it is not
+     * aligned, the aligned addresses just below and above it, where the kernel (which places mappings
+     * from the top down) has usually left the space free. */
+    r = map_none(0, size);
     if (sys_failed(r))
         return NULL;
-    /* mmap aligns to 4 KB; give the caller the 64 KB alignment of the contract by trimming. */
-    uintptr_t start = (uintptr_t)r, aligned = (start + PORT_RESERVE_ALIGN - 1) & ~(PORT_RESERVE_ALIGN - 1);
-    if (aligned == start)
+    uintptr_t start = (uintptr_t)r, down = start & ~(align - 1);
+    if (start == down)
         return (void *)start;
-    sys3(SYS_munmap, (long)start, (long)size, 0);
-    r = sys6(SYS_mmap, 0, (long)(size + PORT_RESERVE_ALIGN), PROT_NONE_, MAP_PRIVATE_ | MAP_ANONYMOUS_, -1, 0);
-    if (sys_failed(r))
-        return NULL;
-    start = (uintptr_t)r;
-    aligned = (start + PORT_RESERVE_ALIGN - 1) & ~(PORT_RESERVE_ALIGN - 1);
-    if (aligned > start)
-        sys3(SYS_munmap, (long)start, (long)(aligned - start), 0);
-    uintptr_t end = start + size + PORT_RESERVE_ALIGN;
-    if (end > aligned + size)
-        sys3(SYS_munmap, (long)(aligned + size), (long)(end - aligned - size), 0);
-    return (void *)aligned;
+    sys3(SYS_munmap, r, (long)size, 0);
+    uintptr_t at = map_at(down, size);
+    if (at == 0)
+        at = map_at(down + align, size);
+    return (void *)at;
+}
+
+size_t port_address_space_limit(void)
+{
+    enum { RLIMIT_AS_ = 9 };
+    uint64_t limit[2] = {0, 0}; /* current, maximum */
+    if (sys_failed(sys6(SYS_prlimit64, 0, RLIMIT_AS_, 0, (long)limit, 0, 0)) || limit[0] >= (uint64_t)SIZE_MAX)
+        return SIZE_MAX; /* RLIM_INFINITY is all ones */
+    return (size_t)limit[0];
 }
 
 int port_commit(void *addr, size_t size)
@@ -118,6 +154,7 @@ int port_move_release(void *reservation, size_t reservation_size, void *from, si
 }
 
 static pthread_key_t exit_key;
+static int exit_key_made; /* 0: every key of the process was taken; no thread's exit is reported */
 static void (*exit_fn)(void *heap);
 
 static void key_destructor(void *heap)
@@ -130,7 +167,8 @@ static void key_destructor(void *heap)
 int port_thread_exit_hook(void (*fn)(void *heap))
 {
     exit_fn = fn;
-    return pthread_key_create(&exit_key, key_destructor) == 0 ? 0 : -1;
+    exit_key_made = pthread_key_create(&exit_key, key_destructor) == 0;
+    return exit_key_made ? 0 : -1;
 }
 
 int port_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(void))
@@ -140,15 +178,34 @@ int port_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(v
 
 void port_out_of_memory(void) { errno = ENOMEM; }
 
+void port_invalid_argument(void) { errno = EINVAL; }
+
 int port_heap_slot_set(void *heap)
 {
     if (thread_exited)
         return PORT_SLOT_EXITED;
-    if (pthread_setspecific(exit_key, heap) != 0)
-        return -1; /* the slot stays as it was: the caller keeps no heap it could not arm the hook for */
-    port_linux_heap_slot = heap != NULL ? heap : &heap_none;
+    void *before = port_linux_heap_slot;
+    port_linux_heap_slot = heap != NULL ? heap : &heap_none; /* first: see port.h */
+    if (exit_key_made && pthread_setspecific(exit_key, heap) != 0) {
+        port_linux_heap_slot = before; /* the caller keeps no heap it could not arm the hook for */
+        return -1;
+    }
     return 0;
 }
+
+uint32_t port_thread_id(void) { return (uint32_t)sys3(SYS_gettid, 0, 0, 0); }
+
+int port_thread_alive(uint32_t id)
+{
+    enum { ESRCH_ = 3 };
+    /* Signal 0 to the thread of our process with that id: only the existence check is made. A thread that
+     * has exited is gone from the process at once (threads are reaped by the kernel, not by a wait), so
+     * ESRCH means no live thread has the id; any other answer (seccomp, say) counts as alive. */
+    long r = sys3(SYS_tgkill, sys3(SYS_getpid, 0, 0, 0), (long)id, 0);
+    return r == -ESRCH_ ? 0 : 1;
+}
+
+uintptr_t port_thread_tag(void) { return (uintptr_t)&thread_exited; /* a TLS address: the child keeps it */ }
 
 /* ---- the clock ---------------------------------------------------------------------------------- */
 

@@ -1,14 +1,14 @@
 /* port.h - the operating-system contract, in allocator terms.
  *
  * Everything shardmm needs from an OS is here: address space (reserve, commit, decommit, release),
- * the thread's heap slot, a hook at thread exit, a coarse monotonic clock, waiting, and a way to
- * report a fatal error. One file per OS implements it (port/linux.c, port/win64.c). The
+ * the thread's heap slot, a hook at thread exit, which threads are alive, fork hooks, a coarse
+ * monotonic clock, waiting, and a way to report a fatal error. One file per OS implements it (port/linux.c, port/win64.c). The
  * functions hold no policy: no retries, no accounting, no messages; the callers in src/ decide.
  *
  * The model is Windows': a reservation is address space only; commit makes a range readable and
  * writable and reading fresh memory gives zeros; decommit gives the memory back and keeps the
  * addresses; only whole reservations are released. Sizes and addresses are multiples of
- * PORT_PAGE (4 KB); reservations are aligned to PORT_RESERVE_ALIGN (64 KB).
+ * PORT_PAGE (4 KB); reservations are aligned as the caller asks, at least to PORT_RESERVE_ALIGN (64 KB).
  *
  * The heap slot is read on every allocation, so it is an inline function here, chosen per OS;
  * this is the one place outside the port's .c files that knows which OS it is built for.
@@ -22,9 +22,16 @@
 #define PORT_PAGE ((size_t)4096)
 #define PORT_RESERVE_ALIGN ((size_t)65536)
 
-/* Reserve size bytes of address space (size a multiple of PORT_RESERVE_ALIGN). Returns the start,
- * aligned to PORT_RESERVE_ALIGN, or NULL when the OS refuses. Nothing is readable yet. */
-void *port_reserve(size_t size);
+/* Reserve size bytes of address space (size a multiple of PORT_RESERVE_ALIGN) at a multiple of align (a
+ * power of two, PORT_RESERVE_ALIGN or more). The reservation is exactly [start, start+size): whatever the
+ * port had to take beyond it to find an aligned start is given back before it returns, so the process's
+ * address space (RLIMIT_AS counts it) holds no slack. Returns the start, or NULL when the OS refuses.
+ * Nothing is readable yet. */
+void *port_reserve(size_t size, size_t align);
+
+/* The most address space the process may hold (Linux: RLIMIT_AS), bytes; SIZE_MAX when unlimited. A
+ * system call: for the rare decisions that depend on it (large blocks' address headroom). */
+size_t port_address_space_limit(void);
 
 /* Make [addr, addr+size) of a reservation readable and writable; fresh memory reads zero.
  * addr and size are multiples of PORT_PAGE. Returns 0, or -1 when the OS refuses (out of memory);
@@ -56,15 +63,32 @@ int port_move_release(void *reservation, size_t reservation_size, void *from, si
 
 /* Register fn to be called at the exit of every thread that has set its heap slot to non-NULL, with
  * the slot's value, once per thread; the slot reads NULL when fn runs. Called once per process,
- * before the first port_heap_slot_set. 0 or -1. */
+ * before the first port_heap_slot_set. 0; -1 when the OS has no hook left to give (every pthread key of
+ * the process taken): the slot still works, no thread's exit is reported, and the core finds the heaps
+ * of exited threads through port_thread_alive instead. */
 int port_thread_exit_hook(void (*fn)(void *heap));
 
-/* Store heap in the calling thread's slot and arm the thread-exit hook for it. 0; -1 with the slot
- * unchanged when the OS refuses; PORT_SLOT_EXITED with the slot unchanged (NULL) when the thread's exit
- * hook has already run - code that runs later in the thread's exit (a destructor of thread-local data
- * that allocates) - so that no hook would ever give the heap back. */
+/* Store heap in the calling thread's slot and arm the thread-exit hook for it (where there is one). 0; -1
+ * with the slot unchanged when the OS refuses; PORT_SLOT_EXITED with the slot unchanged (NULL) when the
+ * thread's exit hook has already run - code that runs later in the thread's exit (a destructor of
+ * thread-local data that allocates) - so that no hook would ever give the heap back. The slot holds heap
+ * before the hook is armed: arming it may allocate (glibc's pthread_setspecific callocs a key array),
+ * and that allocation must find the heap there rather than make another one. */
 int port_heap_slot_set(void *heap);
 #define PORT_SLOT_EXITED 1
+
+/* Threads by number, for the heaps whose threads exited without the exit hook (it ran before their first
+ * allocation, or the process had no hook to give): port_thread_id() is the calling thread's number,
+ * unique among the process's live threads, never 0 or PORT_THREAD_NONE (a system call: called when a
+ * thread takes a heap); port_thread_alive(id) is 0 when no live thread of the process has that number
+ * any more, 1 when one has or the port cannot tell. */
+uint32_t port_thread_id(void);
+int port_thread_alive(uint32_t id);
+#define PORT_THREAD_NONE 0xffffffffu
+
+/* A value that differs between live threads and is the same for a thread and, after fork, for the
+ * child's one thread (its thread pointer): who runs the fork handlers, for the locks they hold. */
+uintptr_t port_thread_tag(void);
 
 /* Register functions the C library calls around fork() in the process (Linux: pthread_atfork; Windows
  * has no fork and ignores them): prepare in the parent before the fork, parent in the parent after it,
@@ -74,6 +98,8 @@ int port_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(v
 /* An allocation returns NULL for want of memory (or an impossible size): tell the caller the C library's
  * way (Linux: errno = ENOMEM; Windows: the thread's last error ERROR_NOT_ENOUGH_MEMORY). */
 void port_out_of_memory(void);
+/* The same for an invalid argument (Linux: errno = EINVAL; Windows: ERROR_INVALID_PARAMETER). */
+void port_invalid_argument(void);
 
 /* Milliseconds from an arbitrary start, monotonic, with a resolution of some 1-16 ms. */
 uint64_t port_clock_ms(void);

@@ -2,7 +2,8 @@
  *
  * The allocator links with no C runtime (-nostdlib, kernel32 alone); this file is the whole of its
  * conversation with Windows:
- * - address space: VirtualAlloc MEM_RESERVE (64 KB aligned by Windows), MEM_COMMIT (charged against the
+ * - address space: VirtualAlloc MEM_RESERVE (64 KB aligned by Windows; a larger alignment by reserving
+ *   more, giving it back and reserving at the aligned address inside it), MEM_COMMIT (charged against the
  *   commit limit, so an impossible size is refused), MEM_DECOMMIT (the range faults until committed
  *   again), VirtualFree MEM_RELEASE of a whole reservation (Windows refuses a partial one).
  * - the heap slot: an index of our own from TlsAlloc, read without a call as gs:[0x1480 + 8*index] for
@@ -45,10 +46,32 @@ static DWORD exited_index = TLS_OUT_OF_INDEXES; /* non-NULL in a thread whose ex
 static void (*exit_fn)(void *heap);
 static volatile LONG unloading; /* set when the DLL is unloaded: the FLS callbacks do nothing from then */
 
-void *port_reserve(size_t size)
+void *port_reserve(size_t size, size_t align)
 {
-    return VirtualAlloc(NULL, size, MEM_RESERVE, PAGE_NOACCESS);
+    /* Windows reserves at 64 KB boundaries and releases only whole reservations, so the slack of an
+     * over-sized reservation cannot be trimmed: reserve size + align to learn an aligned address inside
+     * it, give it back, and reserve exactly there. Another thread may take the address in between;
+     * then try again. */
+    uint8_t *p = VirtualAlloc(NULL, size, MEM_RESERVE, PAGE_NOACCESS);
+    if (p == NULL || ((uintptr_t)p & (align - 1)) == 0)
+        return p;
+    VirtualFree(p, 0, MEM_RELEASE);
+    for (int attempt = 0; attempt < 16; attempt++) {
+        if (size + align < size)
+            return NULL;
+        uint8_t *wide = VirtualAlloc(NULL, size + align, MEM_RESERVE, PAGE_NOACCESS);
+        if (wide == NULL)
+            return NULL;
+        uintptr_t at = ((uintptr_t)wide + align - 1) & ~(uintptr_t)(align - 1);
+        VirtualFree(wide, 0, MEM_RELEASE);
+        p = VirtualAlloc((void *)at, size, MEM_RESERVE, PAGE_NOACCESS);
+        if (p != NULL)
+            return p;
+    }
+    return NULL;
 }
+
+size_t port_address_space_limit(void) { return SIZE_MAX; /* 128 TB of user address space; no quota on it */ }
 
 int port_commit(void *addr, size_t size)
 {
@@ -120,7 +143,14 @@ int port_thread_exit_hook(void (*fn)(void *heap))
 #else
     BOOL pinned = TRUE;
 #endif
-    if (tls == TLS_OUT_OF_INDEXES || exited == TLS_OUT_OF_INDEXES || fls == FLS_OUT_OF_INDEXES || !pinned) {
+    /* The slot is the TLS index, and the exited mark the second one: without them there is no slot, and
+     * port_heap_slot_set refuses. Without the FLS index (or, for the static library, the pin that keeps
+     * its callback's code loaded) the slot works but no thread's exit is reported. */
+    if (fls != FLS_OUT_OF_INDEXES && !pinned) {
+        FlsFree(fls);
+        fls = FLS_OUT_OF_INDEXES;
+    }
+    if (tls == TLS_OUT_OF_INDEXES || exited == TLS_OUT_OF_INDEXES) {
         if (tls != TLS_OUT_OF_INDEXES)
             TlsFree(tls);
         if (exited != TLS_OUT_OF_INDEXES)
@@ -137,21 +167,46 @@ int port_thread_exit_hook(void (*fn)(void *heap))
     __atomic_store_n(&port_win64_tls_index, tls, __ATOMIC_RELEASE);
     if (tls < TEB_TLS_SLOT_COUNT)
         __atomic_store_n(&port_win64_slot_offset, TEB_TLS_SLOTS + 8 * (uintptr_t)tls, __ATOMIC_RELEASE);
-    return 0;
+    return fls != FLS_OUT_OF_INDEXES ? 0 : -1;
 }
 
 int port_heap_slot_set(void *heap)
 {
+    if (port_win64_tls_index == TLS_OUT_OF_INDEXES)
+        return -1; /* no TLS index could be had: no slot */
     if (TlsGetValue(exited_index) != NULL)
         return PORT_SLOT_EXITED;
-    void *previous = FlsGetValue(fls_index);
-    if (!FlsSetValue(fls_index, heap))
+    void *previous = TlsGetValue(port_win64_tls_index);
+    /* The slot first (port.h), then the FLS value that arms the exit callback. */
+    if (!TlsSetValue(port_win64_tls_index, heap))
         return -1;
-    if (!TlsSetValue(port_win64_tls_index, heap)) { /* an index of 64 or above may need memory */
-        FlsSetValue(fls_index, previous);
+    if (fls_index != FLS_OUT_OF_INDEXES && !FlsSetValue(fls_index, heap)) {
+        TlsSetValue(port_win64_tls_index, previous);
         return -1;
     }
     return 0;
+}
+
+uint32_t port_thread_id(void) { return (uint32_t)GetCurrentThreadId(); /* multiples of 4, never 0 */ }
+
+int port_thread_alive(uint32_t id)
+{
+    /* A thread that has exited is signalled, and an id that no thread has any more cannot be opened. Ids
+     * are unique system-wide among live threads, so an id of ours cannot belong to another process's
+     * thread while ours lives; one that does now (ours exited, the id was reused) means ours is gone. */
+    HANDLE t = OpenThread(SYNCHRONIZE | THREAD_QUERY_LIMITED_INFORMATION, FALSE, id);
+    if (t == NULL)
+        return GetLastError() == ERROR_INVALID_PARAMETER ? 0 : 1;
+    int alive = GetProcessIdOfThread(t) == GetCurrentProcessId() && WaitForSingleObject(t, 0) != WAIT_OBJECT_0;
+    CloseHandle(t);
+    return alive;
+}
+
+uintptr_t port_thread_tag(void)
+{
+    uintptr_t teb; /* the TEB's own address at gs:[0x30] (NtCurrentTeb, which gcc 12 misreads with -Warray-bounds) */
+    __asm__("movq %%gs:0x30, %0" : "=r"(teb));
+    return teb;
 }
 
 int port_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(void))
@@ -161,6 +216,8 @@ int port_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(v
 }
 
 void port_out_of_memory(void) { SetLastError(ERROR_NOT_ENOUGH_MEMORY); }
+
+void port_invalid_argument(void) { SetLastError(ERROR_INVALID_PARAMETER); }
 
 uint64_t port_clock_ms(void)
 {
@@ -208,7 +265,7 @@ _Noreturn void port_abort(void)
 BOOL WINAPI shard_dll_entry(HINSTANCE instance, DWORD reason, void *reserved)
 {
     (void)instance;
-    if (fls_index == FLS_OUT_OF_INDEXES) /* the allocator has not started */
+    if (port_win64_tls_index == TLS_OUT_OF_INDEXES) /* the allocator has not started */
         return TRUE;
     if (reason == DLL_THREAD_DETACH && !unloading) {
         void *heap = TlsGetValue(port_win64_tls_index);
@@ -216,7 +273,8 @@ BOOL WINAPI shard_dll_entry(HINSTANCE instance, DWORD reason, void *reserved)
             thread_exited(heap);
     } else if (reason == DLL_PROCESS_DETACH && reserved == NULL) {
         unloading = 1;
-        FlsFree(fls_index);
+        if (fls_index != FLS_OUT_OF_INDEXES)
+            FlsFree(fls_index);
         TlsFree(port_win64_tls_index);
         TlsFree(exited_index);
     }

@@ -79,10 +79,20 @@ static __attribute__((noinline, cold)) void *out_of_memory(void)
 
 static inline void *or_out_of_memory(void *p) { return likely(p != NULL) ? p : out_of_memory(); }
 
+/* Whether p's kind in the map is a large block's. */
+static inline int kind_large(unsigned kind) { return kind == SEG_LARGE || kind == SEG_LARGE_FAR; }
+
+/* Large blocks need no heap, but the process's start-up (the fork hooks) comes first all the same. */
+static void *large_any(size_t size, size_t align, int zero)
+{
+    heap_started();
+    return large_alloc_aligned(size, align, zero);
+}
+
 static void *malloc_any(size_t size)
 {
     if (size > SHARD_MEDIUM_MAX)
-        return large_alloc(size, 0);
+        return large_any(size, 16, 0);
     heap *h = port_heap_slot();
     if (unlikely(h == NULL))
         return malloc_without_heap(size);
@@ -95,7 +105,23 @@ static void *malloc_any(size_t size)
     return small_alloc_slow(h, cls);
 }
 
-void *shard_malloc_slow(size_t size) { return or_out_of_memory(malloc_any(size)); }
+/* A size that some address space could hold (above it no allocation is tried twice). */
+#define SIZE_POSSIBLE ((size_t)1 << 46)
+
+/* p, or when p is NULL for want of memory: everything that waits goes back (heap_relieve) and the caller
+ * tries once more. */
+static inline int worth_retry(const void *p, size_t size)
+{
+    return unlikely(p == NULL) && size < SIZE_POSSIBLE && heap_relieve();
+}
+
+void *shard_malloc_slow(size_t size)
+{
+    void *p = malloc_any(size);
+    if (worth_retry(p, size))
+        p = malloc_any(size);
+    return or_out_of_memory(p);
+}
 
 void *FAST_PATH(shard_malloc)(size_t size)
 {
@@ -116,8 +142,12 @@ void *FAST_PATH(shard_malloc)(size_t size)
  * so that its fast path needs no stack frame. */
 static __attribute__((noinline)) void *calloc_slow(size_t total)
 {
-    if (total > SHARD_MEDIUM_MAX)
-        return or_out_of_memory(large_alloc(total, 1)); /* zeroes only what a cached block had committed */
+    if (total > SHARD_MEDIUM_MAX) {
+        void *p = large_any(total, 16, 1); /* zeroes only what a cached block had committed */
+        if (worth_retry(p, total))
+            p = large_any(total, 16, 1);
+        return or_out_of_memory(p);
+    }
     void *p = shard_malloc_slow(total);
     if (p != NULL)
         mem_zero_block(p, total);
@@ -182,7 +212,7 @@ void shard_free_slow(void *p)
             medium_free_foreign(p);
         return;
     }
-    if (kind != SEG_LARGE || large_free(p) != 0)
+    if (!kind_large(kind) || large_free(p) != 0)
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
 }
 
@@ -214,9 +244,9 @@ void FAST_PATH(shard_free)(void *p)
 static size_t usable_or_report(const void *p, int error)
 {
     unsigned kind = segmap_kind((uintptr_t)p);
-    if (kind == SEG_SMALL && page_has_item(page_of(p), p))
+    if (kind == SEG_SMALL && page_has_item_any_thread(page_of(p), p))
         return page_of(p)->block_size;
-    size_t n = kind == SEG_MEDIUM ? medium_usable(p) : kind == SEG_LARGE ? large_usable(p) : 0;
+    size_t n = kind == SEG_MEDIUM ? medium_usable(p) : kind_large(kind) ? large_usable(p) : 0;
     if (n == 0)
         error_invalid_pointer(error, (void *)p);
     return n;
@@ -239,7 +269,7 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
         heap *h = port_heap_slot();
         if (h != NULL && segment_of(p)->owner == h) /* the owner resizes in place when it can */
             q = medium_resize_in_place(h, p, size);
-    } else if (kind == SEG_LARGE) {
+    } else if (kind_large(kind)) {
         q = large_resize_in_place(p, size);
     }
     if (q != NULL)
@@ -250,7 +280,7 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
          * grown step by step moves no more often than it doubles. Where the OS can, a large block's pages
          * move to the new reservation without a copy. */
         target = size + size / 16;
-        if (kind == SEG_LARGE && (q = large_move(p, target)) != NULL)
+        if (kind_large(kind) && (q = large_move(p, target)) != NULL)
             return q;
     } else if (size > old && size <= SHARD_MEDIUM_MAX) {
         /* A block that moves to grow gets room for at least half as much again plus 32 bytes when the
@@ -277,19 +307,32 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
     return q;
 }
 
-/* Whether p, in a small segment, is an item of its page that keeps its place when resized to size: within
- * its class and not below a quarter of it. */
+/* Whether size keeps a block of pg's class in place: within the class and not below a quarter of it. */
+static inline int small_size_stays(const page *pg, size_t size)
+{
+    size_t bsize = pg->block_size;
+    return size <= bsize && size >= bsize >> 2;
+}
+
+/* Whether p, in a small segment of the calling thread, is an item of its page that keeps its place when
+ * resized to size. */
 static inline int small_stays(const void *p, size_t size)
 {
     const page *pg = page_of(p);
-    size_t bsize = pg->block_size;
-    return size <= bsize && size >= bsize >> 2 && page_has_item(pg, p);
+    return small_size_stays(pg, size) && page_has_item(pg, p);
+}
+
+/* The same for p in any thread's small segment. */
+static inline int small_stays_any_thread(const void *p, size_t size)
+{
+    const page *pg = page_of(p);
+    return small_size_stays(pg, size) && page_has_item_any_thread(pg, p);
 }
 
 /* The in-place test of the fast path, for a block of any thread (through the segment map), then the rest. */
 void *shard_realloc_slow(void *p, size_t size)
 {
-    if (segmap_kind((uintptr_t)p) == SEG_SMALL && small_stays(p, size))
+    if (segmap_kind((uintptr_t)p) == SEG_SMALL && small_stays_any_thread(p, size))
         return p;
     return realloc_generic(p, size);
 }
@@ -329,24 +372,33 @@ static void *medium_aligned(size_t size, size_t align)
     return p;
 }
 
+/* Up to 2 MB a medium block holds any alignment in its arena; beyond that, and above 1 MB, a large one. */
+static void *aligned_any(size_t size, size_t align)
+{
+    if (size <= SHARD_MEDIUM_MAX && align <= SHARD_MEDIUM_ALIGN_MAX)
+        return medium_aligned(size, align);
+    return large_any(size, align, 0);
+}
+
 void *shard_malloc_aligned(size_t size, size_t align)
 {
-    if (!power_of_two(align) || align > SHARD_ALIGN_MAX)
+    if (!power_of_two(align))
         return NULL;
     if (align <= 16)
         return shard_malloc(size);
     if (size <= SHARD_SMALL_MAX && align <= SHARD_SMALL_MAX)
         return shard_malloc(class_size[aligned_class(size, align)]); /* that size takes exactly that class */
-    if (size <= SHARD_MEDIUM_MAX)
-        return or_out_of_memory(medium_aligned(size, align));
-    return or_out_of_memory(large_alloc_aligned(size, align, 0));
+    void *p = aligned_any(size, align);
+    if (worth_retry(p, size > align ? size : align)) /* an alignment no address space holds: no second try */
+        p = aligned_any(size, align);
+    return or_out_of_memory(p);
 }
 
 void *shard_realloc_aligned(void *p, size_t size, size_t align)
 {
     if (p == NULL)
         return shard_malloc_aligned(size, align);
-    if (!power_of_two(align) || align > SHARD_ALIGN_MAX)
+    if (!power_of_two(align))
         return NULL;
     if (align <= 16)
         return shard_realloc(p, size);
@@ -362,10 +414,10 @@ void *shard_realloc_aligned(void *p, size_t size, size_t align)
         heap *h = port_heap_slot();
         void *q = NULL;
         if (kind == SEG_SMALL)
-            q = small_stays(p, size) ? p : NULL;
+            q = small_stays_any_thread(p, size) ? p : NULL;
         else if (kind == SEG_MEDIUM && h != NULL && segment_of(p)->owner == h)
             q = medium_resize_in_place(h, p, size);
-        else if (kind == SEG_LARGE)
+        else if (kind_large(kind))
             q = large_resize_in_place(p, size);
         if (q != NULL)
             return q;
@@ -390,7 +442,7 @@ enum { EINVAL_ = 22, ENOMEM_ = 12, PAGE_BYTES = 4096 }; /* the same numbers on L
 
 int shard_posix_memalign(void **out, size_t align, size_t size)
 {
-    if (!power_of_two(align) || align % sizeof(void *) != 0 || align > SHARD_ALIGN_MAX)
+    if (!power_of_two(align) || align % sizeof(void *) != 0)
         return EINVAL_;
     void *p = shard_malloc_aligned(size, align);
     if (p == NULL)
@@ -401,8 +453,10 @@ int shard_posix_memalign(void **out, size_t align, size_t size)
 
 void *shard_memalign(size_t align, size_t size)
 {
-    if (align > SHARD_ALIGN_MAX)
-        return out_of_memory();
+    if (align > SIZE_MAX / 2 + 1) { /* glibc: no power of two holds it */
+        port_invalid_argument();
+        return NULL;
+    }
     size_t a = 16;
     while (a < align) /* glibc: below 16 is 16, and any other is rounded up to a power of two */
         a <<= 1;
@@ -447,11 +501,12 @@ void shard_get_stats(shard_stats *out)
     large_cache_counts(&out->large_cached, &out->large_cached_bytes);
     out->heaps_free = heap_free_count();
     medium_counts mc = {0, 0, 0, 0};
+    segment_walk_begin(); /* other threads may release segments and arenas meanwhile (segment.h) */
     for (heap *h = heap_all(); h != NULL; h = h->next_all) {
         out->heaps++;
         medium_count(h, &mc);
         out->small_pages_retired += load_relaxed(&h->pages_retired);
-        for (segment *s = load_acquire(&h->segments); s != NULL; s = s->next) {
+        for (segment *s = load_acquire(&h->segments); s != NULL; s = load_acquire(&s->next)) {
             for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
                 const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
                 unsigned state = load_relaxed(&pg->state);
@@ -471,6 +526,7 @@ void shard_get_stats(shard_stats *out)
             }
         }
     }
+    segment_walk_end();
     out->live_medium += mc.live;
     out->medium_arenas = mc.arenas;
     out->medium_arenas_empty = mc.empty;

@@ -43,6 +43,17 @@
 #ifndef SHARD_RESERVE_DELAY_MS
 #define SHARD_RESERVE_DELAY_MS 1000
 #endif
+/* At most this many heaps wait in the stack with a reserve; the others keep nothing but live blocks. */
+#ifndef SHARD_RESERVE_HEAPS
+#define SHARD_RESERVE_HEAPS 8
+#endif
+
+/* Heaps of exited threads (heap.c): a thread that would make a new heap first looks for heaps whose
+ * threads no longer live once there are this many heaps, and then whenever there are twice as many as
+ * threads were found alive, plus this. */
+#ifndef SHARD_RECLAIM_MIN
+#define SHARD_RECLAIM_MIN 8
+#endif
 
 /* Items carved from a page's untouched part at a time: a batch, not the whole page, so a page used
  * for a few items never links all of its memory (and touches no more of it than needed). At most
@@ -103,7 +114,7 @@
 #define SHARD_LARGE_EXCESS_MIN ((size_t)16 << 20)
 #endif
 
-#if SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || SHARD_KEEP_FREE_PAGES < 0
+#if SHARD_RESERVE_HEAPS < 0 || SHARD_RECLAIM_MIN < 1 || SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || SHARD_KEEP_FREE_PAGES < 0
 #error "invalid shardmm configuration"
 #endif
 

@@ -25,10 +25,12 @@ static _Noreturn void default_error(int error, void *p)
 
 void error_invalid_pointer(int error, void *p)
 {
-    spin_lock(&error_hook.lock);
-    shard_error_fn fn = error_hook.fn;
-    void *arg = error_hook.arg;
-    spin_unlock(&error_hook.lock);
+    /* While a fork holds the lock nobody can change the pair: read it as it is. */
+    int locked = spin_lock_unless_fork(&error_hook.lock);
+    shard_error_fn fn = load_relaxed(&error_hook.fn);
+    void *arg = load_relaxed(&error_hook.arg);
+    if (locked)
+        spin_unlock(&error_hook.lock);
     if (fn == NULL)
         default_error(error, p);
     fn(arg, error, p);
@@ -37,17 +39,17 @@ void error_invalid_pointer(int error, void *p)
 void error_lock_for_fork(int take)
 {
     if (take)
-        spin_lock(&error_hook.lock);
+        spin_lock_for_fork(&error_hook.lock);
     else
-        spin_unlock(&error_hook.lock);
+        spin_unlock_for_fork(&error_hook.lock);
 }
 
 shard_error_fn shard_set_error_hook(shard_error_fn hook, void *arg)
 {
-    spin_lock(&error_hook.lock);
+    spin_lock(&error_hook.lock); /* waits, also for a fork: setting a hook is rare */
     shard_error_fn previous = error_hook.fn;
-    error_hook.fn = hook;
-    error_hook.arg = arg;
+    store_relaxed(&error_hook.fn, hook);
+    store_relaxed(&error_hook.arg, arg);
     spin_unlock(&error_hook.lock);
     return previous;
 }

@@ -1,28 +1,75 @@
-/* heap.c - thread heaps: lazy creation through the port's heap slot, the stack of free heaps, the
- * reserve an exited thread leaves, and the list of all heaps (see heap.h).
+/* heap.c - thread heaps: start-up, lazy creation through the port's heap slot, the stack of free
+ * heaps, the reserve an exited thread leaves, the heaps of threads that exited without a hook, fork,
+ * and the list of all heaps (see heap.h).
+ *
+ * Start-up and its re-entrancy. Two things are done once per process: the fork hooks are registered
+ * (port_fork_hooks) - at load time by a constructor, and again, if that did not run, by the first
+ * allocation of any kind, large ones included (fork safety from the first lock the allocator takes) -
+ * and the thread-exit hook is asked for (port_thread_exit_hook) by the first allocation. Either may call
+ * malloc again from inside: glibc's pthread_atfork mallocs to grow its list (under its own lock, hence
+ * the constructor: a first malloc inside another library's pthread_atfork must not register ours), and
+ * pthread_setspecific callocs a thread's key array for a key of index 32 or more. So nothing waits for
+ * the fork hooks (an allocation made while they are being registered goes on without them), the exit
+ * hook is asked for with a call that does not allocate (pthread_key_create), and a new thread's heap is
+ * complete and in the slot before the port arms the exit hook for it: an allocation made from inside
+ * the arming finds the heap and uses it. Without an exit hook (every pthread key of the process taken)
+ * the slot still works; the heaps of exited threads are then found as those below.
  *
  * Thread exit (the port's hook, or shard_thread_done) retires the heap: the blocks other threads freed
  * into it are taken in, the only page a class keeps while its thread runs is retired if empty, and the
  * heap keeps a reserve of SHARD_RESERVE_PAGES free pages and SHARD_RESERVE_ARENAS empty arenas for the
- * next thread; the rest of its free memory goes back to the OS at once. Then the heap goes, whole, onto
- * the stack of free heaps, and a new thread pops one before it makes a new heap. The stack's top is a
+ * next thread; the rest of its free memory goes back to the OS at once. Only SHARD_RESERVE_HEAPS heaps
+ * hold a reserve at a time, and a heap with nothing to keep takes no place: when 500 threads end at
+ * once, the reserves of 8 wait for new threads, not of 500 (measured: 2.5 GB resident for a second
+ * after 500 threads of 5 MB each ended, with a reserve each; test_hostile.c's idle-heaps-500). Then the
+ * heap goes, whole, onto one of two stacks of free heaps - the warm one if it holds a reserve, else the
+ * cold one - and a new thread pops one, warm first, before it makes a new heap. A stack's top is a
  * pointer and a change counter swapped together by cmpxchg16b: a pop that read top A and A->next_free
  * could otherwise succeed after A was popped and pushed again with another next. Heaps are never freed,
- * so reading next_free of a stale top is safe. Frees into a heap waiting in the stack gather in its
- * queues of foreign frees; the thread that takes it drains them first.
+ * so reading next_free of a stale top is safe.
  *
- * The reserve expires: SHARD_RESERVE_DELAY_MS after the first heap with a reserve entered the stack
- * (`reserve_due`), the next slow path of any thread or thread exit takes the stack whole, takes in what
- * other threads freed into its heaps (the taker is their only owner then), trims every heap in it to
- * what a running thread keeps (SHARD_KEEP_FREE_PAGES pages, one empty arena) and puts the
- * heaps back. The test is one load of `reserve_due` while nothing is due, and the port's clock (no
- * system call on either OS) after that. A thread that finds the stack empty while it is being trimmed
- * waits for the heaps to come back rather than make a new heap: `trimming` is odd while the stack is
- * taken, and a pop believes an empty top only when `trimming` was even and unchanged around reading it.
+ * What a waiting heap holds over time. Frees into a heap in a stack gather in its queues of foreign
+ * frees, and the first page or arena queued at a heap in a stack sets `heap_reserve_due` a delay ahead
+ * (unless an earlier one is set). The stacks are trimmed (trim_stack: taken whole, every heap's queues
+ * taken in, then trimmed and put back) at `heap_reserve_due`, which the next slow path of any thread or
+ * thread exit after it acts on. Not sooner: the next thread to take the heap takes the frees warm, and a
+ * trim before that would decommit what it is about to fault in again (a batch trim every 64 queued
+ * pages made bench/churn.py 8-12 % slower, 34 thousand page faults against 14). A heap that entered the
+ * stack less than SHARD_RESERVE_DELAY_MS ago keeps its reserve; after that, and at once on shard_collect
+ * or under memory pressure, it keeps nothing but its live blocks: segments without a page in use and
+ * empty arenas released, the other free pages decommitted. A thread that finds the stacks empty while
+ * they are being trimmed waits for the heaps to come back rather than make a new heap: `trimming` is odd
+ * while the stacks are taken, and a pop believes empty tops only when `trimming` was even and unchanged
+ * around reading them.
+ *
+ * Heaps of threads that exited without the hook: a thread whose first allocation runs in the last round
+ * of key destructors (its hook was armed too late for glibc to call it), or any thread of a process
+ * without a hook. Each heap carries its owner's thread number (`owner`, with a generation against a
+ * number seen twice). When a thread would make a new heap and there are already `reclaim_at` heaps,
+ * every owned heap's thread is looked up (port_thread_alive); the heap of a thread that no longer lives
+ * is taken (a CAS on the owner word), retired as at exit and reused. reclaim_at becomes twice the heaps
+ * whose threads live, plus SHARD_RECLAIM_MIN: heaps stay bounded by twice the threads alive at once,
+ * and the look-ups, a system call each, cost about one per heap made.
  *
  * Code that runs in a thread after its exit hook (a destructor of thread-local data) may still allocate:
  * the port refuses to arm the hook again (PORT_SLOT_EXITED), so such a thread borrows a heap for each
  * allocation and gives it straight back; its frees are those of a thread without a heap.
+ *
+ * Fork. The child keeps only the thread that forked, so a lock another thread held at that moment would
+ * stay taken in the child forever. The prepare hook takes every lock of the allocator in a fixed order:
+ * `trim_lock` (so no trim of the stacks or search for dead threads' heaps is under way), the metadata
+ * allocator's, the large-block cache's and the error hook's; the parent and child hooks give them back.
+ * Handlers of other libraries registered before ours run between our prepare and our parent/child hooks,
+ * on the forking thread, and may allocate and free: the locks are held as SPIN_FORK (sync.h), which the
+ * forking thread passes through while `fork_tag` names it. Other threads never wait for a fork's lock
+ * (a prepare handler of another library may wait for them): they do without it (sync.h). The stacks of
+ * free heaps are lock-free and consistent at any instant, so they are not held. No heap is reclaimed
+ * from a dead thread while `fork_tag` is set: in the child, the parent's other threads look dead before
+ * fork_child has marked their heaps. In the child the heaps of the parent's other threads stay with
+ * their blocks and may be in the middle of a change: they are marked as no thread's (PORT_THREAD_NONE)
+ * and never reused; the child can use and free their blocks (its frees go to those heaps' queues, which
+ * no thread drains: that memory stays with the child until it exits). The forking thread's heap gets the
+ * child's thread number.
  */
 #include "heap.h"
 
@@ -31,33 +78,149 @@
 #include "large.h"
 #include "libc.h"
 
-static pair128 free_stack;       /* ptr: heap *, count: changes */
+/* The stacks of free heaps (ptr: heap *, count: changes): those that hold a reserve, which a new thread
+ * takes first, and the others. */
+static pair128 stacks[2];
+enum { STACK_WARM, STACK_COLD };
 static heap *all_heaps;          /* pushed with a CAS, never popped */
-static uint32_t init_state;      /* 0 not started, 1 running, 2 done, 3 failed */
-uint64_t heap_reserve_due;       /* port_clock_ms() when the reserves in the stack expire; 0: none */
-static uint32_t trimming;        /* odd while the stack is taken whole (trim, check); +1 at take and put back */
+static uint32_t heaps_made;      /* the length of all_heaps */
+static uint32_t reclaim_at = SHARD_RECLAIM_MIN; /* heaps_made from which a new heap looks for dead threads' */
+uint32_t heap_start_done;        /* heap_start has run (heap.h) */
+static uint32_t fork_hooks_state; /* 0 not registered, 1 being registered, 2 done (or refused) */
+static uint32_t exit_hook_state;  /* 0 not asked for, 1 being asked for, 2 done (with or without a hook) */
+uint64_t heap_reserve_due;       /* port_clock_ms() when the stack is due for a trim; 0: not due */
+static uint32_t trimming;        /* odd while the stacks are taken whole (trim, check): +1 at take, at put back */
+static spinlock trim_lock;       /* one trim or check of the stacks, or search for dead threads' heaps, at a time */
+static uint32_t reserves_held;   /* heaps in the warm stack (at most SHARD_RESERVE_HEAPS) */
+static uintptr_t fork_tag;       /* port_thread_tag() of the thread in the middle of fork(), or 0 */
+
+/* ---- owners ----------------------------------------------------------------------------------------- */
+
+#define OWNER_THREAD(w) ((uint32_t)(w))
+static uint64_t owner_word(uint64_t old, uint32_t thread) { return ((old >> 32) + 1) << 32 | thread; }
+
+static void set_owner(heap *h, uint32_t thread)
+{
+    store_release(&h->owner, owner_word(load_relaxed(&h->owner), thread));
+}
+
+/* ---- the stacks of free heaps ------------------------------------------------------------------- */
 
 /* The top as two plain loads: a torn pair only makes the following cmpxchg16b fail and retry. */
-static pair128 read_top(void)
+static pair128 read_top(pair128 *stack)
 {
     pair128 top;
-    top.count = load_relaxed(&free_stack.count);
-    top.ptr = load_relaxed(&free_stack.ptr);
+    top.count = load_relaxed(&stack->count);
+    top.ptr = load_relaxed(&stack->ptr);
     return top;
 }
 
-/* Push the chain first .. last (linked by next_free) onto the stack. */
-static void push_chain(heap *first, heap *last)
+/* Push the chain first .. last (linked by next_free) onto a stack. The link is stored as an atomic: a
+ * pop may read it from a stale top at any time (pop_free_heap). */
+static void push_chain(pair128 *stack, heap *first, heap *last)
 {
-    pair128 old = read_top(), desired;
+    pair128 old = read_top(stack), desired;
     do {
-        last->next_free = old.ptr;
+        store_relaxed(&last->next_free, (heap *)old.ptr);
         desired.ptr = first;
         desired.count = old.count + 1;
-    } while (!cas128(&free_stack, &old, desired));
+    } while (!cas128(stack, &old, desired));
 }
 
-void heap_give_back(heap *h) { push_chain(h, h); }
+static pair128 *stack_of(const heap *h) { return &stacks[h->reserve_held ? STACK_WARM : STACK_COLD]; }
+
+/* h goes onto its stack as it is, no thread's. From the push on h is any thread's to take: the caller
+ * reads nothing of it afterwards. Returns whether frees of other threads wait in its queues, taken in
+ * by no one until a trim (see retire). */
+static int give_back(heap *h)
+{
+    h->retired_at = port_clock_ms();
+    set_owner(h, 0);
+    /* The owner word, then the queues; a foreign free pushes onto a queue, then reads the owner word:
+     * one of the two sees the other (heap_foreign_queued). */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    int queued = load_relaxed(&h->delayed) != NULL || load_relaxed(&h->delayed_arenas) != NULL;
+    push_chain(stack_of(h), h, h);
+    return queued;
+}
+
+/* Take a stack whole, and its last heap. */
+static heap *take_one(pair128 *stack, heap **last)
+{
+    pair128 old = read_top(stack);
+    while (!cas128(stack, &old, (pair128){NULL, old.count + 1})) {
+    }
+    *last = old.ptr;
+    while (*last != NULL && load_relaxed(&(*last)->next_free) != NULL)
+        *last = load_relaxed(&(*last)->next_free);
+    return old.ptr;
+}
+
+/* Take both stacks whole, as one list, the warm heaps first (NULL when both are empty); `trimming` makes
+ * new threads wait for them meanwhile, not make heaps. Under trim_lock. */
+static heap *take_stack(void)
+{
+    (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_ACQ_REL));
+    heap *warm_last, *cold_last;
+    heap *warm = take_one(&stacks[STACK_WARM], &warm_last), *cold = take_one(&stacks[STACK_COLD], &cold_last);
+    if (warm == NULL)
+        return cold;
+    store_relaxed(&warm_last->next_free, cold); /* links are atomics: a stale pop may read them (try_pop) */
+    return warm;
+}
+
+/* Put the heaps of take_stack back, each onto the stack its reserve says, in their order. */
+static void put_back_stack(heap *first)
+{
+    heap *head[2] = {NULL, NULL}, *tail[2] = {NULL, NULL};
+    for (heap *h = first, *next; h != NULL; h = next) {
+        next = load_relaxed(&h->next_free);
+        int s = h->reserve_held ? STACK_WARM : STACK_COLD;
+        store_relaxed(&h->next_free, (heap *)NULL); /* atomics: a stale pop may read them (try_pop) */
+        if (tail[s] != NULL)
+            store_relaxed(&tail[s]->next_free, h);
+        else
+            head[s] = h;
+        tail[s] = h;
+    }
+    for (int s = 0; s < 2; s++)
+        if (head[s] != NULL)
+            push_chain(&stacks[s], head[s], tail[s]);
+    (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_RELEASE));
+}
+
+/* The top heap of a stack, or NULL when it is empty. */
+static heap *try_pop(pair128 *stack)
+{
+    pair128 old = read_top(stack);
+    while (old.ptr != NULL) {
+        /* A stale top's next_free may be changing under a push (heaps are never freed, so the read is
+         * safe); the CAS then fails on the change counter. */
+        pair128 desired = {load_relaxed(&((heap *)old.ptr)->next_free), old.count + 1};
+        if (cas128(stack, &old, desired))
+            return old.ptr;
+    }
+    return NULL;
+}
+
+/* A free heap, one with a reserve first; NULL when there is none. */
+static heap *pop_free_heap(void)
+{
+    for (unsigned i = 0;; i++) {
+        uint32_t seq = load_acquire(&trimming);
+        heap *h = try_pop(&stacks[STACK_WARM]);
+        if (h == NULL)
+            h = try_pop(&stacks[STACK_COLD]);
+        if (h != NULL)
+            return h;
+        __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the tops are read before `trimming` again */
+        if ((seq & 1) == 0 && load_relaxed(&trimming) == seq)
+            return NULL; /* empty, and not because a trim or check had taken them */
+        pause_or_yield(i); /* the heaps are being trimmed and come back soon */
+    }
+}
+
+/* ---- trimming ------------------------------------------------------------------------------------ */
 
 /* Take the blocks other threads freed into h (pages and arenas they emptied are seen empty then). */
 static void drain(heap *h)
@@ -66,11 +229,6 @@ static void drain(heap *h)
         small_drain_delayed(h);
     if (load_relaxed(&h->delayed_arenas) != NULL)
         medium_drain_delayed(h);
-}
-
-static int has_reserve(const heap *h)
-{
-    return h->free_count > SHARD_KEEP_FREE_PAGES || h->empty_arena_count > 1;
 }
 
 /* Take in what other threads freed into h, then keep `pages` free pages and `arenas` empty arenas and
@@ -83,19 +241,135 @@ static void trim_to(heap *h, unsigned pages, unsigned arenas, int idle)
     medium_keep(h, arenas);
 }
 
-/* The end of a thread's use of h: drain, keep the reserve, return the rest, and onto the stack. */
-void heap_retire(heap *h)
+/* Everything h holds but its live blocks goes back: segments and arenas left empty first (released
+ * whole, without a decommit of each of their pages first), then the other free pages and empty arenas. */
+static void trim_all(heap *h, int idle)
 {
-    trim_to(h, SHARD_RESERVE_PAGES, SHARD_RESERVE_ARENAS, 1);
+    trim_to(h, UINT32_MAX, UINT32_MAX, idle); /* the queues taken in, the class pages kept retired */
+    small_release_empty(h);
+    medium_release_empty(h);
+    small_keep(h, 0, 0);
+    medium_keep(h, 0);
+}
+
+static int has_reserve(const heap *h) { return h->free_count > 0 || h->empty_arena_count > 0; }
+
+/* Set the due time unless an earlier one is set. */
+static void arm_due(uint64_t due)
+{
+    uint64_t old = load_relaxed(&heap_reserve_due);
+    while ((old == 0 || (int64_t)(due - old) < 0) && !cas_acq_rel(&heap_reserve_due, &old, due)) {
+    }
+}
+
+/* h no longer holds a reserve (it expired, or a thread takes h): its place among the reserves is free. */
+static void drop_reserve(heap *h)
+{
+    if (h->reserve_held) {
+        h->reserve_held = 0;
+        (void)counted(__atomic_fetch_sub(&reserves_held, 1u, __ATOMIC_RELAXED));
+    }
+}
+
+/* Trim every heap in the stacks: its queues taken in, then its reserve kept while it is younger than the
+ * delay, nothing but live blocks after it, without a reserve, or with `all`. Under trim_lock. */
+static void trim_stack(int all)
+{
+    heap *first = take_stack();
+    uint64_t now = port_clock_ms(), due = 0;
+    for (heap *h = first; h != NULL; h = h->next_free) {
+        if (all || !h->reserve_held || (int64_t)(now - h->retired_at) >= SHARD_RESERVE_DELAY_MS) {
+            drop_reserve(h);
+            trim_all(h, 1);
+        } else {
+            trim_to(h, SHARD_RESERVE_PAGES, SHARD_RESERVE_ARENAS, 1);
+            if (!has_reserve(h))
+                drop_reserve(h);
+            else if (due == 0 || (int64_t)(h->retired_at - (due - SHARD_RESERVE_DELAY_MS)) < 0)
+                due = h->retired_at + SHARD_RESERVE_DELAY_MS;
+        }
+        debug_check_heap(h, "heap in the free stack inconsistent after trimming it");
+    }
+    put_back_stack(first);
+    if (due != 0)
+        arm_due(due);
+}
+
+void heap_reserve_expire(uint64_t due)
+{
+    if ((int64_t)(port_clock_ms() - due) < 0)
+        return;
+    if (!cas_acq_rel(&heap_reserve_due, &due, 0)) /* one thread trims */
+        return;
+    if (!spin_try_lock(&trim_lock)) {
+        arm_due(due); /* another trim or search is under way; this one is left for the next tick */
+        return;
+    }
+    trim_stack(0);
+    spin_unlock(&trim_lock);
+}
+
+void heap_foreign_queued(heap *h)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the push onto h's queue, then its owner (give_back) */
+    if (OWNER_THREAD(load_relaxed(&h->owner)) != 0)
+        return; /* a thread has it and takes its queues in on its own slow paths */
+    arm_due(port_clock_ms() + SHARD_RESERVE_DELAY_MS);
+}
+
+/* ---- heaps of exited threads -------------------------------------------------------------------- */
+
+/* The end of a thread's use of h, without the look at the due time (heap_retire adds it): a reserve
+ * while fewer than SHARD_RESERVE_HEAPS heaps in the stacks hold one, else nothing but its live blocks.
+ * A trim is armed when h keeps memory or frees of other threads wait in its queues. */
+static void retire(heap *h)
+{
+    if (counted(__atomic_fetch_add(&reserves_held, 1u, __ATOMIC_RELAXED)) < SHARD_RESERVE_HEAPS) {
+        h->reserve_held = 1;
+        trim_to(h, SHARD_RESERVE_PAGES, SHARD_RESERVE_ARENAS, 1);
+    } else {
+        (void)counted(__atomic_fetch_sub(&reserves_held, 1u, __ATOMIC_RELAXED));
+        trim_all(h, 1);
+    }
     int reserve = has_reserve(h);
+    if (!reserve)
+        drop_reserve(h); /* nothing was left to keep: the place is another heap's */
     debug_check_heap(h, "heap inconsistent as its thread ends");
-    heap_give_back(h);
+    uint64_t now = port_clock_ms();
     /* After the push: a trim that takes the due from now on takes the stack after the push, so h is
      * trimmed either by the trim that consumes an earlier due or by the one this sets. */
-    if (reserve) {
-        uint64_t none = 0;
-        cas_acq_rel(&heap_reserve_due, &none, port_clock_ms() + SHARD_RESERVE_DELAY_MS);
+    if (give_back(h) || reserve)
+        arm_due(now + SHARD_RESERVE_DELAY_MS);
+}
+
+/* Every heap whose thread no longer lives is retired onto the stack (see the file comment). Under
+ * trim_lock. */
+static void reclaim_dead(void)
+{
+    /* Inside fork(), the child's handlers run before ours can mark the parent's other threads' heaps as
+     * no one's (fork_child), and those threads are gone from the child: their heaps would look dead, and
+     * may be in the middle of a change. None is reclaimed until the fork's handlers are done. */
+    if (load_acquire(&fork_tag) != 0)
+        return;
+    uint32_t live = 0;
+    for (heap *h = load_acquire(&all_heaps); h != NULL; h = h->next_all) {
+        uint64_t w = load_acquire(&h->owner);
+        uint32_t thread = OWNER_THREAD(w);
+        if (thread == 0)
+            continue;
+        if (thread == PORT_THREAD_NONE || port_thread_alive(thread)) {
+            live++;
+            continue;
+        }
+        if (cas_acq_rel(&h->owner, &w, owner_word(w, 0))) /* the heap is ours alone now */
+            retire(h);
     }
+    store_relaxed(&reclaim_at, 2 * live + SHARD_RECLAIM_MIN);
+}
+
+void heap_retire(heap *h)
+{
+    retire(h);
     heap_reserve_tick();
     large_cache_expire();
 }
@@ -111,49 +385,15 @@ void heap_thread_done(void)
     heap_retire(h);
 }
 
-/* Take the stack whole (NULL when empty); `trimming` makes new threads wait for it, not make heaps. */
-static heap *take_stack(void)
+/* The heaps of dead threads reclaimed, then the stack trimmed to nothing but live blocks; skipped while
+ * another thread's fork holds the stacks. */
+static void empty_stack(void)
 {
-    for (unsigned i = 0;; i++) {
-        uint32_t seq = load_relaxed(&trimming);
-        if ((seq & 1) == 0 && cas_acq_rel(&trimming, &seq, seq + 1))
-            break;
-        pause_or_yield(i); /* another trim or check: they are short */
-    }
-    pair128 old = read_top();
-    while (!cas128(&free_stack, &old, (pair128){NULL, old.count + 1})) {
-    }
-    return old.ptr;
-}
-
-static void put_back_stack(heap *first)
-{
-    if (first != NULL) {
-        heap *last = first;
-        while (last->next_free != NULL)
-            last = last->next_free;
-        push_chain(first, last);
-    }
-    (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_RELEASE));
-}
-
-/* Trim every heap in the stack to what a running thread keeps. */
-static void trim_reserves(void)
-{
-    heap *first = take_stack();
-    for (heap *h = first; h != NULL; h = h->next_free) {
-        trim_to(h, SHARD_KEEP_FREE_PAGES, 1, 1); /* the taker of the stack is the heaps' only owner */
-        debug_check_heap(h, "heap in the free stack inconsistent after trimming its reserve");
-    }
-    put_back_stack(first);
-}
-
-void heap_reserve_expire(uint64_t due)
-{
-    if ((int64_t)(port_clock_ms() - due) < 0)
+    if (!spin_lock_unless_fork(&trim_lock))
         return;
-    if (cas_acq_rel(&heap_reserve_due, &due, 0)) /* one thread trims */
-        trim_reserves();
+    reclaim_dead();
+    trim_stack(1);
+    spin_unlock(&trim_lock);
 }
 
 void heap_collect(void)
@@ -161,84 +401,112 @@ void heap_collect(void)
     heap *h = port_heap_slot();
     if (h != NULL)
         trim_to(h, SHARD_KEEP_FREE_PAGES, 1, 0);
-    store_relaxed(&heap_reserve_due, 0);
-    trim_reserves();
+    empty_stack();
+}
+
+int heap_relieve(void)
+{
+    os_totals before, after;
+    os_get_totals(&before);
+    large_cache_release_all();
+    heap *h = port_heap_slot();
+    if (h != NULL)
+        trim_all(h, 0);
+    empty_stack();
+    os_get_totals(&after);
+    return after.reserved < before.reserved || after.committed < before.committed;
 }
 
 int heap_check_stack(void)
 {
     int problems = 0;
+    if (!spin_lock_unless_fork(&trim_lock))
+        return 0; /* a fork holds the stacks: nothing to check now */
     heap *first = take_stack();
     for (heap *h = first; h != NULL; h = h->next_free)
         problems += heap_check(h);
     put_back_stack(first);
+    spin_unlock(&trim_lock);
     return problems;
 }
 
-static heap *pop_free_heap(void)
-{
-    for (unsigned i = 0;; i++) {
-        uint32_t seq = load_acquire(&trimming);
-        pair128 old = read_top();
-        if (old.ptr == NULL) {
-            __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the top is read before `trimming` again */
-            if ((seq & 1) == 0 && load_relaxed(&trimming) == seq)
-                return NULL; /* empty, and not because a trim or check had taken it */
-            pause_or_yield(i); /* the heaps are being trimmed and come back soon */
-            continue;
-        }
-        pair128 desired = {((heap *)old.ptr)->next_free, old.count + 1};
-        if (cas128(&free_stack, &old, desired))
-            return old.ptr;
-    }
-}
+/* ---- fork ---------------------------------------------------------------------------------------- */
 
-/* fork() in a multithreaded process: the child keeps only the thread that forked, so a lock another
- * thread held at that moment would stay taken in the child forever. The prepare hook takes every lock
- * of the allocator in a fixed order - the stack of free heaps (whole, as a trim takes it, after any
- * trim in progress), the metadata allocator's, the large-block cache's, the error hook's - and the
- * parent and child hooks give them back. In the child the heaps of the parent's other threads stay
- * with their blocks: the child can use and free those blocks (its frees go to those heaps' queues, which
- * no thread drains: that memory stays with the child until it exits). */
-static heap *fork_stack;
+int spin_fork_passes(void)
+{
+    uintptr_t tag = load_acquire(&fork_tag);
+    return tag != 0 && tag == port_thread_tag();
+}
 
 static void fork_prepare(void)
 {
-    fork_stack = take_stack();
+    spin_lock_for_fork(&trim_lock);
     meta_lock_for_fork(1);
     large_lock_for_fork(1);
     error_lock_for_fork(1);
+    store_release(&fork_tag, port_thread_tag());
 }
 
-static void fork_done(void)
+static void fork_unlock(void)
 {
+    store_release(&fork_tag, 0);
     error_lock_for_fork(0);
     large_lock_for_fork(0);
     meta_lock_for_fork(0);
-    put_back_stack(fork_stack);
+    spin_unlock_for_fork(&trim_lock);
 }
 
-/* Once per process: register the thread-exit hook and the fork hooks. */
-static int init_once(void)
+static void fork_parent(void) { fork_unlock(); }
+
+/* In the child: the forking thread's heap is this thread's; every other heap a thread had is no one's. */
+static void fork_child(void)
 {
-    uint32_t state = load_acquire(&init_state);
-    while (state != 2) {
-        if (state == 3)
-            return -1;
-        uint32_t expected = 0;
-        if (state == 0 && cas_acq_rel(&init_state, &expected, 1u)) {
-            state = port_thread_exit_hook(heap_exit_hook) == 0 &&
-                            port_fork_hooks(fork_prepare, fork_done, fork_done) == 0
-                        ? 2u
-                        : 3u;
-            store_release(&init_state, state);
-        } else {
-            cpu_pause();
-            state = load_acquire(&init_state);
-        }
+    heap *mine = port_heap_slot();
+    uint32_t me = port_thread_id();
+    for (heap *h = load_acquire(&all_heaps); h != NULL; h = h->next_all) {
+        uint32_t thread = OWNER_THREAD(load_relaxed(&h->owner));
+        if (h == mine)
+            set_owner(h, me);
+        else if (thread != 0)
+            set_owner(h, PORT_THREAD_NONE);
     }
-    return 0;
+    segment_after_fork();
+    fork_unlock();
 }
+
+/* ---- start-up ------------------------------------------------------------------------------------ */
+
+static void register_fork_hooks(void)
+{
+    uint32_t expected = 0;
+    if (load_acquire(&fork_hooks_state) != 0 || !cas_acq_rel(&fork_hooks_state, &expected, 1u))
+        return; /* done, or being done: nobody waits for it (see the file comment) */
+    port_fork_hooks(fork_prepare, fork_parent, fork_child); /* refused: nothing else can be done */
+    store_release(&fork_hooks_state, 2u);
+}
+
+/* At load time, where constructors run: before any other library's pthread_atfork can hold glibc's lock
+ * around a first malloc. */
+__attribute__((constructor)) static void heap_at_load(void) { register_fork_hooks(); }
+
+void heap_start(void)
+{
+    register_fork_hooks();
+    uint32_t state = load_acquire(&exit_hook_state);
+    while (state != 2) {
+        uint32_t expected = 0;
+        if (state == 0 && cas_acq_rel(&exit_hook_state, &expected, 1u)) {
+            port_thread_exit_hook(heap_exit_hook); /* -1: no hook; reclaim_dead finds exited threads' heaps */
+            store_release(&exit_hook_state, 2u);
+            break;
+        }
+        cpu_pause(); /* another thread asks for it: a call that does not allocate, so it ends soon */
+        state = load_acquire(&exit_hook_state);
+    }
+    store_release(&heap_start_done, 1u);
+}
+
+/* ---- heaps --------------------------------------------------------------------------------------- */
 
 heap heap_none = {
     .direct = {[0 ... SHARD_DIRECT_COUNT - 1] = &small_empty_page},
@@ -257,6 +525,29 @@ static heap *heap_new(void)
     do {
         h->next_all = head;
     } while (!cas_release(&all_heaps, &head, h));
+    fetch_add_relaxed(&heaps_made, 1u);
+    return h;
+}
+
+/* A heap for the calling thread, owned by it: one from the stack, one of a thread that no longer lives,
+ * or a new one. */
+static heap *acquire(void)
+{
+    heap *h = pop_free_heap();
+    if (h == NULL && load_relaxed(&heaps_made) >= load_relaxed(&reclaim_at) && spin_try_lock(&trim_lock)) {
+        reclaim_dead();
+        spin_unlock(&trim_lock);
+        h = pop_free_heap();
+    }
+    if (h == NULL) {
+        h = heap_new();
+        if (h != NULL)
+            set_owner(h, port_thread_id());
+        return h;
+    }
+    set_owner(h, port_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
+    drop_reserve(h);                /* the reserve is this thread's now */
+    trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* what was freed into it while it waited; nothing goes back */
     return h;
 }
 
@@ -265,22 +556,17 @@ heap *heap_get_or_create(int *lent)
     heap *h = port_heap_slot();
     if (h != NULL)
         return h;
-    if (init_once() != 0)
-        return NULL;
-    h = pop_free_heap();
-    if (h != NULL)
-        trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* what was freed into it while it waited; nothing goes back */
-    else
-        h = heap_new();
+    heap_started();
+    h = acquire();
     if (h == NULL)
         return NULL;
-    int set = port_heap_slot_set(h);
+    int set = port_heap_slot_set(h); /* h is complete: an allocation from inside this call may use it */
     if (set == PORT_SLOT_EXITED) {
         *lent = 1;
         return h;
     }
     if (set != 0) {
-        heap_give_back(h); /* the thread could not own it */
+        give_back(h); /* the thread could not own it */
         return NULL;
     }
     return h;
@@ -289,7 +575,7 @@ heap *heap_get_or_create(int *lent)
 int heap_check(heap *h)
 {
     int problems = 0;
-    size_t segments = 0, entered = 0;
+    size_t segments = 0, entered = 0, all_cold = 0;
     for (segment *s = h->segments; s != NULL; s = s->next, segments++) {
         if (s->owner != h || segmap_kind((uintptr_t)s) != SEG_SMALL) {
             report_error("segment with a wrong owner or map entry:", (uintptr_t)s);
@@ -301,8 +587,11 @@ int heap_check(heap *h)
             report_error("segment missing from its free own-segment entry:", (uintptr_t)s);
             problems++;
         }
-        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
-            problems += small_check_page((const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE));
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
+            const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
+            problems += small_check_page(pg);
+            all_cold += pg->state == PAGE_COLD;
+        }
     }
     /* Every own-segment entry is one of these segments (entry 0 holds 1), each at most once. */
     size_t entries = 0;
@@ -333,15 +622,25 @@ int heap_check(heap *h)
         report_error("inconsistencies in the medium arenas or bins:", (uintptr_t)medium_problems);
         problems += medium_problems;
     }
-    unsigned free_pages = 0;
+    unsigned free_pages = 0, cold_pages = 0;
     for (const page *pg = h->free_pages.first; pg != NULL; pg = pg->next, free_pages++) {
         if (pg->state != PAGE_FREE) {
             report_error("page in the free pages that is not free:", (uintptr_t)pg);
             problems++;
         }
     }
+    for (const page *pg = h->cold_pages.first; pg != NULL; pg = pg->next, cold_pages++) {
+        if (pg->state != PAGE_COLD || segment_of(pg)->owner != h || (pg->next != NULL && pg->next->prev != pg)) {
+            report_error("page in the cold pages that is not cold or not linked back:", (uintptr_t)pg);
+            problems++;
+        }
+    }
     if (free_pages != h->free_count) {
         report_error("free page count differs from the list:", h->free_count);
+        problems++;
+    }
+    if (cold_pages != all_cold) {
+        report_error("cold pages listed differ from the segments' cold pages:", cold_pages);
         problems++;
     }
     return problems;
@@ -355,7 +654,8 @@ size_t heap_free_count(void)
     for (heap *h = heap_all(); h != NULL; h = h->next_all)
         all++;
     /* The links change under a concurrent pop and push: never count more than there are heaps. */
-    for (heap *h = read_top().ptr; h != NULL && n < all; h = load_relaxed(&h->next_free))
-        n++;
+    for (int s = 0; s < 2; s++)
+        for (heap *h = read_top(&stacks[s]).ptr; h != NULL && n < all; h = load_relaxed(&h->next_free))
+            n++;
     return n;
 }

@@ -3,7 +3,9 @@
  * A heap is created the first time a thread allocates (a free alone creates none) and is never freed:
  * when its thread exits it goes on a stack of free heaps (one 16-byte CAS on the top with a change
  * counter against ABA) and the next new thread takes it, warm, with the pages that still hold live
- * blocks. Pages never change their owner, so the owner recorded in a segment stays valid.
+ * blocks. Pages never change their owner, so the owner recorded in a segment stays valid. heap.c has
+ * the life of a heap: start-up and its re-entrancy, exit, the reserve, the heaps of threads that exited
+ * without a hook, and fork.
  *
  * Depends on: small.h, medium.h, segment.h, sync.h, port.h.
  */
@@ -34,7 +36,7 @@ typedef struct heap {
     uintptr_t own[HEAP_OWN_SLOTS];
     page_list classes[SHARD_CLASS_COUNT]; /* pages with (possibly) free items; refilled ones at the tail */
     page_list free_pages;    /* committed, no class; the oldest first */
-    page *cold_pages;        /* not committed (singly linked, ascending addresses first) */
+    page_list cold_pages;    /* not committed; a new segment's in ascending address order */
     uint32_t free_count;     /* pages in free_pages */
     segment *segments;
     uint64_t pages_retired;  /* times a page of this heap became free */
@@ -47,9 +49,14 @@ typedef struct heap {
     struct arena *empty_arenas;
     uint32_t empty_arena_count;
     uint32_t medium_ops;     /* counts medium operations: every 256th checks the empty arenas' age */
-    /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own. */
+    uint64_t retired_at;     /* port_clock_ms() when it last went onto the stack of free heaps */
+    uint32_t reserve_held;   /* 1 while it waits in the stack with a reserve (heap.c) */
+    /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own,
+     * with the owner word, which those frees read (heap.c: generation << 32 | the thread's number,
+     * 0 while no thread has the heap, PORT_THREAD_NONE for a parent's thread's heap in a fork child). */
     page *delayed __attribute__((aligned(64)));
     struct arena *delayed_arenas;
+    uint64_t owner;
 } heap;
 
 /* The calling thread's heap, created (or taken from the free stack) if it has none; NULL when out of
@@ -83,17 +90,27 @@ static inline void heap_own_segment(heap *h, segment *seg)
         h->own[i] = (uintptr_t)seg;
 }
 
-/* Puts a heap on the stack of free heaps as it is (heap_retire does it at the end of a thread's use). */
-void heap_give_back(heap *h);
-/* Drain, keep the reserve, return the rest, push (thread exit, shard_thread_done, a lent heap's one use). */
+/* Start-up, once per process (heap.c has the rule of what may run inside it): the fork hooks and the
+ * thread-exit hook. The first allocation of any kind calls it; heap_started() is one load after that. */
+void heap_start(void);
+extern uint32_t heap_start_done;
+static inline void heap_started(void)
+{
+    if (unlikely(load_acquire(&heap_start_done) == 0))
+        heap_start();
+}
+
+/* The end of a thread's use of its heap (thread exit, shard_thread_done, a lent heap's one use): take in
+ * what other threads freed into it, keep the reserve, return the rest, and onto the stack. */
 void heap_retire(heap *h);
 
 /* The end of the calling thread's use of its heap (shard_thread_done): as at thread exit, the heap keeps
  * its reserve and goes onto the stack; the thread takes a heap again if it allocates again. */
 void heap_thread_done(void);
 
-/* The reserves of exited threads' heaps expire at heap_reserve_due (port_clock_ms(); 0: nothing due).
- * Slow paths and thread exits call heap_reserve_tick(): one load while nothing is due. */
+/* The stack's heaps are trimmed at heap_reserve_due (port_clock_ms(); 0: nothing due): the reserves of
+ * exited threads expire, and blocks other threads freed into those heaps are taken in. Slow paths and
+ * thread exits call heap_reserve_tick(): one load while nothing is due. */
 extern uint64_t heap_reserve_due;
 void heap_reserve_expire(uint64_t due);
 static inline void heap_reserve_tick(void)
@@ -103,9 +120,20 @@ static inline void heap_reserve_tick(void)
         heap_reserve_expire(due);
 }
 
-/* shard_collect's part: the calling thread's free pages and empty arenas beyond what it keeps, and the
- * reserves of the heaps in the stack, go back now. */
+/* A foreign free queued a page or an arena at h for the first time since h last took its queue in
+ * (small.c, medium.c). When no thread has h, the memory freed into it must not wait for a thread that
+ * may never come: this arranges for the stack to be trimmed soon. */
+void heap_foreign_queued(heap *h);
+
+/* shard_collect's part: the calling thread's free pages and empty arenas beyond what it keeps, and
+ * everything the heaps in the stack hold but live blocks, go back now. */
 void heap_collect(void);
+
+/* Out of memory or address space: give back everything that waits - the calling thread's free pages,
+ * empty arenas and empty segments, the heaps in the stack's, the large-block cache - and take back the
+ * heaps of threads that exited without a hook. 1 when anything went back to the OS (then the failed
+ * allocation is worth a second try). */
+int heap_relieve(void);
 
 /* Problems in a heap's pages, lists, counts and arenas (reported through report_error); 0 when it is
  * consistent. Only for a heap no thread is using, or the calling thread's own. */

@@ -1,44 +1,62 @@
 /* large.c - blocks above 1 MB: one reservation each, with address headroom, and a cache of freed
  * blocks shared by the process (the seed's "Large blocks").
  *
- * A block is one reservation. Its start is aligned to 4 MB so that the segment map can mark it
- * (SEG_LARGE, one entry: the rest of the reservation stays SEG_NONE, so an address in it is not a
- * block); a 32-byte header at the start, the block after it:
+ * A block is one reservation, aligned to 4 MB so that the segment map can mark it (SEG_LARGE, one
+ * entry: the rest of the reservation stays SEG_NONE, so an address in it is not a block); a 32-byte
+ * header at the start, the block after it:
  *
- *   start + 0     mark | size | committed | span+offset+slack       header, 32 bytes
+ *   start + 0     mark | size | committed | layout (span, offset)     header, 32 bytes
  *   start + 32    the block: `size` usable bytes (start + align for an aligned block, below)
  *   ...           committed up to start + committed, then address space only up to start + span
  *
- * The span is the request's size again as headroom (at most 1 GB of it) and never less than 16 MB in
- * all; the reservation is the span plus 4 MB of slack for the alignment. Growing within the committed
- * part changes `size`; within the span it commits pages in place; beyond it the block moves (api.c
- * asks for 1/16 of headroom), so a buffer that keeps growing moves no more often than it doubles. On
- * Linux a move hands the pages over to the new reservation without copying them (port_move_release);
- * Windows has no such call and copies. Shrinking to less than half of what is committed gives the tail
- * back at once; shrinking by less leaves it.
+ * The span is the reservation: the request's size again as headroom (at most 1 GB of it) and never
+ * less than 16 MB in all - but only while the process's address space is unlimited: under RLIMIT_AS
+ * (port_address_space_limit) a block reserves what it needs, rounded to 64 KB, so that the limit holds
+ * about as many blocks as it holds bytes, and so does any reservation the address space cannot hold
+ * with its headroom. Growing within the committed part changes `size`; within the span it commits
+ * pages in place; beyond it the block moves (api.c asks for 1/16 of headroom), so a buffer that keeps
+ * growing moves no more often than it doubles. On Linux a move hands the pages over to the new
+ * reservation without copying them (port_move_release); Windows has no such call and copies. Shrinking
+ * to less than half of what is committed gives the tail back at once; shrinking by less leaves it.
  *
  * An aligned block (shard_malloc_aligned, align 64 B .. 2 MB) starts at start + align instead of
- * start + 32: the header keeps log2 of the block's offset, and everything from the header up to the
- * block's end is committed as for any block (up to 2 MB - 32 bytes of it unused).
+ * start + 32: the layout keeps log2 of the block's offset, and everything from the header up to the
+ * block's end is committed as for any block (up to 2 MB - 32 bytes of it unused). A block aligned to
+ * 4 MB or more (a "far" block) cannot have its header in its own 4 MB: it starts a 4 MB granule itself.
+ * Its reservation is align bytes more than the block, at a multiple of align; the block starts align
+ * bytes into it, and its header fills the page just below the block:
+ *
+ *   start                     address space only (align - 4 KB), never committed
+ *   start + align - 4 KB      the header page (the header in its first 32 bytes)
+ *   start + align             the block, whose 4 MB is marked SEG_LARGE_FAR in the map
+ *
+ * (glibc's memalign wastes the alignment the same way.) Far blocks never enter the cache: a cached
+ * block is reused at its granule's start. A far block that moves to grow becomes an ordinary block
+ * aligned to 4 KB (realloc keeps 16 bytes of alignment).
+ *
  * The header's mark is LIVE while the block is live and FREED while it waits in the cache. A pointer is
- * a live block exactly when it is 32 bytes into a SEG_LARGE entry of the map and the mark there is LIVE;
- * free changes the mark with a CAS, so of two frees of one block only one gets past it, and the other
- * (like any address that is not a live block) goes to the error hook without touching the cache.
+ * a live block exactly when it is the block's offset into a SEG_LARGE entry of the map (or at the start
+ * of a SEG_LARGE_FAR one) and the mark there is LIVE; free changes the mark with a CAS, so of two frees
+ * of one block only one gets past it, and the other (like any address that is not a live block) goes to
+ * the error hook without touching the cache.
  *
  * The cache: up to SHARD_LARGE_CACHE_BLOCKS blocks and SHARD_LARGE_CACHE_BYTES committed, oldest first,
  * under a spin lock of its own (pause, then yield: sync.h). Only the choice and the reordering happen
- * under the lock; the OS calls (commit, decommit, release) come after it. A block is shared by the
- * process because large buffers are often allocated by one thread and freed by another.
+ * under the lock; the OS calls (commit, decommit, release) come after it. While a fork holds the lock,
+ * other threads do without the cache: fresh reservations, frees straight back to the OS. A block is
+ * shared by the process because large buffers are often allocated by one thread and freed by another.
  * - Choice: among the blocks whose span fits the request, the smallest of those committed enough; else
  *   the one with the most committed memory, which commits the rest in place. Memory committed beyond
  *   the request stays with the block for growth unless it is both more than four times the request
  *   and more than 16 MB.
  * - Back to the OS: a block cached for SHARD_LARGE_CACHE_DELAY_MS, the oldest ones when slots or bytes
- *   run out, and a block committed above SHARD_LARGE_CACHE_BYTES at once, without entering. The age is
- *   checked on every cache access and, through large_cache_expire (one load when the cache is empty),
- *   when a small page becomes free and when a thread exits.
+ *   run out, and a block committed above SHARD_LARGE_CACHE_BYTES at once, without entering; all of
+ *   them when memory runs out (heap_relieve). The age is checked on every cache access and, through
+ *   large_cache_expire (one load when the cache is empty), when a small page becomes free and when a
+ *   thread exits.
  *
- * Depends on: segment.h (OS calls with accounting, the map), sync.h, config.h, libc.h.
+ * Depends on: segment.h (OS calls with accounting, the map), sync.h, config.h, libc.h, port.h (the
+ * address-space limit).
  */
 #include "large.h"
 
@@ -52,45 +70,51 @@
 #define LARGE_MARK_LIVE 0x4b4c42454752414cull  /* "LARGEBLK" */
 #define LARGE_MARK_FREED 0x4b4c424445455246ull /* "FREEDBLK" */
 #define LARGE_SIZE_MAX ((size_t)1 << 46)       /* beyond any address space we can map; no sum below wraps */
+#define LARGE_ALIGN_NEAR ((size_t)2 << 20)     /* aligned blocks up to this keep their header in their granule */
 #define MB ((size_t)1 << 20)
 
 typedef struct large_header {
     uint64_t mark;
     size_t size;       /* usable bytes after the header: the last request, rounded up to the page */
     size_t committed;  /* bytes committed from the header on, a multiple of PORT_PAGE */
-    size_t span_slack; /* span (a multiple of 4 MB) | log2(block offset) << 10 | (start - reservation) / PORT_PAGE */
+    size_t layout;     /* span (bytes from the header to the reservation's end, a multiple of PORT_PAGE)
+                        * | log2(block offset) | LAYOUT_FAR | log2(align) << LAYOUT_ALIGN_SHIFT (far) */
 } large_header;
 _Static_assert(sizeof(large_header) == LARGE_HEADER, "the block follows a 32-byte header");
 
-#define SLACK_BITS 10 /* (start - reservation) / PORT_PAGE < SEGMENT_SIZE / PORT_PAGE = 1024 */
-#define OFFSET_SHIFT SLACK_BITS
-_Static_assert(SEGMENT_SIZE / PORT_PAGE <= (1u << SLACK_BITS) && OFFSET_SHIFT + 5 <= SEGMENT_SHIFT,
-               "slack and offset fit below the span's bits");
+#define LAYOUT_OFFSET_MASK ((size_t)31)
+#define LAYOUT_FAR ((size_t)32)
+#define LAYOUT_ALIGN_SHIFT 6
+_Static_assert(LAYOUT_ALIGN_SHIFT + 6 <= 12, "the layout's flags fit below the page-sized span");
 
-static size_t span_of(const large_header *h) { return h->span_slack & ~(size_t)SEGMENT_MASK; }
-static uint8_t *reservation_of(const large_header *h)
-{
-    return (uint8_t *)h - (h->span_slack & ((1u << SLACK_BITS) - 1)) * PORT_PAGE;
-}
-/* Where the block starts, from the header: 32, or the alignment of an aligned block. */
-static size_t offset_of(const large_header *h) { return (size_t)1 << ((h->span_slack >> OFFSET_SHIFT) & 31); }
+static size_t span_of(const large_header *h) { return h->layout & ~(PORT_PAGE - 1); }
+static int is_far(const large_header *h) { return (h->layout & LAYOUT_FAR) != 0; }
+/* Where the block starts, from the header: 32, the alignment of an aligned block, a page for a far one. */
+static size_t offset_of(const large_header *h) { return (size_t)1 << (h->layout & LAYOUT_OFFSET_MASK); }
 static uint8_t *block_of(large_header *h) { return (uint8_t *)h + offset_of(h); }
-static size_t span_slack_of(size_t span, size_t offset, const large_header *h, const uint8_t *r)
+/* The reservation starts `lead` bytes below the header (0 but for a far block). */
+static size_t lead_of(const large_header *h)
 {
-    return span | (size_t)__builtin_ctzll(offset) << OFFSET_SHIFT | (size_t)((const uint8_t *)h - r) / PORT_PAGE;
+    return is_far(h) ? ((size_t)1 << (h->layout >> LAYOUT_ALIGN_SHIFT & 63)) - PORT_PAGE : 0;
 }
-/* What port_reserve took for a span: the span and the slack that aligns it. */
-static size_t reserved_for(size_t span) { return span + SEGMENT_SIZE; }
+/* The 4 MB the map marks for the block, and how. */
+static uintptr_t granule_of(large_header *h) { return is_far(h) ? (uintptr_t)block_of(h) : (uintptr_t)h; }
+static unsigned kind_of(const large_header *h) { return is_far(h) ? SEG_LARGE_FAR : SEG_LARGE; }
+static size_t layout_of(size_t span, size_t offset) { return span | (size_t)__builtin_ctzll(offset); }
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
 /* The bytes from the header to the block's end, whole pages. */
 static size_t need_of(size_t size, size_t offset) { return round_up(size + offset, PORT_PAGE); }
 
-static size_t span_for(size_t need)
+/* The span of a fresh block (see the file comment); `headroom` 0 asks for none. */
+static size_t span_for(size_t need, int headroom)
 {
-    size_t headroom = need < SHARD_LARGE_HEADROOM_MAX ? need : SHARD_LARGE_HEADROOM_MAX;
-    size_t span = need + headroom < SHARD_LARGE_SPAN_MIN ? SHARD_LARGE_SPAN_MIN : need + headroom;
-    return round_up(span, SEGMENT_SIZE);
+    size_t least = round_up(need, PORT_RESERVE_ALIGN);
+    if (!headroom || port_address_space_limit() != SIZE_MAX)
+        return least;
+    size_t extra = need < SHARD_LARGE_HEADROOM_MAX ? need : SHARD_LARGE_HEADROOM_MAX;
+    size_t span = need + extra < SHARD_LARGE_SPAN_MIN ? SHARD_LARGE_SPAN_MIN : need + extra;
+    return round_up(span, PORT_RESERVE_ALIGN);
 }
 
 static size_t live_blocks; /* atomic: large blocks have no owner to count them */
@@ -98,42 +122,44 @@ static size_t live_blocks; /* atomic: large blocks have no owner to count them *
 /* ---- reservations ---------------------------------------------------------------------------------- */
 
 /* A new reservation for a block of `need` bytes, header included, with [commit_from, need) committed
- * and its map entry set to kind; *reservation receives what port_reserve gave. With commit_from 0 the header's
- * fields but the mark are filled (otherwise the header page is not committed: a move brings it). NULL
- * out of memory. */
-static large_header *reserve_block(size_t need, size_t offset, size_t commit_from, unsigned kind, uint8_t **reservation)
+ * and its map entry set to kind (with its headroom, or without when the address space cannot hold
+ * that); *span_out receives the span. With commit_from 0 the header's fields but the mark are filled
+ * (otherwise the header page is not committed: a move brings it). NULL out of memory. */
+static large_header *reserve_block(size_t need, size_t offset, size_t commit_from, unsigned kind, size_t *span_out)
 {
-    size_t span = span_for(need);
-    uint8_t *r = os_reserve(reserved_for(span));
-    *reservation = r;
-    if (r == NULL)
+    size_t span = span_for(need, 1);
+    large_header *h = os_reserve(span, SEGMENT_SIZE);
+    if (h == NULL && span > span_for(need, 0)) {
+        span = span_for(need, 0);
+        h = os_reserve(span, SEGMENT_SIZE);
+    }
+    if (h == NULL)
         return NULL;
-    large_header *h = (large_header *)round_up((uintptr_t)r, SEGMENT_SIZE);
     if (SHARD_LARGE_PAGES)
         port_hint_large_pages(h, span);
     if (need > commit_from && os_commit((uint8_t *)h + commit_from, need - commit_from) != 0) {
-        os_release(r, reserved_for(span), 0);
+        os_release(h, span, 0);
         return NULL;
     }
     if (segmap_set((uintptr_t)h, SEGMENT_SIZE, kind, kind) != 0) {
-        os_release(r, reserved_for(span), need - commit_from);
+        os_release(h, span, need - commit_from);
         return NULL;
     }
     if (commit_from == 0) {
         h->size = need - offset;
         h->committed = need;
-        h->span_slack = span_slack_of(span, offset, h, r);
+        h->layout = layout_of(span, offset);
     }
+    *span_out = span;
     return h;
 }
 
 static void release_block(large_header *h)
 {
-    size_t span = span_of(h), committed = h->committed;
-    uint8_t *r = reservation_of(h);
-    segmap_set((uintptr_t)h, SEGMENT_SIZE, SEG_NONE, SEG_NONE);
-    if (os_release(r, reserved_for(span), committed) != 0)
-        report_error("large block: the OS refused to release a reservation at", (uintptr_t)r);
+    size_t lead = lead_of(h), span = span_of(h), committed = h->committed;
+    segmap_set(granule_of(h), SEGMENT_SIZE, SEG_NONE, SEG_NONE);
+    if (os_release((uint8_t *)h - lead, lead + span, committed) != 0)
+        report_error("large block: the OS refused to release a reservation at", (uintptr_t)h - lead);
 }
 
 /* ---- the cache ------------------------------------------------------------------------------------- */
@@ -202,7 +228,8 @@ void large_cache_expire(void)
     if (oldest == UINT64_MAX || !expired(oldest, port_clock_ms()))
         return;
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock))
+        return; /* a fork holds the cache: the blocks wait for the next look */
     unsigned n = take_oldest(expired_count(port_clock_ms()), victims);
     publish_oldest();
     spin_unlock(&cache.lock);
@@ -212,7 +239,8 @@ void large_cache_expire(void)
 void large_cache_release_all(void)
 {
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock))
+        return;
     unsigned n = take_oldest(cache.count, victims);
     publish_oldest();
     spin_unlock(&cache.lock);
@@ -226,7 +254,8 @@ static large_header *cache_take(size_t need, size_t *committed)
     if (load_relaxed(&cache.oldest_at) == UINT64_MAX)
         return NULL; /* an empty cache costs one load */
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS], *h = NULL;
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock))
+        return NULL; /* a fork holds the cache: a fresh block instead */
     unsigned n = take_oldest(expired_count(port_clock_ms()), victims);
     unsigned best = cache.count;
     for (unsigned i = 0; i < cache.count; i++) {
@@ -262,7 +291,10 @@ static void cache_put(large_header *h)
         return;
     }
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock)) {
+        release_block(h); /* a fork holds the cache: the block goes back to the OS */
+        return;
+    }
     uint64_t now = port_clock_ms();
     unsigned n = expired_count(now);
     /* Room for one more entry and its bytes: the oldest go first. */
@@ -282,14 +314,17 @@ static void cache_put(large_header *h)
 void large_lock_for_fork(int take)
 {
     if (take)
-        spin_lock(&cache.lock);
+        spin_lock_for_fork(&cache.lock);
     else
-        spin_unlock(&cache.lock);
+        spin_unlock_for_fork(&cache.lock);
 }
 
 void large_cache_counts(size_t *blocks, size_t *bytes)
 {
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock)) {
+        *blocks = *bytes = 0; /* not known while a fork holds the cache */
+        return;
+    }
     *blocks = cache.count;
     *bytes = cache.bytes;
     spin_unlock(&cache.lock);
@@ -317,10 +352,42 @@ static int fit_commit(large_header *h, size_t committed, size_t need)
 
 void *large_alloc(size_t size, int zero) { return large_alloc_aligned(size, LARGE_HEADER, zero); }
 
+/* A block aligned to 4 MB or more (see the file comment); fresh memory, so zero. */
+static void *far_alloc(size_t size, size_t align)
+{
+    if (size > LARGE_SIZE_MAX || align > LARGE_SIZE_MAX)
+        return NULL;
+    if (size < 16)
+        size = 16; /* a block of its own past the header, as shard_malloc(0) gives */
+    size_t body = round_up(size, PORT_RESERVE_ALIGN), lead = align - PORT_PAGE, need = PORT_PAGE + round_up(size, PORT_PAGE);
+    uint8_t *r = os_reserve(align + body, align);
+    if (r == NULL)
+        return NULL;
+    large_header *h = (large_header *)(r + lead);
+    if (SHARD_LARGE_PAGES)
+        port_hint_large_pages(r + align, body);
+    if (os_commit(h, need) != 0) {
+        os_release(r, align + body, 0);
+        return NULL;
+    }
+    if (segmap_set((uintptr_t)(r + align), SEGMENT_SIZE, SEG_LARGE_FAR, SEG_LARGE_FAR) != 0) {
+        os_release(r, align + body, need);
+        return NULL;
+    }
+    h->size = need - PORT_PAGE;
+    h->committed = need;
+    h->layout = layout_of(PORT_PAGE + body, PORT_PAGE) | LAYOUT_FAR | (size_t)__builtin_ctzll(align) << LAYOUT_ALIGN_SHIFT;
+    fetch_add_relaxed(&live_blocks, 1);
+    store_release(&h->mark, LARGE_MARK_LIVE);
+    return r + align;
+}
+
 void *large_alloc_aligned(size_t size, size_t align, int zero)
 {
     if (size > LARGE_SIZE_MAX)
         return NULL;
+    if (align > LARGE_ALIGN_NEAR)
+        return far_alloc(size, align);
     size_t offset = align > LARGE_HEADER ? align : LARGE_HEADER;
     size_t need = need_of(size, offset), committed = 0;
     large_header *h = cache_take(need, &committed);
@@ -330,12 +397,12 @@ void *large_alloc_aligned(size_t size, size_t align, int zero)
             return NULL;
         }
         h->size = need - offset;
-        h->span_slack = span_slack_of(span_of(h), offset, h, reservation_of(h));
+        h->layout = layout_of(span_of(h), offset);
         if (zero && committed > offset) /* memory committed in place reads zero; what was committed when cached is dirty */
             mem_zero(block_of(h), (committed < need ? committed : need) - offset);
     } else {
-        uint8_t *r;
-        h = reserve_block(need, offset, 0, SEG_LARGE, &r);
+        size_t span;
+        h = reserve_block(need, offset, 0, SEG_LARGE, &span);
         if (h == NULL)
             return NULL;
     }
@@ -347,10 +414,17 @@ void *large_alloc_aligned(size_t size, size_t align, int zero)
 static large_header *live_header(const void *p)
 {
     uintptr_t a = (uintptr_t)p;
-    if ((a & 15) != 0 || segmap_kind(a) != SEG_LARGE)
+    if ((a & 15) != 0)
         return NULL;
-    large_header *h = (large_header *)(a & ~(uintptr_t)SEGMENT_MASK); /* committed: the map says a block starts here */
-    if (load_acquire(&h->mark) != LARGE_MARK_LIVE || (a & SEGMENT_MASK) != offset_of(h))
+    unsigned kind = segmap_kind(a);
+    large_header *h;
+    if (kind == SEG_LARGE) /* the header starts the granule: committed, the map says a block starts here */
+        h = (large_header *)(a & ~(uintptr_t)SEGMENT_MASK);
+    else if (kind == SEG_LARGE_FAR && (a & SEGMENT_MASK) == 0) /* a far block: its header page is just below */
+        h = (large_header *)(a - PORT_PAGE);
+    else
+        return NULL;
+    if (load_acquire(&h->mark) != LARGE_MARK_LIVE || (uintptr_t)block_of(h) != a)
         return NULL;
     return h;
 }
@@ -362,7 +436,10 @@ int large_free(void *p)
     if (h == NULL || !cas_acq_rel(&h->mark, &live, LARGE_MARK_FREED))
         return -1;
     fetch_add_relaxed(&live_blocks, (size_t)-1);
-    cache_put(h);
+    if (is_far(h))
+        release_block(h); /* never cached (see the file comment) */
+    else
+        cache_put(h);
     return 0;
 }
 
@@ -399,26 +476,30 @@ void *large_move(void *p, size_t size)
     large_header *old = live_header(p);
     if (old == NULL || size > LARGE_SIZE_MAX)
         return NULL;
-    size_t offset = offset_of(old), need = need_of(size, offset), moved = old->committed, span = span_for(need);
+    size_t offset = offset_of(old), need = need_of(size, offset), moved = old->committed;
     if (need <= moved)
         return NULL; /* only growth moves pages over */
     /* The new entry is SEG_NONE until the pages are there (setting it now makes sure that its table
      * exists, so that the change to SEG_LARGE below cannot fail). */
-    uint8_t *r;
-    large_header *h = reserve_block(need, offset, moved, SEG_NONE, &r);
+    size_t span;
+    large_header *h = reserve_block(need, offset, moved, SEG_NONE, &span);
     if (h == NULL)
         return NULL;
     /* The old entry goes first: once the pages have moved, the old addresses may be anyone's. */
-    segmap_set((uintptr_t)old, SEGMENT_SIZE, SEG_NONE, SEG_NONE);
-    if (os_move_release(reservation_of(old), reserved_for(span_of(old)), old, moved, h) != 0) {
-        segmap_set((uintptr_t)old, SEGMENT_SIZE, SEG_LARGE, SEG_LARGE); /* nothing moved: the caller copies */
-        os_release(r, reserved_for(span), need - moved);
+    uintptr_t old_granule = granule_of(old);
+    unsigned old_kind = kind_of(old);
+    size_t old_lead = lead_of(old);
+    segmap_set(old_granule, SEGMENT_SIZE, SEG_NONE, SEG_NONE);
+    if (os_move_release((uint8_t *)old - old_lead, old_lead + span_of(old), old, moved, h) != 0) {
+        segmap_set(old_granule, SEGMENT_SIZE, old_kind, old_kind); /* nothing moved: the caller copies */
+        os_release(h, span, need - moved);
         return NULL;
     }
-    /* The header came along with the pages, mark LIVE; only where the block lives now changes. */
+    /* The header came along with the pages, mark LIVE; only where the block lives now changes (a far
+     * block becomes an ordinary one whose block starts a page in). */
     h->size = need - offset;
     h->committed = need;
-    h->span_slack = span_slack_of(span, offset, h, r);
+    h->layout = layout_of(span, offset);
     segmap_set((uintptr_t)h, SEGMENT_SIZE, SEG_LARGE, SEG_LARGE);
     return block_of(h);
 }
@@ -435,7 +516,8 @@ size_t large_live_count(void) { return load_relaxed(&live_blocks); }
 int large_check(void)
 {
     int problems = 0;
-    spin_lock(&cache.lock);
+    if (!spin_lock_unless_fork(&cache.lock))
+        return 0; /* a fork holds the cache: nothing to check now */
     size_t bytes = 0;
     for (unsigned i = 0; i < cache.count; i++) {
         const cached *c = &cache.entry[i];

@@ -8,7 +8,7 @@
 
 /* A block of size bytes (> 1 MB), zeroed when zero is set; NULL out of memory or for an impossible size. */
 void *large_alloc(size_t size, int zero);
-/* The same at a multiple of align (a power of two up to 2 MB; up to 32 it is large_alloc). */
+/* The same at a multiple of align (any power of two; up to 32 it is large_alloc). */
 void *large_alloc_aligned(size_t size, size_t align, int zero);
 /* Free p if it is a live large block; -1 (and nothing changes) if it is not. */
 int large_free(void *p);
@@ -25,7 +25,7 @@ void large_cache_expire(void);
 /* Give every cached block back to the OS now (shard_collect). */
 void large_cache_release_all(void);
 size_t large_live_count(void);
-/* Take (1) or give back (0) the cache's lock around a fork (heap.c's fork hooks). */
+/* Take (1) or give back (0) the cache's lock around a fork (heap.c's fork hooks; held as SPIN_FORK). */
 void large_lock_for_fork(int take);
 void large_cache_counts(size_t *blocks, size_t *bytes);
 /* Problems in the cache (reported through report_error); 0 when it is consistent. */

@@ -36,10 +36,11 @@ _Static_assert(offsetof(chunk, next_free) == CHUNK_HEADER, "the links are where 
 enum { ARENA_USED = 0, ARENA_EMPTY = 1, ARENA_DECOMMITTED = 2 };
 
 typedef struct arena {
-    segment seg;            /* owner, next (unused), reservation: as for a small segment */
+    segment seg;            /* owner (next unused): as for a small segment */
     struct arena *next;     /* the owner's arenas */
     struct arena *empty_next, *empty_prev; /* the owner's committed empty arenas */
-    size_t committed;       /* bytes committed from the arena's start */
+    size_t committed;       /* bytes committed from the arena's start; stored as an atomic, since
+                             * valid_live reads it from any thread */
     uint32_t live;          /* blocks handed out and not yet freed by the owner (pending ones count) */
     uint32_t state;
     uint64_t emptied_at;    /* port_clock_ms() when it became empty */
@@ -223,6 +224,24 @@ void medium_keep(heap *h, unsigned keep)
         trim_arenas(h, UINT64_MAX, keep);
 }
 
+void medium_release_empty(heap *h)
+{
+    arena **link = &h->arenas;
+    for (arena *a = *link; a != NULL; a = *link) {
+        if (a->live != 0) {
+            link = &a->next;
+            continue;
+        }
+        /* Empty: one free chunk of all its space, in the bins (medium.h), and no foreign free pending
+         * (a pending chunk counts as live). */
+        bin_remove(&h->medium, chunk_at(a, ARENA_DATA), ARENA_FIRST_SIZE);
+        if (a->state == ARENA_EMPTY)
+            empty_list_remove(h, a);
+        store_release(link, a->next); /* statistics walk the list (segment_walk_begin) */
+        segment_release(&a->seg, a->committed);
+    }
+}
+
 static void arena_emptied(heap *h, arena *a)
 {
     a->state = ARENA_EMPTY;
@@ -248,7 +267,7 @@ static int arena_new(heap *h)
     arena *a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP);
     if (a == NULL)
         return -1;
-    a->committed = ARENA_KEEP;
+    store_relaxed(&a->committed, ARENA_KEEP);
     chunk *c = chunk_at(a, ARENA_DATA);
     c->prev_size = 0;
     c->size_flags = ARENA_FIRST_SIZE | CHUNK_FREE;
@@ -268,7 +287,7 @@ static int ensure_committed(arena *a, size_t end)
     size_t to = (end + ARENA_KEEP - 1) & ~(ARENA_KEEP - 1);
     if (os_commit((uint8_t *)a + a->committed, to - a->committed) != 0)
         return -1;
-    a->committed = to;
+    store_relaxed(&a->committed, to);
     return 0;
 }
 
@@ -507,14 +526,17 @@ void medium_free_foreign(void *p)
     uintptr_t old = load_relaxed(&a->thread_free);
     do {
         c->next_free = (chunk *)(old & ~(uintptr_t)1);
-    } while (!cas_release(&a->thread_free, &old, (uintptr_t)c | 1));
+    } while (!cas_acq_rel(&a->thread_free, &old, (uintptr_t)c | 1));
     if (old & 1)
         return; /* the arena is queued at its owner already */
+    /* Acquire as in small_free_foreign: the owner read next_delayed before its exchange left the 0 that
+     * this CAS found. */
     heap *owner = a->seg.owner;
     arena *head = load_relaxed(&owner->delayed_arenas);
     do {
         a->next_delayed = head;
     } while (!cas_release(&owner->delayed_arenas, &head, a));
+    heap_foreign_queued(owner);
 }
 
 void *medium_resize_in_place(heap *h, void *p, size_t size)
@@ -553,7 +575,7 @@ void *medium_resize_in_place(heap *h, void *p, size_t size)
 
 void medium_count(heap *h, medium_counts *out)
 {
-    for (arena *a = load_acquire(&h->arenas); a != NULL; a = load_relaxed(&a->next)) {
+    for (arena *a = load_acquire(&h->arenas); a != NULL; a = load_acquire(&a->next)) {
         uint32_t state = load_relaxed(&a->state), live = load_relaxed(&a->live);
         out->arenas++;
         out->live += live;

@@ -25,7 +25,8 @@
  * TLSF reaches it only when nothing else fits, that is, when a new arena would be needed. The most recently emptied arena stays
  * committed; the others give back all but their first 64 KB once empty for SHARD_DECOMMIT_DELAY_MS,
  * keeping their addresses (checked when an arena empties, when a new one is needed, and every 256th
- * medium operation while there are such arenas).
+ * medium operation while there are such arenas). A heap trimmed to nothing (a waiting heap whose reserve
+ * expired, memory pressure) releases its empty arenas whole (medium_release_empty).
  *
  * Depends on: segment.h, sync.h, port.h, error.h, libc.h.
  */
@@ -38,6 +39,7 @@
 #include "segment.h"
 
 #define SHARD_MEDIUM_MAX ((size_t)1 << 20)
+#define SHARD_MEDIUM_ALIGN_MAX ((size_t)2 << 20) /* medium_alloc_aligned holds any align up to this */
 #define MEDIUM_FL_COUNT 15 /* level 0: sizes below 256 by 16 bytes; level k >= 1: [128 << k, 256 << k) */
 #define MEDIUM_SL_COUNT 16
 
@@ -76,6 +78,9 @@ void *medium_resize_in_place(struct heap *h, void *p, size_t size);
 /* Empty arenas of h beyond the `keep` most recently emptied give back all but their first 64 KB now,
  * whatever their age (thread exit, the reserve's expiry, shard_collect). */
 void medium_keep(struct heap *h, unsigned keep);
+
+/* Release h's arenas that hold no block (their address space goes back too). */
+void medium_release_empty(struct heap *h);
 
 /* Take the chunks other threads freed into h's arenas and merge them. */
 void medium_drain_delayed(struct heap *h);

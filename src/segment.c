@@ -9,6 +9,14 @@ const uint8_t segmap_zero_leaf[SEGMAP_LEAF_BYTES];
 
 static os_totals totals; /* changed with atomics: one per OS call, never on a fast path */
 
+/* The OS hands addresses out again only after they were released (the kernel maps and unmaps under one
+ * lock of the address space; Windows likewise): whatever a thread did to a range before giving it back
+ * comes before what the next thread to get those addresses does. ThreadSanitizer does not see the
+ * port's system calls, so it is told: a release of this before every release of a range, an acquire
+ * after every reservation. Without it, a large block's new header written where a block just released
+ * by another thread had its own looks like a race. */
+static char address_space_order;
+
 #if SHARD_COUNTERS
 uint64_t sync_atomic_ops, sync_lock_acquisitions; /* sync.h */
 #endif
@@ -24,12 +32,14 @@ static void count_commit(size_t size)
     }
 }
 
-void *os_reserve(size_t size)
+void *os_reserve(size_t size, size_t align)
 {
     count_call();
-    void *p = port_reserve(size);
-    if (p)
+    void *p = port_reserve(size, align);
+    if (p) {
+        tsan_acquire(&address_space_order);
         fetch_add_relaxed(&totals.reserved, size);
+    }
     return p;
 }
 
@@ -54,6 +64,7 @@ int os_decommit(void *addr, size_t size)
 int os_release(void *addr, size_t size, size_t committed)
 {
     count_call();
+    tsan_release(&address_space_order);
     if (port_release(addr, size) != 0)
         return -1;
     fetch_add_relaxed(&totals.reserved, -size);
@@ -65,6 +76,7 @@ int os_release(void *addr, size_t size, size_t committed)
 int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
 {
     count_call();
+    tsan_release(&address_space_order);
     if (port_move_release(reservation, reservation_size, from, size, to) != 0)
         return -1;
     fetch_add_relaxed(&totals.reserved, -reservation_size);
@@ -81,7 +93,8 @@ void os_get_totals(os_totals *out)
 }
 
 /* The metadata allocator: a bump pointer through 4 MB reservations committed 64 KB at a time, under a
- * spin lock (it runs when a thread creates its heap or a new 4 GB range is first mapped). */
+ * spin lock (it runs when a thread creates its heap or a new 4 GB range is first mapped); while a fork
+ * holds the lock, another thread's block gets a reservation of its own. */
 #define META_RESERVE ((size_t)4 << 20)
 #define META_COMMIT ((size_t)64 << 10)
 
@@ -93,9 +106,20 @@ static struct {
 void meta_lock_for_fork(int take)
 {
     if (take)
-        spin_lock(&meta.lock);
+        spin_lock_for_fork(&meta.lock);
     else
-        spin_unlock(&meta.lock);
+        spin_unlock_for_fork(&meta.lock);
+}
+
+/* meta_alloc while a fork holds the lock: a reservation of the block's own (rare, and never freed). */
+static void *meta_alloc_alone(size_t size)
+{
+    uint8_t *r = os_reserve(META_COMMIT, PORT_RESERVE_ALIGN);
+    if (r != NULL && os_commit(r, (size + PORT_PAGE - 1) & ~(PORT_PAGE - 1)) != 0) {
+        os_release(r, META_COMMIT, 0);
+        r = NULL;
+    }
+    return r;
 }
 
 void *meta_alloc(size_t size)
@@ -103,9 +127,10 @@ void *meta_alloc(size_t size)
     size = (size + 63) & ~(size_t)63;
     shard_assert(size <= META_COMMIT, "metadata blocks are small");
     void *result = NULL;
-    spin_lock(&meta.lock);
+    if (!spin_lock_unless_fork(&meta.lock))
+        return meta_alloc_alone(size);
     if (meta.cursor == NULL || (size_t)(meta.reserved_end - meta.cursor) < size) {
-        uint8_t *r = os_reserve(META_RESERVE);
+        uint8_t *r = os_reserve(META_RESERVE, PORT_RESERVE_ALIGN);
         if (r == NULL)
             goto out;
         meta.cursor = meta.committed_end = r;
@@ -147,21 +172,89 @@ int segmap_set(uintptr_t start, size_t size, unsigned first, unsigned rest)
 
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit)
 {
-    uint8_t *r = os_reserve(2 * SEGMENT_SIZE);
-    if (r == NULL)
+    segment *seg = os_reserve(SEGMENT_SIZE, SEGMENT_SIZE);
+    if (seg == NULL)
         return NULL;
-    segment *seg = (segment *)(((uintptr_t)r + SEGMENT_MASK) & ~(uintptr_t)SEGMENT_MASK);
     if (os_commit(seg, commit) != 0) {
-        os_release(r, 2 * SEGMENT_SIZE, 0);
+        os_release(seg, SEGMENT_SIZE, 0);
         return NULL;
     }
     seg->owner = owner;
-    seg->reservation = r;
     if (segmap_set((uintptr_t)seg, SEGMENT_SIZE, kind, kind) != 0) {
-        os_release(r, 2 * SEGMENT_SIZE, commit);
+        os_release(seg, SEGMENT_SIZE, commit);
         return NULL;
     }
     return seg;
 }
+
+/* Segments given up while a walk was going on, linked by next_released; and the walks going on. A walk
+ * counts itself in before it reads a list; a release takes the segment out of its list, then looks at
+ * the count: 0 means no walk can hold it (a walk that counts itself in later finds it unlinked), so it
+ * goes at once. Otherwise it waits in `released`, and whoever finds the count 0 afterwards releases the
+ * waiting ones, after taking the whole list and checking the count once more (a walk may have begun
+ * between the count and the taking, but only after the segments it holds were unlinked). */
+static uint32_t walkers;
+static segment *released;
+
+static void release_now(segment *seg)
+{
+    if (os_release(seg, SEGMENT_SIZE, seg->released_committed) != 0)
+        report_error("the OS refused to release a segment at", (uintptr_t)seg);
+}
+
+static void push_released(segment *list)
+{
+    while (list != NULL) {
+        segment *next = list->next_released, *head = load_relaxed(&released);
+        do {
+            list->next_released = head;
+        } while (!cas_release(&released, &head, list));
+        list = next;
+    }
+}
+
+static void release_waiting(void)
+{
+    if (load_relaxed(&released) == NULL)
+        return;
+    segment *list = exchange_acq_rel(&released, NULL);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (load_relaxed(&walkers) != 0) { /* a walk began meanwhile: the list waits for its end */
+        push_released(list);
+        return;
+    }
+    while (list != NULL) {
+        segment *next = list->next_released;
+        release_now(list);
+        list = next;
+    }
+}
+
+void segment_release(segment *seg, size_t committed)
+{
+    segmap_set((uintptr_t)seg, SEGMENT_SIZE, SEG_NONE, SEG_NONE); /* its tables exist: this cannot fail */
+    seg->released_committed = committed;
+    seg->next_released = NULL;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the caller's unlinking, then the count */
+    if (load_relaxed(&walkers) == 0) {
+        release_now(seg);
+    } else {
+        push_released(seg);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (load_relaxed(&walkers) != 0)
+            return;
+    }
+    release_waiting();
+}
+
+void segment_walk_begin(void) { (void)counted(__atomic_fetch_add(&walkers, 1u, __ATOMIC_SEQ_CST)); }
+
+void segment_walk_end(void)
+{
+    if (counted(__atomic_sub_fetch(&walkers, 1u, __ATOMIC_SEQ_CST)) == 0)
+        release_waiting();
+}
+
+void segment_after_fork(void) { store_relaxed(&walkers, 0u); }
 
 void spin_wait_yield(void) { port_yield(); }

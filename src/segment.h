@@ -1,8 +1,8 @@
 /* segment.h - 4 MB segments, the segment map, the OS accounting and the metadata allocator.
  *
- * A segment is 4 MB aligned to 4 MB (8 MB are reserved to get the alignment; the addresses are never
- * released, their memory is). It is cut into 64 pages of 64 KB; page 0 holds the descriptors of all
- * pages, 128 bytes each, and descriptor 0 is the segment header:
+ * A segment is 4 MB aligned to 4 MB, a reservation of its own (the port trims the slack it needed for
+ * the alignment). It is cut into 64 pages of 64 KB; page 0 holds the descriptors of all pages, 128
+ * bytes each, and descriptor 0 is the segment header:
  *
  *   segment + 0        header (owner heap, kind, links)        descriptor 0
  *   segment + 128 * i  descriptor of page i (i = 1..63)        see small.h
@@ -39,6 +39,7 @@ enum seg_kind {
     SEG_NONE = 0,       /* not ours */
     SEG_SMALL = 1,      /* a segment of small-block pages */
     SEG_LARGE = 2,      /* the first 4 MB of a block above 1 MB (large.c); the rest of its reservation is NONE */
+    SEG_LARGE_FAR = 3,  /* the first 4 MB of a large block aligned to 4 MB or more, whose header lies below it */
     SEG_MEDIUM = 4      /* an arena of medium blocks (medium.c) */
 };
 
@@ -47,15 +48,18 @@ struct heap;
 /* Descriptor 0. The owner is written once, at creation: the "is this block mine" test of a free reads
  * this line, which nobody writes afterwards. `zero` and `pad` are never written: they overlay the
  * fields of a page descriptor that the free paths test (`used`, `carved_end`, the shared divisor), so
- * a pointer into page 0 looks like one into a page with no items and reaches the error hook. */
+ * a pointer into page 0 looks like one into a page with no items and reaches the error hook. The
+ * other fields overlay page fields that no free path reads (block_size is read only after carved_end
+ * has failed the pointer). */
 typedef struct segment {
     struct heap *owner;
-    struct segment *next;   /* the owner's segments */
+    struct segment *next;          /* the owner's segments */
     uint8_t zero[16];
-    void *reservation;      /* what port_reserve returned, 8 MB */
-    uint8_t pad[PAGE_DESC_SIZE - 40];
+    struct segment *next_released; /* in the list of segments waiting for their release (segment_release) */
+    size_t released_committed;      /* bytes still committed when it was given up, for the accounting */
+    uint8_t pad[PAGE_DESC_SIZE - 48];
 } segment;
-_Static_assert(sizeof(segment) == PAGE_DESC_SIZE && offsetof(segment, zero) == 16 && offsetof(segment, pad) == 40,
+_Static_assert(sizeof(segment) == PAGE_DESC_SIZE && offsetof(segment, zero) == 16 && offsetof(segment, pad) == 48,
                "the header is descriptor 0, with zero bytes where small.h expects them");
 
 #define SEGMAP_TOP_BITS 15      /* address bits 32..46 */
@@ -84,8 +88,21 @@ int segmap_set(uintptr_t start, size_t size, unsigned first, unsigned rest);
  * segments the page descriptors); NULL out of memory. */
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit);
 
+/* Give a segment of ours back to the OS, `committed` bytes of it still committed: its map entry goes at
+ * once, its reservation when no statistics walk (below) can still be looking at it. The caller has taken
+ * it out of every list first. */
+void segment_release(segment *seg, size_t committed);
+
+/* Other threads walk the heaps' lists of segments and arenas for the statistics (shard_get_stats), while
+ * their owners may release them: a walk is bracketed by these two, and a segment given up meanwhile
+ * stays mapped until no walk that began before its unlinking is still going. */
+void segment_walk_begin(void);
+void segment_walk_end(void);
+/* In the child of a fork: the walks of the parent's other threads are not going on there. */
+void segment_after_fork(void);
+
 /* The OS calls with the process's accounting (stats). */
-void *os_reserve(size_t size);
+void *os_reserve(size_t size, size_t align);
 int os_commit(void *addr, size_t size);
 int os_decommit(void *addr, size_t size);
 /* committed: how much of the reservation was committed (for the accounting). */

@@ -13,6 +13,8 @@
  *   list is taken with one exchange and every page on it has its thread_free word exchanged for 0.
  * - A page whose items are all back goes to the heap's free pages. Up to SHARD_KEEP_FREE_PAGES stay
  *   committed; the memory of the others goes back once they have been free for SHARD_DECOMMIT_DELAY_MS.
+ *   A segment with no page in use keeps its address space until the heap is trimmed to nothing (a
+ *   waiting heap whose reserve expired, memory pressure: small_release_empty), which releases it.
  *   The clock is read only when there are more free pages than that (pages freed while there were
  *   fewer are stamped when the trim first sees them: they stay a little longer, never shorter).
  * - The page-per-size array `direct` is written only by sync_direct(), when a class's first page changes.
@@ -149,7 +151,7 @@ static void page_init(page *pg, unsigned cls)
     pg->sole = 0;
     pg->capacity = class_capacity[cls];
     pg->carved = 0;
-    pg->carved_end = 0;
+    store_relaxed(&pg->carved_end, 0u);
     pg->block_size = size;
     pg->divisor = divisor;
     pg->cls = (uint8_t)cls;
@@ -180,7 +182,7 @@ static void page_carve(page *pg)
     ((block *)last)->next = pg->free;
     pg->free = (block *)first;
     pg->carved = (uint16_t)(pg->carved + n);
-    pg->carved_end += n * (uint32_t)size;
+    store_relaxed(&pg->carved_end, pg->carved_end + n * (uint32_t)size);
 }
 
 /* Decommit the oldest free pages beyond `keep`: those free for the delay, or all of them with `now`
@@ -198,12 +200,39 @@ static void trim_at(heap *h, uint64_t now, unsigned keep)
             list_remove(&h->free_pages, pg);
             h->free_count--;
             pg->state = PAGE_COLD;
-            pg->next = h->cold_pages;
-            h->cold_pages = pg;
+            list_push_front(&h->cold_pages, pg);
         } else {
             return;
         }
         pg = next;
+    }
+}
+
+void small_release_empty(heap *h)
+{
+    segment **link = &h->segments;
+    for (segment *s = *link; s != NULL; s = *link) {
+        unsigned free_pages = 0, in_use = 0;
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
+            unsigned state = ((const page *)((uint8_t *)s + i * PAGE_DESC_SIZE))->state;
+            free_pages += state == PAGE_FREE;
+            in_use += state == PAGE_IN_USE;
+        }
+        if (in_use != 0) {
+            link = &s->next;
+            continue;
+        }
+        /* Its free pages go with it, committed: one release instead of a decommit each first. */
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
+            page *pg = (page *)((uint8_t *)s + i * PAGE_DESC_SIZE);
+            list_remove(pg->state == PAGE_FREE ? &h->free_pages : &h->cold_pages, pg);
+        }
+        h->free_count -= free_pages;
+        store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
+        uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
+        if (h->own[slot] == (uintptr_t)s)
+            h->own[slot] = 0; /* another segment may come to this address, another heap's */
+        segment_release(s, SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE);
     }
 }
 
@@ -225,7 +254,7 @@ static void page_retire(heap *h, page *pg, int in_list)
     pg->state = PAGE_FREE;
     pg->free = pg->local_free = NULL;
     pg->carved = 0;
-    pg->carved_end = 0;
+    store_relaxed(&pg->carved_end, 0u);
     uint64_t now = h->free_count >= SHARD_KEEP_FREE_PAGES ? port_clock_ms() : 0;
     pg->freed_at = now;
     list_append(&h->free_pages, pg);
@@ -273,7 +302,7 @@ static page *page_acquire(heap *h)
         h->free_count--;
         return pg;
     }
-    if (h->cold_pages == NULL) {
+    if (h->cold_pages.first == NULL) {
         segment *seg = segment_create(h, SEG_SMALL, SEGMENT_DESC_BYTES);
         if (seg == NULL)
             return NULL;
@@ -283,15 +312,13 @@ static page *page_acquire(heap *h)
         for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
             page *p = (page *)((uint8_t *)seg + i * PAGE_DESC_SIZE);
             p->state = PAGE_COLD;
-            p->next = h->cold_pages;
-            h->cold_pages = p;
+            list_push_front(&h->cold_pages, p);
         }
     }
-    pg = h->cold_pages;
+    pg = h->cold_pages.first;
     if (os_commit(page_start(pg), PAGE_SIZE) != 0)
         return NULL;
-    h->cold_pages = pg->next;
-    pg->next = NULL;
+    list_remove(&h->cold_pages, pg);
     return pg;
 }
 
@@ -369,15 +396,18 @@ void small_free_foreign(page *pg, block *b)
             b->next = (block *)(start + ((size_t)THREAD_FREE_HEAD(old) << 4));
             word = THREAD_FREE_WORD(off, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + 1);
         }
-    } while (!cas_release(&pg->thread_free, &old, word));
+    } while (!cas_acq_rel(&pg->thread_free, &old, word));
     if (old != 0)
         return;
-    /* First item since the owner's last drain: queue the page at its owner, exactly once. */
+    /* First item since the owner's last drain: queue the page at its owner, exactly once. The CAS that
+     * found 0 read the owner's exchange in small_drain_delayed and acquired with it, so the owner's read
+     * of next_delayed there comes before this write (on x86 the same lock cmpxchg as a release CAS). */
     heap *owner = segment_of(pg)->owner;
     page *head = load_relaxed(&owner->delayed);
     do {
         pg->next_delayed = head;
     } while (!cas_release(&owner->delayed, &head, pg));
+    heap_foreign_queued(owner);
 }
 
 int small_valid_foreign(const page *pg, const void *p)

@@ -63,7 +63,8 @@ typedef struct page {
     block *free;
     block *local_free;
     int32_t used;            /* items out, + sole; minus PAGE_FULL_BIAS while the page is out of its list */
-    uint32_t carved_end;     /* offset of the end of the carved items: carved * block_size */
+    uint32_t carved_end;     /* offset of the end of the carved items: carved * block_size; stored as a
+                              * relaxed atomic, since other threads read it (page_has_item_any_thread) */
     uint64_t divisor;        /* ceil(2^64 / block_size): the item test of page_has_item() */
     uint32_t block_size;
     uint16_t capacity;       /* items that fit */
@@ -107,6 +108,17 @@ static inline int page_has_item(const page *pg, const void *p)
 {
     uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
     return off < pg->carved_end && (uint64_t)off * pg->divisor < pg->divisor;
+}
+
+/* page_has_item() from a thread that need not own pg (usable size, realloc of another thread's block):
+ * the owner may carve meanwhile, so carved_end is read as an atomic, relaxed (the owner stores it so).
+ * A thread holds an item only after the carve that made it, so the end it reads is at least that one's:
+ * a stale end rejects only items the reader cannot hold. The divisor changes only while the page has no
+ * item out. The owner's fast paths keep the plain read (page_has_item): nobody else writes the field. */
+static inline int page_has_item_any_thread(const page *pg, const void *p)
+{
+    uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
+    return off < load_relaxed(&pg->carved_end) && (uint64_t)off * pg->divisor < pg->divisor;
 }
 
 /* The shared empty page: the page-per-size array points here for a class without pages, so the fast
@@ -162,6 +174,8 @@ void small_drain_delayed(struct heap *h);
  * expiry of an exited thread's reserve, shard_collect). With `exiting` the pages its classes keep while
  * their thread runs (the only page of a class, empty) are retired first. */
 void small_keep(struct heap *h, unsigned keep, int exiting);
+/* Release h's segments with no page in use (free pages and all): their address space goes back too. */
+void small_release_empty(struct heap *h);
 /* Problems in one page's lists and counts (reported through report_error); 0 when it is consistent. */
 int small_check_page(const page *pg);
 

@@ -2,7 +2,9 @@
  * the core. x86-64 only (the whole allocator is); no OS and no C library.
  *
  * The atomics are the compiler's __atomic builtins on plain fields, so the structures read by the asm
- * fast paths keep a simple, known layout. Every read-modify-write names its memory order.
+ * fast paths keep a simple, known layout. Every read-modify-write names its memory order. Compiled with
+ * ThreadSanitizer (SHARD_TSAN), the 16-byte CAS is a builtin too, and tsan_acquire / tsan_release tell it
+ * of orderings it cannot see (fuzz.ninja's build/tsan/stress).
  */
 #ifndef SHARD_SYNC_H
 #define SHARD_SYNC_H
@@ -50,9 +52,41 @@ typedef struct __attribute__((aligned(16))) pair128 {
     uint64_t count;
 } pair128;
 
-/* Replace *target with desired if it holds expected; otherwise *expected gets the current value. */
+/* SHARD_TSAN: compiled with ThreadSanitizer (clang's and gcc's spellings). Not a knob: the compiler says. */
+#if defined(__SANITIZE_THREAD__)
+#define SHARD_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SHARD_TSAN 1
+#endif
+#endif
+#ifndef SHARD_TSAN
+#define SHARD_TSAN 0
+#endif
+
+/* An ordering that ThreadSanitizer cannot see for itself, told to it: tsan_release(p) after the last
+ * access that must come first, tsan_acquire(p) before the first that must come after (the sanitizer's
+ * own interface, declared here so that no header is needed). Nothing in every other build. */
+#if SHARD_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define tsan_acquire(p) __tsan_acquire(p)
+#define tsan_release(p) __tsan_release(p)
+#else
+#define tsan_acquire(p) ((void)(p))
+#define tsan_release(p) ((void)(p))
+#endif
+
+/* Replace *target with desired if it holds expected; otherwise *expected gets the current value.
+ * Acquire and release both ways: a heap pushed onto the stack of free heaps is handed, whole, to the
+ * thread that pops it (heap.c). The inline asm is the release build's: the compiler's 16-byte CAS would
+ * need -mcx16 on every build, or become a call into libatomic. ThreadSanitizer sees no synchronisation
+ * in inline asm, so its build (fuzz.ninja, with -mcx16) takes the builtin, which it instruments. */
 static inline bool cas128(pair128 *target, pair128 *expected, pair128 desired)
 {
+#if SHARD_TSAN
+    return counted(__atomic_compare_exchange(target, expected, &desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+#else
     bool ok;
     (void)counted(0);
     __asm__ volatile("lock cmpxchg16b %1"
@@ -60,15 +94,32 @@ static inline bool cas128(pair128 *target, pair128 *expected, pair128 desired)
                      : "b"(desired.ptr), "c"(desired.count)
                      : "memory");
     return ok;
+#endif
 }
 
 /* A lock for short sections that are never hot: spin with pause (Intel's advice, see
- * shared/seeds/fastmm4-avx-vs-fastmm5.txt) and only then give the processor away. */
+ * shared/seeds/fastmm4-avx-vs-fastmm5.txt) and only then give the processor away.
+ *
+ * `locked` is 0 (free), 1 (held) or SPIN_FORK: held by the fork handlers (heap.c), from the allocator's
+ * prepare handler to its parent or child handler. Other libraries' handlers run in that window on the
+ * forking thread, and they may allocate and free (glibc allows it); so the forking thread passes through
+ * a lock its fork holds (no other thread can be inside it: the prepare handler waited for them), and its
+ * unlock of such a lock leaves it held. A waiter takes the lock with a compare-and-swap from 0, never an
+ * exchange, so that SPIN_FORK is never overwritten.
+ *
+ * Other threads must not wait for a fork either: a library's prepare handler that runs after ours may
+ * wait for a mutex of its own that a thread holds while it allocates (glibc takes its own locks after
+ * every prepare handler, so there that works). So the allocator's locks are taken with
+ * spin_lock_unless_fork, which answers 0 instead of waiting for a lock held by another thread's fork,
+ * and each caller has a way to do without (a large block that skips the cache, metadata from a
+ * reservation of its own, a trim left for later); only setting the error hook waits. */
 typedef struct spinlock {
     uint32_t locked;
 } spinlock;
+#define SPIN_FORK 2u
 
-void spin_wait_yield(void); /* port_yield, through a function so that sync.h needs no port.h */
+void spin_wait_yield(void);   /* port_yield, through a function so that sync.h needs no port.h */
+int spin_fork_passes(void);   /* 1 on the thread whose fork holds the locks (heap.c) */
 
 /* The i-th round of a wait: pause for the first SHARD_SPIN_PAUSES rounds, then yield. */
 static inline void pause_or_yield(unsigned i)
@@ -79,18 +130,62 @@ static inline void pause_or_yield(unsigned i)
         spin_wait_yield();
 }
 
+/* One attempt: 1 when the lock is now the caller's (or held by the caller's own fork). */
+static inline int spin_try_lock(spinlock *l)
+{
+    uint32_t expected = 0;
+    if (counted(__atomic_compare_exchange_n(&l->locked, &expected, 1u, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))) {
+        count_lock();
+        return 1;
+    }
+    return expected == SPIN_FORK && spin_fork_passes();
+}
+
 static inline void spin_lock(spinlock *l)
 {
-    for (;;) {
-        if (!counted(__atomic_exchange_n(&l->locked, 1u, __ATOMIC_ACQUIRE))) {
-            count_lock();
-            return;
-        }
-        for (unsigned i = 0; load_relaxed(&l->locked); i++)
+    while (!spin_try_lock(l))
+        for (unsigned i = 0; load_relaxed(&l->locked) != 0; i++) {
+            if (load_relaxed(&l->locked) == SPIN_FORK && spin_fork_passes())
+                break;
             pause_or_yield(i);
+        }
+}
+
+/* spin_lock, but 0 (the lock not taken) where another thread's fork holds it; 1 when it is the caller's. */
+static inline int spin_lock_unless_fork(spinlock *l)
+{
+    for (;;) {
+        if (spin_try_lock(l))
+            return 1;
+        for (unsigned i = 0;; i++) {
+            uint32_t v = load_relaxed(&l->locked);
+            if (v == 0)
+                break;
+            if (v == SPIN_FORK)
+                return spin_fork_passes();
+            pause_or_yield(i);
+        }
     }
 }
 
-static inline void spin_unlock(spinlock *l) { __atomic_store_n(&l->locked, 0u, __ATOMIC_RELEASE); }
+static inline void spin_unlock(spinlock *l)
+{
+    if (unlikely(load_relaxed(&l->locked) == SPIN_FORK))
+        return; /* taken by passing through the fork's hold: the fork handlers give it back */
+    __atomic_store_n(&l->locked, 0u, __ATOMIC_RELEASE);
+}
+
+/* The fork handlers' own: hold the lock as SPIN_FORK, and give it back. */
+static inline void spin_lock_for_fork(spinlock *l)
+{
+    for (unsigned i = 0;; i++) {
+        uint32_t expected = 0;
+        if (__atomic_compare_exchange_n(&l->locked, &expected, SPIN_FORK, false, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return;
+        pause_or_yield(i);
+    }
+}
+
+static inline void spin_unlock_for_fork(spinlock *l) { __atomic_store_n(&l->locked, 0u, __ATOMIC_RELEASE); }
 
 #endif

@@ -68,6 +68,8 @@ static const char *const kind_names[KIND_COUNT] = { "small", "medium", "large" }
 
 static enum kind expected_kind(size_t size, size_t align)
 {
+    if (align > ALIGN_MAX) /* 4 MB and more: a large block that starts a 4 MB granule */
+        return KIND_LARGE;
     if (size <= SMALL_MAX && align <= SMALL_MAX)
         return KIND_SMALL;
     return size <= MEDIUM_MAX ? KIND_MEDIUM : KIND_LARGE;
@@ -290,13 +292,12 @@ TEST(small_requests_take_the_smallest_class_that_is_a_multiple_of_align)
     check_end(start, "after the small aligned blocks");
 }
 
-/* Alignments that are not a power of two, 0, and alignments above 2 MB give NULL and allocate nothing;
- * shard_realloc_aligned with one gives NULL and leaves the block as it was. */
+/* Alignments that are not a power of two, 0, and 2^63 (no address space holds it) give NULL and
+ * allocate nothing; shard_realloc_aligned with one gives NULL and leaves the block as it was. */
 TEST(impossible_alignments_give_null_and_leave_the_block)
 {
     static const size_t aligns[] = {
-        0, 3, 5, 12, 24, 48, 100, 4095, 4097, 3 * MB, ALIGN_MAX + 16, 2 * ALIGN_MAX, (size_t)1 << 40,
-        (SIZE_MAX >> 1) + 1, SIZE_MAX,
+        0, 3, 5, 12, 24, 48, 100, 4095, 4097, 3 * MB, ALIGN_MAX + 16, (SIZE_MAX >> 1) + 1, SIZE_MAX,
     };
     static const size_t sizes[] = { 0, 1, 100, 16384, 20000, MB, 2 * MB };
     live_counts start = live_now();
@@ -893,14 +894,61 @@ TEST(aligned_allocations_after_the_thread_exit_hook_leave_no_heap_behind)
     check_end(start, "after aligned allocations after the exit hook");
 }
 
+/* Alignments of 4 MB and more: a large block at the alignment, whatever the size, usable as asked,
+ * resized in place or moved (shard_realloc_aligned keeps the alignment), freed; each takes its
+ * alignment again in address space while it lives, and gives all of it back at its free (such blocks
+ * are not cached). */
+TEST(alignments_of_4mb_and_more_give_large_blocks_that_start_a_granule)
+{
+    static const size_t aligns[] = { 2 * ALIGN_MAX, 16 * MB, 64 * MB, (size_t)1 << 30 };
+    static const size_t sizes[] = { 0, 1, 100, 20000, MB, 3 * MB + 5 };
+    live_counts start = live_now();
+    char what[96];
+    for (size_t a = 0; a < sizeof aligns / sizeof aligns[0]; a++) {
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+            size_t align = aligns[a], size = sizes[s];
+            snprintf(what, sizeof what, "shard_malloc_aligned(%zu, %zu)", size, align);
+            shard_stats was = stats_now();
+            live_counts before = live_now();
+            unsigned char *p = shard_malloc_aligned(size, align);
+            size_t usable = check_new_block(p, size, align, before, what);
+            if (p == NULL)
+                continue;
+            shard_stats held = stats_now();
+            CHECKF(held.reserved - was.reserved >= align + size, "%s: %zu bytes reserved for it", what,
+                   held.reserved - was.reserved);
+            fill_block(p, usable, 0xf000 + a * 16 + s);
+            unsigned char *q = shard_realloc_aligned(p, size + 5 * MB, align);
+            CHECKF(q != NULL && is_aligned(q, align), "%s grown by 5 MB: %p", what, (void *)q);
+            if (q == NULL) {
+                shard_free(p);
+                continue;
+            }
+            check_contents(q, usable, 0xf000 + a * 16 + s, what);
+            CHECK(shard_usable_size(q) >= size + 5 * MB);
+            unsigned char *r = shard_realloc(q, size + 9 * MB); /* may drop the alignment, keeps the bytes */
+            CHECKF(r != NULL, "%s grown again by shard_realloc", what);
+            if (r != NULL) {
+                check_contents(r, usable, 0xf000 + a * 16 + s, what);
+                q = r;
+            }
+            shard_free(q);
+            shard_collect(); /* the moved block's reservation waits in the large cache: empty it */
+            shard_stats freed = stats_now();
+            CHECKF(freed.reserved <= was.reserved, "%s: after its free %zu bytes reserved, %zu before", what,
+                   freed.reserved, was.reserved);
+        }
+    }
+    check_end(start, "after alignments of 4 MB and more");
+}
+
 /* ---- the shard_ names of glibc's malloc family ---- */
 
-/* shard_posix_memalign: 22 and *out untouched for align 0, below sizeof(void *), not a power of two, or
- * above 2 MB; 12 and *out untouched for an impossible size; 0 and an aligned block otherwise. */
+/* shard_posix_memalign: 22 and *out untouched for align 0, below sizeof(void *) or not a power of two;
+ * 12 and *out untouched for an impossible size or alignment; 0 and an aligned block otherwise. */
 TEST(posix_memalign_rejects_bad_alignments_and_sets_out_only_on_success)
 {
-    static const size_t bad[] = { 0, 1, 2, 3, 4, 12, 24, 40, 48, 100, 4095, ALIGN_MAX + 8, 2 * ALIGN_MAX,
-                                  (SIZE_MAX >> 1) + 1, SIZE_MAX };
+    static const size_t bad[] = { 0, 1, 2, 3, 4, 12, 24, 40, 48, 100, 4095, ALIGN_MAX + 8, 3 * ALIGN_MAX, SIZE_MAX };
     static const size_t sizes[] = { 0, 1, 100, 16384, 20000, MB, 2 * MB };
     live_counts start = live_now();
     char what[96];
@@ -914,6 +962,9 @@ TEST(posix_memalign_rejects_bad_alignments_and_sets_out_only_on_success)
         }
     }
     check_live_back(start, "after posix_memalign with bad alignments");
+    out = sentinel;
+    int no_room = shard_posix_memalign(&out, (SIZE_MAX >> 1) + 1, 100);
+    CHECKF(no_room == ENOMEM_CODE && out == sentinel, "shard_posix_memalign(2^63, 100) = %d, out %p", no_room, out);
     for (size_t align = sizeof(void *); align <= ALIGN_MAX; align <<= 1) {
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
             snprintf(what, sizeof what, "shard_posix_memalign(%zu, %zu)", align, sizes[s]);
@@ -937,7 +988,7 @@ TEST(posix_memalign_rejects_bad_alignments_and_sets_out_only_on_success)
 }
 
 /* shard_memalign and shard_aligned_alloc: an alignment below 16 is 16, one that is not a power of two
- * rounds up to the next one; above 2 MB, or an impossible size, NULL. */
+ * rounds up to the next one; above 2^63, or an impossible size, NULL. */
 TEST(memalign_and_aligned_alloc_round_the_alignment_up)
 {
     static const struct {
@@ -966,8 +1017,8 @@ TEST(memalign_and_aligned_alloc_round_the_alignment_up)
                 shard_free(p);
             }
         }
-        void *p = fn ? shard_aligned_alloc(2 * ALIGN_MAX, 100) : shard_memalign(2 * ALIGN_MAX, 100);
-        CHECKF(p == NULL, "%s(4 MB, 100) = %p", name, p);
+        void *p = fn ? shard_aligned_alloc((SIZE_MAX >> 1) + 1, 100) : shard_memalign((SIZE_MAX >> 1) + 1, 100);
+        CHECKF(p == NULL, "%s(2^63, 100) = %p", name, p);
         p = fn ? shard_aligned_alloc(SIZE_MAX, 100) : shard_memalign(SIZE_MAX, 100);
         CHECKF(p == NULL, "%s(SIZE_MAX, 100) = %p", name, p);
         oom_clear();

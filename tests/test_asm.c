@@ -535,7 +535,7 @@ static void snapshot_heap(const heap *h, snapshot *s)
     }
     snap_put(s, F_FREE_FIRST, 0, 0, 0, page_id(h, h->free_pages.first));
     snap_put(s, F_FREE_LAST, 0, 0, 0, page_id(h, h->free_pages.last));
-    snap_put(s, F_COLD_FIRST, 0, 0, 0, page_id(h, h->cold_pages));
+    snap_put(s, F_COLD_FIRST, 0, 0, 0, page_id(h, h->cold_pages.first));
     for (unsigned k = 0; k < nsegs; k++) {
         const segment *g = segs[nsegs - 1 - k]; /* the oldest first */
         uintptr_t a = (uintptr_t)g;

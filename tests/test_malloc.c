@@ -302,11 +302,12 @@ TEST(reallocarray_overflow_gives_null_errno_enomem_and_keeps_the_block)
     hook_uninstall(previous, "reallocarray");
 }
 
-/* posix_memalign: EINVAL for align 0, below sizeof(void *), not a power of two or above 2 MB, and
- * ENOMEM for an impossible size - *out untouched and errno unchanged; 0 and an aligned block otherwise. */
+/* posix_memalign: EINVAL for align 0, below sizeof(void *) or not a power of two (as glibc: any power of
+ * two multiple of sizeof(void *) is valid), and ENOMEM for an impossible size or alignment - *out
+ * untouched and errno unchanged on EINVAL; 0 and an aligned block otherwise. */
 TEST(posix_memalign_errors_and_success)
 {
-    static const size_t bad[] = { 0, 1, 2, 4, 3, 12, 24, 100, 4 * MB, SIZE_MAX };
+    static const size_t bad[] = { 0, 1, 2, 4, 3, 12, 24, 100, 3 * MB, SIZE_MAX };
     shard_error_fn previous = hook_install();
     void *sentinel = &previous, *out;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -319,6 +320,16 @@ TEST(posix_memalign_errors_and_success)
     out = sentinel;
     int rc = c_posix_memalign(&out, 64, SIZE_MAX - PAGE_BYTES);
     CHECKF(rc == ENOMEM && out == sentinel, "posix_memalign(64, SIZE_MAX - 4096) = %d, out %p", rc, out);
+    rc = c_posix_memalign(&out, (size_t)1 << 63, 100);
+    CHECKF(rc == ENOMEM && out == sentinel, "posix_memalign(2^63, 100) = %d, out %p", rc, out);
+    rc = c_posix_memalign(&out, 8 * MB, 100);
+    CHECKF(rc == 0 && out != sentinel && is_aligned(out, 8 * MB), "posix_memalign(8 MB, 100) = %d, out %p", rc, out);
+    if (rc == 0) {
+        fill(out, 100, 0x4100);
+        check_contents(out, 100, 0x4100, "a block aligned to 8 MB");
+        c_free(out);
+        out = sentinel;
+    }
     for (size_t align = sizeof(void *); align <= 2 * MB; align <<= 1) {
         for (size_t i = 0; i < KINDS_COUNT; i++) {
             out = sentinel;

@@ -1,13 +1,15 @@
 /* test_port.c - the port contract (port/port.h), tested on its own: linked with the port's object file
  * only (port/linux.c or port/win64.c), no allocator.
  *
- * Address space: reservations are aligned, commit gives zeros and keeps contents when repeated,
+ * Address space: reservations are aligned as asked with no slack left mapped around them, the
+ * address-space limit is told, commit gives zeros and keeps contents when repeated,
  * decommit gives the memory back (zeros after the next commit; on Windows the range is no longer
  * committed), release takes a whole reservation. The heap slot: NULL in a thread until set, then what
  * was set, per thread; on Windows the inline gs read equals TlsGetValue of our index. The exit hook:
  * called once at the exit of every thread that set its slot, with its value and the slot already
  * cleared, and for no other thread. The clock: monotonic, in milliseconds, and it advances across a
- * one-second sleep as the system's own monotonic clock does.
+ * one-second sleep as the system's own monotonic clock does. Thread numbers: alive while the thread
+ * runs, not after.
  *
  * Built with -DTEST_TLS_HIGH (Windows), the program takes 70 TLS indexes before the port takes its own,
  * so the port's index is 64 or above and every slot read goes through the TEB's expansion array.
@@ -17,6 +19,10 @@
 #include "platform.h"
 
 #include "../port/port.h"
+
+#ifndef _WIN32
+#include <sys/resource.h>
+#endif
 
 /* The core's empty heap, which the Linux slot holds while no heap is set (port.h); the port only takes
  * its address, so any object does here. */
@@ -76,7 +82,7 @@ static void *slot_checked(void)
 TEST(reserve_commit_decommit_and_release_follow_the_contract)
 {
     const size_t size = (size_t)8 << 20, off = (size_t)1 << 20, len = (size_t)256 << 10;
-    unsigned char *r = port_reserve(size);
+    unsigned char *r = port_reserve(size, PORT_RESERVE_ALIGN);
     CHECK(r != NULL);
     if (r == NULL)
         return;
@@ -114,11 +120,135 @@ TEST(reserve_commit_decommit_and_release_follow_the_contract)
 
 TEST(a_reservation_beyond_the_address_space_is_refused)
 {
-    CHECK(port_reserve((size_t)1 << 50) == NULL);
-    unsigned char *r = port_reserve((size_t)1 << 20);
+    CHECK(port_reserve((size_t)1 << 50, PORT_RESERVE_ALIGN) == NULL);
+    CHECK(port_reserve((size_t)1 << 20, (size_t)1 << 50) == NULL);
+    unsigned char *r = port_reserve((size_t)1 << 20, PORT_RESERVE_ALIGN);
     CHECK(r != NULL);
     if (r != NULL)
         CHECK_EQ(port_release(r, (size_t)1 << 20), 0);
+}
+
+/* The process's address space in use, bytes. */
+static size_t address_space_now(void)
+{
+#ifdef _WIN32
+    return 0; /* Windows: reserved_exactly asks VirtualQuery instead */
+#else
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long pages = 0;
+    if (f == NULL || fscanf(f, "%lu", &pages) != 1)
+        pages = 0;
+    if (f != NULL)
+        fclose(f);
+    return pages * 4096;
+#endif
+}
+
+/* [lo, hi) is one reservation, and the address space grew by exactly its size when it was made
+ * (`before`): no slack stays mapped around it. Windows: one allocation from lo, reserved, hi - lo long. */
+static int reserved_exactly(uintptr_t lo, uintptr_t hi, size_t before)
+{
+#ifdef _WIN32
+    (void)before;
+    MEMORY_BASIC_INFORMATION mi;
+    if (VirtualQuery((void *)lo, &mi, sizeof mi) != sizeof mi)
+        return 0;
+    return (uintptr_t)mi.AllocationBase == lo && mi.State == MEM_RESERVE && mi.RegionSize == hi - lo;
+#else
+    return address_space_now() - before == hi - lo;
+#endif
+}
+
+/* Reservations at large alignments: aligned, exactly their size (no slack left mapped around them), whole
+ * to release. Many, so that an unaligned first attempt is certain to happen on the way. */
+TEST(aligned_reservations_hold_no_slack)
+{
+    static const size_t aligns[] = {(size_t)64 << 10, (size_t)4 << 20, (size_t)64 << 20, (size_t)1 << 30};
+    static const size_t sizes[] = {(size_t)64 << 10, (size_t)1088 << 10, (size_t)4 << 20, (size_t)9 << 20};
+    for (size_t i = 0; i < sizeof aligns / sizeof *aligns; i++) {
+        for (size_t j = 0; j < sizeof sizes / sizeof *sizes; j++) {
+            unsigned char *r[8];
+            for (int k = 0; k < 8; k++) {
+                size_t before = address_space_now();
+                r[k] = port_reserve(sizes[j], aligns[i]);
+                CHECKF(r[k] != NULL && (uintptr_t)r[k] % aligns[i] == 0, "reserve %zu at %zu: %p", sizes[j], aligns[i],
+                       (void *)r[k]);
+                if (r[k] != NULL)
+                    CHECKF(reserved_exactly((uintptr_t)r[k], (uintptr_t)r[k] + sizes[j], before),
+                           "reserve %zu at %zu: %p is not a reservation of exactly that size", sizes[j], aligns[i],
+                           (void *)r[k]);
+            }
+            for (int k = 0; k < 8; k++)
+                if (r[k] != NULL) {
+                    CHECK_EQ(port_commit(r[k] + sizes[j] - PORT_PAGE, PORT_PAGE), 0);
+                    r[k][sizes[j] - 1] = 1;
+                    CHECK_EQ(port_release(r[k], sizes[j]), 0);
+                }
+        }
+    }
+}
+
+#ifndef _WIN32
+/* Under RLIMIT_AS the limit is told, and an aligned reservation still fits where only its own size (not
+ * its slack) does. */
+TEST(the_address_space_limit_is_told_and_a_tight_aligned_reservation_fits)
+{
+    CHECK_EQ(port_address_space_limit(), SIZE_MAX);
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = fopen("/proc/self/statm", "r");
+        unsigned long pages = 0;
+        if (f == NULL || fscanf(f, "%lu", &pages) != 1)
+            _exit(2);
+        fclose(f);
+        size_t vsz = pages * 4096, room = (size_t)6 << 20;
+        struct rlimit rl = {vsz + room, vsz + room};
+        if (setrlimit(RLIMIT_AS, &rl) != 0 || port_address_space_limit() != vsz + room)
+            _exit(3);
+        void *r = port_reserve((size_t)5 << 20, (size_t)4 << 20); /* with its slack, 9 MB would not fit */
+        _exit(r != NULL && (uintptr_t)r % ((size_t)4 << 20) == 0 ? 0 : 4);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status 0x%x", status);
+}
+#endif
+
+static void *thread_identity(void *arg)
+{
+    uint32_t *out = arg;
+    out[0] = port_thread_id();
+    out[1] = port_thread_alive(out[0]);
+    out[2] = port_thread_tag() != port_thread_tag() || port_thread_tag() == 0;
+    uintptr_t tag = port_thread_tag();
+    memcpy(out + 4, &tag, sizeof tag);
+    return NULL;
+}
+
+/* Thread numbers: each thread's own, never 0 or PORT_THREAD_NONE, alive while it runs and not after it
+ * ended; the tag differs between threads and stays the same within one. */
+TEST(thread_numbers_tell_live_threads_from_exited_ones)
+{
+    uint32_t me = port_thread_id(), seen[4][8];
+    uintptr_t tags[4];
+    CHECK(me != 0 && me != PORT_THREAD_NONE);
+    CHECK_EQ(port_thread_alive(me), 1);
+    CHECK_EQ(port_thread_id(), me);
+    for (int i = 0; i < 4; i++) {
+        thread_t t;
+        memset(seen[i], 0, sizeof seen[i]);
+        CHECK_EQ(thread_start(&t, thread_identity, seen[i]), 0);
+        thread_join(t);
+        memcpy(&tags[i], seen[i] + 4, sizeof tags[i]);
+        CHECK(seen[i][0] != 0 && seen[i][0] != PORT_THREAD_NONE && seen[i][0] != me);
+        CHECK_EQ(seen[i][1], 1);
+        CHECK_EQ(seen[i][2], 0);
+        CHECK(tags[i] != port_thread_tag());
+    }
+    sleep_ms(50);
+    for (int i = 0; i < 4; i++)
+        CHECKF(port_thread_alive(seen[i][0]) == 0, "thread %u ended but counts as alive", seen[i][0]);
+    CHECK_EQ(port_thread_alive(me), 1);
 }
 
 #if PORT_MOVES_PAGES
@@ -141,7 +271,7 @@ static int mapped_in(uintptr_t lo, uintptr_t hi)
 TEST(move_release_hands_pages_over_and_releases_the_rest_of_the_source)
 {
     const size_t size = (size_t)8 << 20, off = (size_t)1 << 20, len = (size_t)2 << 20;
-    unsigned char *from = port_reserve(size), *to = port_reserve(size);
+    unsigned char *from = port_reserve(size, PORT_RESERVE_ALIGN), *to = port_reserve(size, PORT_RESERVE_ALIGN);
     CHECK(from != NULL && to != NULL);
     if (from == NULL || to == NULL)
         return;

@@ -7,9 +7,11 @@
  *   which runs the FLS callback on the deleting thread: neither thread loses its heap, and the first
  *   one's heap comes back when it exits (through DLL_THREAD_DETACH, as its FLS value went with the
  *   fiber).
- * - FreeLibrary while a thread still holds a heap, then that thread exits: the DLL freed its FLS index
- *   (and its two TLS indexes) on unload, so Windows does not call into unloaded code and the process
- *   lives on; the DLL loads again and works.
+ * - FreeLibrary while a thread still holds a heap and heaps wait in the stack with frees made into them,
+ *   then that thread exits: the DLL freed its FLS index (and its two TLS indexes) on unload, so Windows
+ *   does not call into unloaded code and the process lives on; the DLL loads again and works.
+ * - Reservations Windows refuses give NULL; a 1 GB alignment is a reservation at a multiple of 1 GB.
+ * - With every FLS index taken the DLL works without its exit callback (DLL_THREAD_DETACH gives heaps back).
  * - The static library inside a DLL of someone else's (tests/wrap_dll.c): FreeLibrary of that DLL leaves
  *   it loaded (the allocator pinned it), so a thread that allocated through it exits safely later.
  * Before the DLL is loaded the program takes 70 TLS indexes, so the DLL's own index is 64 or above and
@@ -30,6 +32,7 @@ static struct {
     size_t (*usable_size)(const void *);
     void (*get_stats)(shard_stats *);
     int (*check)(void);
+    void *(*malloc_aligned)(size_t, size_t);
 } shard;
 
 static int load_shard(void)
@@ -43,7 +46,9 @@ static int load_shard(void)
     shard.usable_size = (size_t (*)(const void *))(void (*)(void))GetProcAddress(shard.dll, "shard_usable_size");
     shard.get_stats = (void (*)(shard_stats *))(void (*)(void))GetProcAddress(shard.dll, "shard_get_stats");
     shard.check = (int (*)(void))(void (*)(void))GetProcAddress(shard.dll, "shard_check");
-    return shard.malloc_ && shard.realloc_ && shard.free_ && shard.usable_size && shard.get_stats && shard.check
+    shard.malloc_aligned = (void *(*)(size_t, size_t))(void (*)(void))GetProcAddress(shard.dll, "shard_malloc_aligned");
+    return shard.malloc_ && shard.realloc_ && shard.free_ && shard.usable_size && shard.get_stats && shard.check &&
+                   shard.malloc_aligned
                ? 0
                : -1;
 }
@@ -272,9 +277,37 @@ static void *holder_thread(void *arg)
     return NULL; /* the block stays: its DLL is gone by now */
 }
 
+/* A thread that allocates blocks of every kind, frees most and exits: its heap waits in the stack with a
+ * reserve (and a trim due in a second); the blocks it leaves are freed by the main thread into it. */
+static void *leaver_thread(void *arg)
+{
+    void **left = arg;
+    void *p[8];
+    for (int i = 0; i < 8; i++)
+        p[i] = shard.malloc_(i % 2 ? 70000 : 3000);
+    for (int i = 0; i < 8; i++)
+        if (i < 6)
+            shard.free_(p[i]);
+        else
+            left[i - 6] = p[i];
+    return NULL;
+}
+
+/* FreeLibrary while a thread holds a heap, heaps wait in the stack with reserves and a trim due, and
+ * frees were made into them: nothing of the DLL runs afterwards (no FLS callback, no trim), the holder
+ * thread exits safely, and the DLL loads again with a fresh allocator that works. */
 TEST(unloading_the_dll_while_a_thread_holds_a_heap_leaves_no_callback_behind)
 {
     thread_t t;
+    void *left[3][2];
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(thread_start(&t, leaver_thread, left[i]), 0);
+        thread_join(t);
+    }
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++)
+            shard.free_(left[i][j]); /* into a waiting heap */
+    CHECK(stats_now().heaps_free >= 1);
     holder_allocated = CreateEventA(NULL, TRUE, FALSE, NULL);
     holder_go_on = CreateEventA(NULL, TRUE, FALSE, NULL);
     CHECK_EQ(thread_start(&t, holder_thread, NULL), 0);
@@ -301,7 +334,83 @@ TEST(unloading_the_dll_while_a_thread_holds_a_heap_leaves_no_callback_behind)
         CHECK(p != NULL && check_pattern(p, 5000, 99));
         shard.free_(p);
     }
+    Sleep(1100); /* the old DLL's trim would have been due: nothing of it runs */
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(thread_start(&t, leaver_thread, left[i]), 0);
+        thread_join(t);
+        shard.free_(left[i][0]);
+        shard.free_(left[i][1]);
+    }
     CHECK_EQ(shard.check(), 0);
+}
+
+/* Reservations Windows refuses (an alignment of 64 TB needs 128 TB of address space; 32 TB of memory
+ * cannot be committed) give NULL, and the allocator goes on working. An alignment of 1 GB is reserved at
+ * an aligned address (Windows releases only whole reservations: the port reserves more, gives it back
+ * and reserves there). */
+TEST(reservations_windows_refuses_give_null_and_the_allocator_goes_on)
+{
+    void *p = shard.malloc_aligned(100, (size_t)1 << 46);
+    CHECKF(p == NULL || ((uintptr_t)p & (((size_t)1 << 46) - 1)) == 0, "an alignment of 64 TB: %p", p);
+    shard.free_(p);
+    CHECK(shard.malloc_((size_t)1 << 45) == NULL);
+    p = shard.malloc_aligned(3 << 20, (size_t)1 << 30);
+    CHECKF(p != NULL && ((uintptr_t)p & (((size_t)1 << 30) - 1)) == 0, "an alignment of 1 GB: %p", p);
+    if (p != NULL) {
+        fill(p, 3 << 20, 1234);
+        CHECK(check_pattern(p, 3 << 20, 1234));
+        MEMORY_BASIC_INFORMATION mi;
+        CHECK(VirtualQuery(p, &mi, sizeof mi) == sizeof mi);
+        CHECKF(((uintptr_t)mi.AllocationBase & (((size_t)1 << 30) - 1)) == 0,
+               "the reservation starts at %p, not at a multiple of 1 GB", mi.AllocationBase);
+        shard.free_(p);
+    }
+    void *q = shard.malloc_(50000);
+    CHECK(q != NULL);
+    shard.free_(q);
+    CHECK_EQ(shard.check(), 0);
+}
+
+/* Every FLS index of the process taken before the DLL loads: it gets no exit callback, and works all the
+ * same - small and medium blocks in the main thread and in threads, whose heaps its DLL_THREAD_DETACH
+ * gives back at their exit (the static library would find them by their thread ids), so 40 threads
+ * one after another leave few heaps. */
+static void *fls_less_thread(void *arg)
+{
+    (void)arg;
+    void *p = shard.malloc_(300), *q = shard.malloc_(40000);
+    CHECK(p != NULL && q != NULL);
+    if (p != NULL)
+        fill(p, 300, 17);
+    CHECK(p == NULL || check_pattern(p, 300, 17));
+    shard.free_(p);
+    shard.free_(q);
+    return NULL;
+}
+
+TEST(the_dll_works_when_every_fls_index_is_taken)
+{
+    static DWORD taken[8192];
+    CHECK(FreeLibrary(shard.dll));
+    int n = 0;
+    while (n < 8192 && (taken[n] = FlsAlloc(NULL)) != FLS_OUT_OF_INDEXES)
+        n++;
+    CHECKF(n > 0 && n < 8192, "%d FLS indexes taken", n);
+    CHECK_EQ(load_shard(), 0);
+    if (shard.malloc_ != NULL) {
+        fls_less_thread(NULL);
+        size_t heaps = stats_now().heaps;
+        for (int i = 0; i < 40; i++) {
+            thread_t t;
+            CHECK_EQ(thread_start(&t, fls_less_thread, NULL), 0);
+            thread_join(t);
+        }
+        size_t after = stats_now().heaps;
+        CHECKF(after <= heaps + 2, "heaps %zu -> %zu after 40 threads, one at a time", heaps, after);
+        CHECK_EQ(shard.check(), 0);
+    }
+    for (int i = 0; i < n; i++)
+        FlsFree(taken[i]);
 }
 
 /* ---- the static library inside another DLL ---- */
