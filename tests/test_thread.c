@@ -1333,8 +1333,9 @@ TEST(threads_that_first_allocate_too_late_for_the_exit_hook_leave_no_heap_for_go
     CHECKF(late_count == LATE_THREADS, "%d of %d threads allocated in their exit", late_count, LATE_THREADS);
 #if SHARD_RULES
     /* The first batch may make heaps up to the bound that earlier tests' threads set (twice the threads
-     * found alive, plus 8); the second makes none (or one, for a thread of a reclaim race). */
-    CHECKF(heaps[1] - heaps[0] < LATE_THREADS / 2 && heaps[2] - heaps[1] <= 1,
+     * found alive, plus 8); the second makes a few at most (a thread just joined may still count as
+     * alive for a moment: the kernel reaps it after the join returns), not one per thread. */
+    CHECKF(heaps[1] - heaps[0] < LATE_THREADS / 2 && heaps[2] - heaps[1] <= 4,
            "heaps %zu -> %zu -> %zu over two batches of %d threads, one at a time", heaps[0], heaps[1], heaps[2],
            LATE_THREADS / 2);
 #endif
