@@ -1,25 +1,19 @@
-/* api.c - the public entry points: the C fast paths, the slow paths that dispatch by size and by
- * segment kind, and the statistics and the checker (the error hook is error.c).
+/* api.c - the public entry points: the C fast paths (their contract and their steps are fast.h's; the
+ * NASM twins in asm/fast.asm replace them in the default library, where these are built as api_*_c), the
+ * slow paths that dispatch by size and by segment kind, aligned allocation and the rest of the malloc
+ * family, the statistics and the checker (the error hook is error.c).
  *
- * The fast paths (fast.h has the contract and the steps; asm/fast.asm is the NASM twin that replaces
- * them in the default library, where these are built as shard_*_c):
- * - malloc of a small block: the heap slot, the page-per-size array (up to 2 KB) or the class table and
- *   the class's first page (2-16 KB), the page's `free` item, its link, `used` + 1. A thread without a
- *   heap sees heap_none, whose entries all lead to the empty page: no NULL test.
- * - free of a small block of the own thread: the heap's own-segment table answers "a small segment of
- *   mine" in one load (the segment map and the owner in descriptor 0 would take four), then the item test
- *   (below the carved end, a multiple of the class size by one multiply), `used` - 1 (undone if the
- *   page empties or was full: the slow path's case), push onto the page's `free` list, from which the
- *   next malloc of the class takes it back first (small.h); no atomic operation.
- * - realloc of a small block of the own thread within its class and not below a quarter of it: the
- *   same tests, then the block itself.
  * The slow paths take anything: medium blocks (16 KB - 1 MB, medium.c) from the heap's arenas, larger
  * ones from large.c (no heap needed), other threads' blocks (one CAS, after the same item test), pages
  * that empty or were full, and pointers that are not blocks of ours, which reach the error hook. Every
  * pointer is checked against the own-segment table or the segment map before anything is read through
  * it, and a small block against its page before anything is written. What stays unseen: a second free
  * of a small item (as in the seed: an item has no room for a mark), and from another thread an item the
- * page has not carved yet (that test would read the owner's cache line).
+ * page has not carved yet (that test would read the owner's cache line). An allocation that fails for
+ * want of memory gives back what waits (heap_relieve) and is tried once more.
+ *
+ * Depends on: heap.h, small.h, medium.h, large.h, segment.h, error.h, fast.h, layout.h (generated),
+ * libc.h, port.h.
  */
 #include "../include/shardmm.h"
 #include "../port/port.h"
@@ -63,11 +57,12 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
     return p;
 }
 
-/* The C fast paths carry the public names in the pure-C library and a _c suffix beside the NASM ones. */
+/* The C fast paths carry the public names in the pure-C library, and api_<name>_c beside the NASM ones
+ * (internal names never share the public prefix: fast.h). */
 #if SHARD_ASM
-#define FAST_PATH(name) name##_c
+#define FAST_PATH(name) api_##name##_c
 #else
-#define FAST_PATH(name) name
+#define FAST_PATH(name) shard_##name
 #endif
 
 /* NULL for want of memory or an impossible size; the caller also learns it the C library's way. */
@@ -115,7 +110,7 @@ static inline int worth_retry(const void *p, size_t size)
     return unlikely(p == NULL) && size < SIZE_POSSIBLE && heap_relieve();
 }
 
-void *shard_malloc_slow(size_t size)
+void *api_malloc_slow(size_t size)
 {
     void *p = malloc_any(size);
     if (worth_retry(p, size))
@@ -123,7 +118,7 @@ void *shard_malloc_slow(size_t size)
     return or_out_of_memory(p);
 }
 
-void *FAST_PATH(shard_malloc)(size_t size)
+void *FAST_PATH(malloc)(size_t size)
 {
     heap *h = fast_heap();
     if (likely(size <= SHARD_DIRECT_MAX)) {
@@ -135,7 +130,7 @@ void *FAST_PATH(shard_malloc)(size_t size)
         if (pg != NULL && page_ready(pg))
             return page_pop(pg);
     }
-    return shard_malloc_slow(size);
+    return api_malloc_slow(size);
 }
 
 /* calloc's slow part: sizes above 2 KB, a page that needs the slow path; a tail call from shard_calloc,
@@ -148,7 +143,7 @@ static __attribute__((noinline)) void *calloc_slow(size_t total)
             p = large_any(total, 16, 1);
         return or_out_of_memory(p);
     }
-    void *p = shard_malloc_slow(total);
+    void *p = api_malloc_slow(total);
     if (p != NULL)
         mem_zero_block(p, total);
     return p;
@@ -180,7 +175,7 @@ static inline int own_small(const heap *h, const void *p)
     return h->own[(uint32_t)(uintptr_t)p >> SEGMENT_SHIFT] == ((uintptr_t)p & ~(uintptr_t)SEGMENT_MASK);
 }
 
-void shard_free_slow(void *p)
+void api_free_slow(void *p)
 {
     if (p == NULL)
         return;
@@ -216,7 +211,7 @@ void shard_free_slow(void *p)
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
 }
 
-void FAST_PATH(shard_free)(void *p)
+void FAST_PATH(free)(void *p)
 {
     heap *h = fast_heap();
     if (likely(own_small(h, p))) {
@@ -235,7 +230,7 @@ void FAST_PATH(shard_free)(void *p)
         small_free_local_slow(h, pg, b); /* that, or not an item (reported there) */
         return;
     }
-    shard_free_slow(p);
+    api_free_slow(p);
 }
 
 /* ---- realloc ------------------------------------------------------------------------------------- */
@@ -330,18 +325,18 @@ static inline int small_stays_any_thread(const void *p, size_t size)
 }
 
 /* The in-place test of the fast path, for a block of any thread (through the segment map), then the rest. */
-void *shard_realloc_slow(void *p, size_t size)
+void *api_realloc_slow(void *p, size_t size)
 {
     if (segmap_kind((uintptr_t)p) == SEG_SMALL && small_stays_any_thread(p, size))
         return p;
     return realloc_generic(p, size);
 }
 
-void *FAST_PATH(shard_realloc)(void *p, size_t size)
+void *FAST_PATH(realloc)(void *p, size_t size)
 {
     if (likely(own_small(fast_heap(), p) && small_stays(p, size)))
         return p;
-    return shard_realloc_slow(p, size);
+    return api_realloc_slow(p, size);
 }
 
 /* ---- aligned allocation and the rest of the malloc family ------------------------------------------ */

@@ -25,7 +25,7 @@ typedef struct page_list {
 
 typedef struct heap {
     /* The first page of the class of each size up to 2 KB, by (size + 15) >> 4, or the empty page.
-     * Only small_set_first() writes it. */
+     * Only small.c's sync_direct() writes it. */
     page *direct[SHARD_DIRECT_COUNT];
     /* The heap's small segments by address bits 22..31, for the free and realloc fast paths: p is in an
      * own small segment when own[(uint32_t)p >> 22] == p & ~SEGMENT_MASK; one load, where the segment
