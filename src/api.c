@@ -175,15 +175,22 @@ static inline int own_small(const heap *h, const void *p)
     return h->own[(uint32_t)(uintptr_t)p >> SEGMENT_SHIFT] == ((uintptr_t)p & ~(uintptr_t)SEGMENT_MASK);
 }
 
+/* The calling thread's heap when it owns the segment of p (a small or medium block's), else NULL. */
+static inline heap *owner_heap(const void *p)
+{
+    heap *h = port_heap_slot();
+    return h != NULL && segment_of(p)->owner == h ? h : NULL;
+}
+
 void api_free_slow(void *p)
 {
     if (p == NULL)
         return;
     unsigned kind = segmap_kind((uintptr_t)p);
     if (kind == SEG_SMALL) {
-        heap *h = port_heap_slot();
+        heap *h = owner_heap(p);
         page *pg = page_of(p);
-        if (h != NULL && segment_of(p)->owner == h) {
+        if (h != NULL) {
             small_free_local_slow(h, pg, p); /* tests the item; takes the ordinary case too */
             return;
         }
@@ -200,8 +207,8 @@ void api_free_slow(void *p)
         return;
     }
     if (kind == SEG_MEDIUM) {
-        heap *h = port_heap_slot();
-        if (h != NULL && segment_of(p)->owner == h)
+        heap *h = owner_heap(p);
+        if (h != NULL)
             medium_free_local(h, p);
         else
             medium_free_foreign(p);
@@ -247,6 +254,41 @@ static size_t usable_or_report(const void *p, int error)
     return n;
 }
 
+/* Whether size keeps a block of pg's class in place: within the class and not below a quarter of it. */
+static inline int small_size_stays(const page *pg, size_t size)
+{
+    size_t bsize = pg->block_size;
+    return size <= bsize && size >= bsize >> 2;
+}
+
+/* Whether p, in a small segment of the calling thread, is an item of its page that keeps its place when
+ * resized to size. */
+static inline int small_stays(const void *p, size_t size)
+{
+    const page *pg = page_of(p);
+    return small_size_stays(pg, size) && page_has_item(pg, p);
+}
+
+/* The same for p in any thread's small segment. */
+static inline int small_stays_any_thread(const void *p, size_t size)
+{
+    const page *pg = page_of(p);
+    return small_size_stays(pg, size) && page_has_item_any_thread(pg, p);
+}
+
+/* p resized to size where it lies: a small block within its class (small_stays), a medium block of the
+ * calling thread's arenas (only the owner changes its chunks), a large block within its reservation; NULL
+ * when it must move. */
+static void *resize_in_place(void *p, unsigned kind, size_t size)
+{
+    heap *h;
+    if (kind == SEG_SMALL)
+        return small_stays_any_thread(p, size) ? p : NULL;
+    if (kind == SEG_MEDIUM)
+        return (h = owner_heap(p)) != NULL ? medium_resize_in_place(h, p, size) : NULL;
+    return kind_large(kind) ? large_resize_in_place(p, size) : NULL;
+}
+
 static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
 {
     if (p == NULL)
@@ -259,14 +301,7 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
         shard_free(p);
         return NULL;
     }
-    void *q = NULL;
-    if (kind == SEG_MEDIUM) {
-        heap *h = port_heap_slot();
-        if (h != NULL && segment_of(p)->owner == h) /* the owner resizes in place when it can */
-            q = medium_resize_in_place(h, p, size);
-    } else if (kind_large(kind)) {
-        q = large_resize_in_place(p, size);
-    }
+    void *q = resize_in_place(p, kind, size);
     if (q != NULL)
         return q;
     size_t target = size;
@@ -300,28 +335,6 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
     mem_copy(q, p, old < size ? old : size);
     shard_free(p);
     return q;
-}
-
-/* Whether size keeps a block of pg's class in place: within the class and not below a quarter of it. */
-static inline int small_size_stays(const page *pg, size_t size)
-{
-    size_t bsize = pg->block_size;
-    return size <= bsize && size >= bsize >> 2;
-}
-
-/* Whether p, in a small segment of the calling thread, is an item of its page that keeps its place when
- * resized to size. */
-static inline int small_stays(const void *p, size_t size)
-{
-    const page *pg = page_of(p);
-    return small_size_stays(pg, size) && page_has_item(pg, p);
-}
-
-/* The same for p in any thread's small segment. */
-static inline int small_stays_any_thread(const void *p, size_t size)
-{
-    const page *pg = page_of(p);
-    return small_size_stays(pg, size) && page_has_item_any_thread(pg, p);
 }
 
 /* The in-place test of the fast path, for a block of any thread (through the segment map), then the rest. */
@@ -405,15 +418,7 @@ void *shard_realloc_aligned(void *p, size_t size, size_t align)
         return NULL;
     }
     if (((uintptr_t)p & (align - 1)) == 0) { /* in place keeps the alignment */
-        unsigned kind = segmap_kind((uintptr_t)p);
-        heap *h = port_heap_slot();
-        void *q = NULL;
-        if (kind == SEG_SMALL)
-            q = small_stays_any_thread(p, size) ? p : NULL;
-        else if (kind == SEG_MEDIUM && h != NULL && segment_of(p)->owner == h)
-            q = medium_resize_in_place(h, p, size);
-        else if (kind_large(kind))
-            q = large_resize_in_place(p, size);
+        void *q = resize_in_place(p, segmap_kind((uintptr_t)p), size);
         if (q != NULL)
             return q;
     }
@@ -496,33 +501,20 @@ void shard_get_stats(shard_stats *out)
     large_cache_counts(&out->large_cached, &out->large_cached_bytes);
     out->heaps_free = heap_free_count();
     medium_counts mc = {0, 0, 0, 0};
+    small_counts sc = {0, 0, 0, 0, 0};
     segment_walk_begin(); /* other threads may release segments and arenas meanwhile (segment.h) */
     for (heap *h = heap_all(); h != NULL; h = h->next_all) {
         out->heaps++;
         medium_count(h, &mc);
-        out->small_pages_retired += load_relaxed(&h->pages_retired);
-        for (segment *s = load_acquire(&h->segments); s != NULL; s = load_acquire(&s->next)) {
-            for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
-                const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
-                unsigned state = load_relaxed(&pg->state);
-                if (state == PAGE_IN_USE) {
-                    long used = load_relaxed(&pg->used);
-                    if (used < 0)
-                        used += PAGE_FULL_BIAS;
-                    used -= load_relaxed(&pg->sole); /* the extra one of a class's only page */
-                    uint64_t w = load_relaxed(&pg->thread_free);
-                    out->small_pages_used++;
-                    out->live_small += (size_t)used - (size_t)(w >> 32);
-                } else if (state == PAGE_FREE) {
-                    out->small_pages_free++;
-                } else {
-                    out->small_pages_decommitted++;
-                }
-            }
-        }
+        small_count(h, &sc);
     }
     segment_walk_end();
-    out->live_medium += mc.live;
+    out->live_small = sc.live;
+    out->small_pages_used = sc.used;
+    out->small_pages_free = sc.free;
+    out->small_pages_decommitted = sc.decommitted;
+    out->small_pages_retired = sc.retired;
+    out->live_medium = mc.live;
     out->medium_arenas = mc.arenas;
     out->medium_arenas_empty = mc.empty;
     out->medium_arenas_decommitted = mc.decommitted;

@@ -448,7 +448,32 @@ void small_drain_delayed(heap *h)
     }
 }
 
-/* ---- checker ------------------------------------------------------------------------------------- */
+/* ---- statistics and checker ------------------------------------------------------------------------ */
+
+void small_count(heap *h, small_counts *c)
+{
+    c->retired += load_relaxed(&h->pages_retired);
+    for (segment *s = load_acquire(&h->segments); s != NULL; s = load_acquire(&s->next)) {
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
+            const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
+            unsigned state = load_relaxed(&pg->state);
+            if (state == PAGE_IN_USE) {
+                long used = load_relaxed(&pg->used);
+                if (used < 0)
+                    used += PAGE_FULL_BIAS;
+                used -= load_relaxed(&pg->sole); /* the extra one of a class's only page */
+                uint64_t w = load_relaxed(&pg->thread_free);
+                c->used++;
+                c->live += (size_t)used - (size_t)THREAD_FREE_COUNT(w); /* freed by others, not yet taken in */
+            } else if (state == PAGE_FREE) {
+                c->free++;
+            } else {
+                c->decommitted++;
+            }
+        }
+    }
+}
+
 
 /* Length of a free list whose items must lie in pg at class offsets below `carved`; -1 if not. */
 static long list_length(const page *pg, const block *b, long limit)

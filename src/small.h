@@ -176,6 +176,13 @@ void small_drain_delayed(struct heap *h);
 void small_keep(struct heap *h, unsigned keep, int exiting);
 /* Release h's segments with no page in use (free pages and all): their address space goes back too. */
 void small_release_empty(struct heap *h);
+typedef struct small_counts {
+    size_t live, used, free, decommitted, retired; /* blocks; pages in use, free, not committed; retirements */
+} small_counts;
+/* Adds h's pages and blocks to *c (statistics; any thread, between segment_walk_begin and _end: reads
+ * racy counters, exact when no other thread allocates or frees meanwhile). */
+void small_count(struct heap *h, small_counts *c);
+
 /* Problems in one page's lists and counts (reported through report_error); 0 when it is consistent. */
 int small_check_page(const page *pg);
 
