@@ -577,16 +577,11 @@ int heap_check(heap *h)
     int problems = 0;
     size_t segments = 0, entered = 0, all_cold = 0;
     for (segment *s = h->segments; s != NULL; s = s->next, segments++) {
-        if (s->owner != h || segmap_kind((uintptr_t)s) != SEG_SMALL) {
-            report_error("segment with a wrong owner or map entry:", (uintptr_t)s);
-            problems++;
-        }
+        problems += insist(s->owner == h && segmap_kind((uintptr_t)s) == SEG_SMALL,
+                           "heap: a segment with a wrong owner or map entry:", s);
         uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
         entered += h->own[slot] == (uintptr_t)s;
-        if (h->own[slot] == 0 && slot != 0) {
-            report_error("segment missing from its free own-segment entry:", (uintptr_t)s);
-            problems++;
-        }
+        problems += insist(h->own[slot] != 0 || slot == 0, "heap: a segment missing from its free own-segment entry:", s);
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
             problems += small_check_page(pg);
@@ -597,52 +592,27 @@ int heap_check(heap *h)
     size_t entries = 0;
     for (size_t i = 1; i < HEAP_OWN_SLOTS; i++)
         entries += h->own[i] != 0;
-    if (h->own[0] != 1 || entries != entered || entered > segments) {
-        report_error("own-segment table differs from the heap's segments; entries:", entries);
-        problems++;
-    }
-    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
-        for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next) {
-            if (pg->state != PAGE_IN_USE || pg->cls != cls || pg->used < 0 || segment_of(pg)->owner != h ||
-                pg->sole != (h->classes[cls].first == h->classes[cls].last)) {
-                report_error("page in the wrong class list:", (uintptr_t)pg);
-                problems++;
-            }
-        }
-    }
+    problems += insist(h->own[0] == 1 && entries == entered && entered <= segments,
+                       "heap: the own-segment table differs from the heap's segments; entries:", entries);
+    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++)
+        for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next)
+            problems += insist(pg->state == PAGE_IN_USE && pg->cls == cls && pg->used >= 0 && segment_of(pg)->owner == h &&
+                                   pg->sole == (h->classes[cls].first == h->classes[cls].last),
+                               "heap: a page in the wrong class list, or its only-page mark wrong:", pg);
     for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++) {
         const page *first = h->classes[class_by_size16[i]].first;
-        if (h->direct[i] != (first ? first : &small_empty_page)) {
-            report_error("page-per-size entry differs from its class's first page, size index", i);
-            problems++;
-        }
+        problems += insist(h->direct[i] == (first ? first : &small_empty_page),
+                           "heap: a page-per-size entry differs from its class's first page, size index", i);
     }
-    int medium_problems = medium_check(h);
-    if (medium_problems != 0) {
-        report_error("inconsistencies in the medium arenas or bins:", (uintptr_t)medium_problems);
-        problems += medium_problems;
-    }
+    problems += medium_check(h); /* each failure reported by its rule */
     unsigned free_pages = 0, cold_pages = 0;
-    for (const page *pg = h->free_pages.first; pg != NULL; pg = pg->next, free_pages++) {
-        if (pg->state != PAGE_FREE) {
-            report_error("page in the free pages that is not free:", (uintptr_t)pg);
-            problems++;
-        }
-    }
-    for (const page *pg = h->cold_pages.first; pg != NULL; pg = pg->next, cold_pages++) {
-        if (pg->state != PAGE_COLD || segment_of(pg)->owner != h || (pg->next != NULL && pg->next->prev != pg)) {
-            report_error("page in the cold pages that is not cold or not linked back:", (uintptr_t)pg);
-            problems++;
-        }
-    }
-    if (free_pages != h->free_count) {
-        report_error("free page count differs from the list:", h->free_count);
-        problems++;
-    }
-    if (cold_pages != all_cold) {
-        report_error("cold pages listed differ from the segments' cold pages:", cold_pages);
-        problems++;
-    }
+    for (const page *pg = h->free_pages.first; pg != NULL; pg = pg->next, free_pages++)
+        problems += insist(pg->state == PAGE_FREE, "heap: a page in the free pages that is not free:", pg);
+    for (const page *pg = h->cold_pages.first; pg != NULL; pg = pg->next, cold_pages++)
+        problems += insist(pg->state == PAGE_COLD && segment_of(pg)->owner == h && (pg->next == NULL || pg->next->prev == pg),
+                           "heap: a page in the cold pages that is not cold or not linked back:", pg);
+    problems += insist(free_pages == h->free_count, "heap: the free page count differs from its list:", h->free_count);
+    problems += insist(cold_pages == all_cold, "heap: the cold pages listed differ from the segments' cold pages:", cold_pages);
     return problems;
 }
 

@@ -62,6 +62,17 @@ void report_error(const char *what, uintptr_t value);
 /* Report a failed assertion with its reason and end the process. */
 _Noreturn void assert_failed(const char *file, int line, const char *reason);
 
+/* A checker's rule (heap_check, small_check_page, medium_check, large_check): 0 when cond holds; else
+ * the rule is reported through report_error with value (a pointer or a count) and 1 is returned, so a
+ * checker adds the failures up - problems += insist(cond, "rule", value) - and a failing test or fuzzer
+ * run says which rule broke (after TLSF's tlsf_insist). */
+static inline int insist_failed(const char *rule, uintptr_t value)
+{
+    report_error(rule, value);
+    return 1;
+}
+#define insist(cond, rule, value) ((cond) ? 0 : insist_failed((rule), (uintptr_t)(value)))
+
 #if SHARD_DEBUG
 #define shard_assert(cond, reason) ((cond) ? (void)0 : assert_failed(__FILE__, __LINE__, reason))
 #else
