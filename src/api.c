@@ -12,8 +12,8 @@
  * page has not carved yet (that test would read the owner's cache line). An allocation that fails for
  * want of memory gives back what waits (heap_relieve) and is tried once more.
  *
- * Depends on: heap.h, small.h, medium.h, large.h, segment.h, error.h, fast.h, layout.h (generated),
- * libc.h, port.h.
+ * Depends on: heap.h (and through it small.h, medium.h, segment.h), large.h, error.h, fast.h, layout.h
+ * (generated), libc.h, port.h, include/shardmm.h.
  */
 #include "../include/shardmm.h"
 #include "../port/port.h"

@@ -7,7 +7,8 @@
  * the life of a heap: start-up and its re-entrancy, exit, the reserve, the heaps of threads that exited
  * without a hook, and fork.
  *
- * Depends on: small.h, medium.h, segment.h, sync.h, port.h.
+ * Depends on: small.h, medium.h, segment.h, sync.h, libc.h, port.h; heap.c also large.h (the cache's
+ * expiry at thread exit, memory pressure) and error.h.
  */
 #ifndef SHARD_HEAP_H
 #define SHARD_HEAP_H

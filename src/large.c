@@ -55,8 +55,8 @@
  *   large_cache_expire (one load when the cache is empty), when a small page becomes free and when a
  *   thread exits.
  *
- * Depends on: segment.h (OS calls with accounting, the map), sync.h, config.h, libc.h, port.h (the
- * address-space limit).
+ * Depends on: segment.h (OS calls with accounting, the map), medium.h (SHARD_MEDIUM_MAX), sync.h,
+ * config.h, libc.h, port.h (the address-space limit).
  */
 #include "large.h"
 

@@ -8,7 +8,6 @@
  */
 #include "medium.h"
 
-#include "../include/shardmm.h"
 #include "../port/port.h"
 #include "config.h"
 #include "error.h"
