@@ -19,28 +19,27 @@
  * into it are taken in, the only page a class keeps while its thread runs is retired if empty, and the
  * heap keeps a reserve of SHARD_RESERVE_PAGES free pages and SHARD_RESERVE_ARENAS empty arenas for the
  * next thread; the rest of its free memory goes back to the OS at once. Only SHARD_RESERVE_HEAPS heaps
- * hold a reserve at a time, and a heap with nothing to keep takes no place: when 500 threads end at
- * once, the reserves of 8 wait for new threads, not of 500 (measured: 2.5 GB resident for a second
- * after 500 threads of 5 MB each ended, with a reserve each; test_hostile.c's idle-heaps-500). Then the
- * heap goes, whole, onto one of two stacks of free heaps - the warm one if it holds a reserve, else the
- * cold one - and a new thread pops one, warm first, before it makes a new heap. A stack's top is a
- * pointer and a change counter swapped together by cmpxchg16b: a pop that read top A and A->next_free
- * could otherwise succeed after A was popped and pushed again with another next. Heaps are never freed,
- * so reading next_free of a stale top is safe.
+ * hold a reserve at a time, and a heap with nothing to keep takes no place: when 500 threads end at once,
+ * the reserves of 8 wait for new threads, not of 500 (test_hostile.c's idle-heaps-500 shows the memory a
+ * reserve each would hold: bench/results/2026-11-30-quoted-in-code.md). Then the heap goes, whole, onto
+ * one of two stacks of free heaps - the warm one if it holds a reserve, else the cold one - and a new
+ * thread pops one, warm first, before it makes a new heap. A stack's top is a pointer and a change
+ * counter swapped together by cmpxchg16b: a pop that read top A and A->next_free could otherwise succeed
+ * after A was popped and pushed again with another next. Heaps are never freed, so reading next_free of a
+ * stale top is safe.
  *
  * What a waiting heap holds over time. Frees into a heap in a stack gather in its queues of foreign
  * frees, and the first page or arena queued at a heap in a stack sets `heap_reserve_due` a delay ahead
  * (unless an earlier one is set). The stacks are trimmed (trim_stack: taken whole, every heap's queues
  * taken in, then trimmed and put back) at `heap_reserve_due`, which the next slow path of any thread or
  * thread exit after it acts on. Not sooner: the next thread to take the heap takes the frees warm, and a
- * trim before that would decommit what it is about to fault in again (a batch trim every 64 queued
- * pages made bench/churn.py 8-12 % slower, 34 thousand page faults against 14). A heap that entered the
- * stack less than SHARD_RESERVE_DELAY_MS ago keeps its reserve; after that, and at once on shard_collect
- * or under memory pressure, it keeps nothing but its live blocks: segments without a page in use and
- * empty arenas released, the other free pages decommitted. A thread that finds the stacks empty while
- * they are being trimmed waits for the heaps to come back rather than make a new heap: `trimming` is odd
- * while the stacks are taken, and a pop believes empty tops only when `trimming` was even and unchanged
- * around reading them.
+ * trim before that would decommit what it is about to fault in again (bench/churn.py showed it for a
+ * batch trim every 64 queued pages). A heap that entered the stack less than SHARD_RESERVE_DELAY_MS ago
+ * keeps its reserve; after that, and at once on shard_collect or under memory pressure, it keeps nothing
+ * but its live blocks: segments without a page in use and empty arenas released, the other free pages
+ * decommitted. A thread that finds the stacks empty while they are being trimmed waits for the heaps to
+ * come back rather than make a new heap: `trimming` is odd while the stacks are taken, and a pop believes
+ * empty tops only when `trimming` was even and unchanged around reading them.
  *
  * Heaps of threads that exited without the hook: a thread whose first allocation runs in the last round
  * of key destructors (its hook was armed too late for glibc to call it), or any thread of a process

@@ -94,7 +94,7 @@ static void sync_direct(heap *h, unsigned cls)
 /* The only page of a class list counts one more in `used` (and has sole = 1), so that it never looks
  * empty to the free fast path: an empty page that is its class's only one stays where it is (see
  * page_emptied), and without the extra one every free that emptied it took a branch of its own, which a
- * program that frees whole batches mispredicts (bench/micro's mixed rows: a fifth of the frees). The
+ * program that frees whole batches mispredicts (bench/micro's mixed rows under cachegrind). The
  * class list functions keep it: the extra one leaves the page that stops being alone, comes to the page
  * that is left alone. */
 static void sole_set(page *pg, uint8_t sole)

@@ -9,10 +9,9 @@
  *   thread_free other threads push their frees here with one CAS
  * The owner's frees go onto `free`, not (as in the seed and in mimalloc) onto `local_free`: last in,
  * first out, the next allocation of the class takes back the item just freed, whose cache line the
- * program has usually just touched. Measured (bench/app.c's objects at -scale 0.2 under cachegrind):
- * 381 thousand first-level data cache misses with the frees on local_free, 181 thousand with them on
- * free; in interleaved runs of both libraries at 1 thread, 1-3 % less time in objects, closures, json
- * and pipeline, the rest unchanged. The malloc fast path takes local_free whole when `free` is dry.
+ * program has usually just touched (half the first-level cache misses of bench/app.c's objects under
+ * bench/cachesim.py; bench/results/2026-11-30-quoted-in-code.md has the numbers). The malloc fast path
+ * takes local_free whole when `free` is dry.
  *
  * thread_free is one word, not a pointer (layout below): the owner takes the whole list with one
  * exchange, splices it into local_free by its tail and subtracts the count from `used` without walking
