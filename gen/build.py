@@ -11,7 +11,7 @@ Compile and link edges take their header dependencies from the compiler (-MMD -M
 no header is named here. The files an edge lists besides its inputs are other built files a program needs
 at run time: the library it loads, the DLL beside an .exe.
 
-Run `python3 gen/build.py` to rewrite build.ninja and fuzz.ninja.
+Run `python3 gen/build.py` to rewrite build.ninja and fuzz.ninja; gen/check.py compares them (tests/run).
 The outputs are checked in, so building needs ninja but not Python.
 """
 import os
@@ -661,6 +661,7 @@ def generated_check():
     inputs = ["gen/check.py", "gen/sizeclasses.py"] + list(sizeclasses.OUTPUTS)
     inputs += ["gen/layout.py"] + list(layout.OUTPUTS)
     inputs += ["gen/realloc_pairs.py", realloc_pairs.OUTPUT]
+    inputs += ["gen/build.py", BUILD_NINJA, FUZZ_NINJA]
     return Edge("build/generated.ok", "gen_check", (), implicit=tuple(inputs), phony="tests")
 
 
