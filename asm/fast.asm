@@ -24,10 +24,10 @@
 %define DESC_SHIFT (SHARD_L_PAGE_SHIFT - SHARD_L_PAGE_DESC_SHIFT)         ; p >> 9 ...
 %define DESC_MASK (((1 << (SHARD_L_SEGMENT_SHIFT - SHARD_L_PAGE_SHIFT)) - 1) << SHARD_L_PAGE_DESC_SHIFT) ; ... & 0x1f80
 
-extern shard_malloc_slow
-extern shard_free_slow
+extern api_malloc_slow
+extern api_free_slow
 extern small_free_local_slow
-extern shard_realloc_slow
+extern api_realloc_slow
 
 %if SHARD_ELF
 ; The heap slot. NASM reaches a TLS variable by gottpoff only if it defines it (an extern gets no TLS
@@ -79,7 +79,7 @@ FUNC shard_malloc
     test T2, T2
     jnz .pop
 .slow:
-    jmp shard_malloc_slow
+    jmp api_malloc_slow
 ENDFUNC shard_malloc
 
 ; The item test: T3 = p's offset in its page; below the carved end and a multiple of the class size
@@ -132,7 +132,7 @@ FUNC shard_free
 %endif
     jmp small_free_local_slow
 .slow:
-    jmp shard_free_slow
+    jmp api_free_slow
 ENDFUNC shard_free
 
 ; void *shard_realloc(void *p, size_t size)
@@ -149,7 +149,7 @@ FUNC shard_realloc
     mov rax, ARG0
     ret
 .slow:
-    jmp shard_realloc_slow
+    jmp api_realloc_slow
 ENDFUNC shard_realloc
 
 %if SHARD_ELF

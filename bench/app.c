@@ -74,7 +74,7 @@
  *     <scenario> threads=<N> ms=<wall ms> rss_kb=<VmRSS at the barrier> peak_kb=<VmHWM> checksum=<hex>
  *       ops=<allocator calls> [os_calls=<n> atomic_ops=<n> lock_acquisitions=<n> committed_peak_kb=<n>:
  *       linked with shardmm]
- *   Errors (bad arguments, failed allocations, corrupted blocks) go to stderr with exit status 1.
+ *   Errors go to stderr: bad arguments with exit status 2, failed allocations and corrupted blocks 1.
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
 
@@ -82,6 +82,8 @@
 #include <errno.h>
 
 #include "shardmm.h" /* shard_stats only: the program calls no shard_ function directly (see main) */
+#define BENCH_NAME "app"
+#include "options.h"  /* -name value options */
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -1731,54 +1733,34 @@ static void read_memory(long *rss_kb, long *peak_kb)
     *peak_kb = strtol(peak + 6, NULL, 10);
 }
 
-static void usage(void)
+static void usage(FILE *to)
 {
-    fprintf(stderr, "usage: app <scenario> [-threads N] [-scale F]\n       app -list\nscenarios:");
-    for (size_t s = 0; s < SCENARIO_COUNT; s++)
-        fprintf(stderr, " %s", scenarios[s].name);
-    fprintf(stderr, "\n");
-    exit(1);
+    fprintf(to, "usage: app <scenario> [-threads N] [-scale F]\n       app -list\nscenarios:");
+    OPTION_LIST(to, scenarios);
 }
 
 int main(int argc, char **argv)
 {
-    const struct scenario *s = NULL;
+    const char *name = NULL;
     long threads = 1;
     double scale = 1.0;
     for (int a = 1; a < argc; a++) {
-        char *end;
+        const char *value;
         if (strcmp(argv[a], "-list") == 0 && argc == 2) {
             for (size_t k = 0; k < SCENARIO_COUNT; k++)
                 printf("%s\n", scenarios[k].name);
             return 0;
-        } else if (strcmp(argv[a], "-threads") == 0 && a + 1 < argc) {
-            errno = 0;
-            threads = strtol(argv[++a], &end, 10);
-            if (errno != 0 || *end != '\0' || end == argv[a] || threads < 1 || threads > MAX_THREADS) {
-                fprintf(stderr, "app: bad -threads value '%s' (1 .. %d)\n", argv[a], MAX_THREADS);
-                return 1;
-            }
-        } else if (strcmp(argv[a], "-scale") == 0 && a + 1 < argc) {
-            errno = 0;
-            scale = strtod(argv[++a], &end);
-            if (errno != 0 || *end != '\0' || end == argv[a] || !isfinite(scale) || scale <= 0) {
-                fprintf(stderr, "app: bad -scale value '%s'\n", argv[a]);
-                return 1;
-            }
-        } else if (argv[a][0] != '-' && s == NULL) {
-            for (size_t k = 0; k < SCENARIO_COUNT; k++)
-                if (strcmp(argv[a], scenarios[k].name) == 0)
-                    s = &scenarios[k];
-            if (s == NULL) {
-                fprintf(stderr, "app: no scenario named '%s'\n", argv[a]);
-                usage();
-            }
+        } else if ((value = option_value(argc, argv, &a, "-threads")) != NULL) {
+            threads = option_count("-threads", value, 1, MAX_THREADS);
+        } else if ((value = option_value(argc, argv, &a, "-scale")) != NULL) {
+            scale = option_positive("-scale", value);
         } else {
-            usage();
+            int status = option_other(argv[a], &name, usage);
+            if (status >= 0)
+                return status;
         }
     }
-    if (s == NULL)
-        usage();
+    const struct scenario *s = OPTION_NEED(scenarios, name, "scenario", usage);
 
     int running = s->pairs ? 2 * (threads / 2 > 1 ? (int)threads / 2 : 1) : (int)threads;
     double rounds = (double)s->rounds * scale + 0.5; /* rounded; at least 1, at most what a long counts */

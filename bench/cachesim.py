@@ -25,13 +25,13 @@ library only.
 """
 import argparse
 import concurrent.futures
-import datetime
 import os
 import re
 import shlex
 import subprocess
 import sys
 
+import runner
 from runner import binary_path, comma_list, existing, fail
 
 SCENARIOS = ["objects", "strings", "arrays", "maps", "pack", "json", "closures", "mixed"]
@@ -64,17 +64,19 @@ def simulate(binary, scenario, scale):
 
 def main():
     parser = argparse.ArgumentParser(description="Instructions and cache misses of the app benchmark under cachegrind.")
-    parser.add_argument("--build-dir", default="build")
-    parser.add_argument("--scenarios", type=comma_list, default=list(SCENARIOS))
-    parser.add_argument("--allocs", type=comma_list, default=list(ALLOCS), help="shard first")
+    runner.add_options(parser, variants=False)
+    parser.add_argument("--scenarios", type=comma_list, default=None,
+                        help="comma-separated scenarios (default: " + ",".join(SCENARIOS) + ")")
     parser.add_argument("--scale", type=float, default=0.2, help="work per run (default 0.2: 5-40 s each)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    if not args.allocs or args.allocs[0] != "shard":
+    runner.check_options(parser, args, ALLOCS)
+    if args.allocs[0] != "shard":
         parser.error("--allocs must start with shard")
+    scenarios = runner.choose(parser, args.scenarios, SCENARIOS, "scenarios")
     binaries = existing({a: binary_path(args.build_dir, "app", a) for a in args.allocs})
-    started = datetime.datetime.now().astimezone()
-    jobs = [(s, a) for s in args.scenarios for a in args.allocs]
+    started = runner.started_at()
+    jobs = [(s, a) for s in scenarios for a in args.allocs]
     results = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = {pool.submit(simulate, binaries[a], s, args.scale): (s, a) for s, a in jobs}
@@ -83,32 +85,29 @@ def main():
             results[(s, a)] = future.result()
             print(f"[{done}/{len(jobs)}] {s} {a}: {results[(s, a)][1][0] / 1e6:.1f} M instructions, "
                   f"{results[(s, a)][1][1] / 1e3:.1f} k D1 misses", file=sys.stderr, flush=True)
-    for s in args.scenarios:
+    for s in scenarios:
         sums = {results[(s, a)][0] for a in args.allocs}
         if len(sums) != 1:
             fail(f"{s}: the allocators' checksums differ ({', '.join(sorted(sums))}): a corrupted block")
     peers = args.allocs[1:]
-    command = shlex.join(["bench/cachesim.py"] + sys.argv[1:])
-    print(f"`{command}`: cachegrind, 1 thread, scale {args.scale:g}, {started.strftime('%Y-%m-%d %H:%M %Z')}; "
-          "M instructions (rep movs/stos counted per byte), k first-level (D1) and last-level (LLd) data "
-          "misses; peer/shard: D1 misses over shardmm's (> 1: shardmm fewer)")
-    print()
-    print("| scenario | " + " | ".join(f"{a} M instr" for a in args.allocs) + " | "
-          + " | ".join(f"{a} k D1" for a in args.allocs) + " | "
-          + " | ".join(f"{a} k LLd" for a in args.allocs) + " | "
-          + " | ".join(f"{p}/shard D1" for p in peers) + " |")
-    print("|---" + "|--:" * (3 * len(args.allocs) + len(peers)) + "|")
-    for s in args.scenarios:
+    lines = [f"`{runner.command_line()}`: cachegrind, 1 thread, scale {args.scale:g}, {runner.stamp(started)}; "
+             "M instructions (rep movs/stos counted per byte), k first-level (D1) and last-level (LLd) data "
+             "misses; peer/shard: D1 misses over shardmm's (> 1: shardmm fewer)", ""]
+    header = (["scenario"] + [f"{a} M instr" for a in args.allocs] + [f"{a} k D1" for a in args.allocs]
+              + [f"{a} k LLd" for a in args.allocs] + [f"{p}/shard D1" for p in peers])
+    rows = []
+    for s in scenarios:
         r = {a: results[(s, a)][1] for a in args.allocs}
         cells = [f"{r[a][0] / 1e6:.1f}" for a in args.allocs] + [f"{r[a][1] / 1e3:.1f}" for a in args.allocs]
         cells += [f"{r[a][2] / 1e3:.1f}" for a in args.allocs]
         cells += [f"{r[p][1] / r['shard'][1]:.2f}" if r["shard"][1] else "-" for p in peers]
-        print(f"| {s} | " + " | ".join(cells) + " |")
-    fewer = [s for s in args.scenarios if all(results[(s, p)][1][1] >= results[(s, "shard")][1][1] for p in peers)]
-    print()
-    print(f"shardmm takes the fewest D1 misses in {len(fewer)} of {len(args.scenarios)} scenarios"
-          + ("" if len(fewer) == len(args.scenarios) else
-             "; not in: " + ", ".join(s for s in args.scenarios if s not in fewer)) + ".")
+        rows.append([s] + cells)
+    lines += runner.markdown_table(header, rows)
+    fewer = [s for s in scenarios if all(results[(s, p)][1][1] >= results[(s, "shard")][1][1] for p in peers)]
+    lines += ["", f"shardmm takes the fewest D1 misses in {len(fewer)} of {len(scenarios)} scenarios"
+              + ("" if len(fewer) == len(scenarios) else
+                 "; not in: " + ", ".join(s for s in scenarios if s not in fewer)) + "."]
+    runner.finish(lines, args, started, "bench/cachesim.py")
 
 
 if __name__ == "__main__":

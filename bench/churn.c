@@ -42,6 +42,7 @@
 
 #define BENCH_NAME "churn"
 #include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
+#include "options.h"   /* -name value options */
 
 #include <errno.h>
 #include <math.h>
@@ -82,7 +83,6 @@ static const struct mix mixes[] = {
     {"mixed", {{895, 3, 10}, {95, 10, 14}, {10, 14, 18}}},
     {"medium", {{600, 3, 10}, {300, 10, 14}, {100, 14, 18}}},
 };
-#define MIX_COUNT (sizeof mixes / sizeof mixes[0])
 
 /* ---- Helpers ---- */
 
@@ -249,22 +249,7 @@ static void usage(FILE *to)
     fprintf(to, "usage: churn [-threads N] [-rounds N] [-objects N] [-mix NAME] [-scale F]\n"
                 "defaults: -threads %d -rounds %d -objects %d -mix mixed -scale 1\nmixes:",
             DEFAULT_THREADS, DEFAULT_ROUNDS, DEFAULT_OBJECTS);
-    for (size_t m = 0; m < MIX_COUNT; m++)
-        fprintf(to, " %s", mixes[m].name);
-    fprintf(to, "\n");
-}
-
-/* A whole number in [lo, hi], or exit 2. */
-static long parse_count(const char *option, const char *text, long lo, long hi)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno != 0 || *end != '\0' || end == text || v < lo || v > hi) {
-        fprintf(stderr, "churn: bad %s value '%s' (want %ld .. %ld)\n", option, text, lo, hi);
-        exit(2);
-    }
-    return v;
+    OPTION_LIST(to, mixes);
 }
 
 int main(int argc, char **argv)
@@ -274,7 +259,7 @@ int main(int argc, char **argv)
     mix = &mixes[1];
     for (int a = 1; a < argc; a++) {
         const char *opt = argv[a];
-        if (strcmp(opt, "-h") == 0 || strcmp(opt, "--help") == 0) {
+        if (option_help(opt)) {
             usage(stdout);
             return 0;
         }
@@ -284,29 +269,15 @@ int main(int argc, char **argv)
         }
         const char *val = argv[++a];
         if (strcmp(opt, "-threads") == 0) {
-            threads = parse_count(opt, val, 1, MAX_THREADS);
+            threads = option_count(opt, val, 1, MAX_THREADS);
         } else if (strcmp(opt, "-rounds") == 0) {
-            rounds = parse_count(opt, val, 1, 1000000);
+            rounds = option_count(opt, val, 1, 1000000);
         } else if (strcmp(opt, "-objects") == 0) {
-            objects = parse_count(opt, val, STEPS_PER_SLOT, MAX_STEPS);
+            objects = option_count(opt, val, STEPS_PER_SLOT, MAX_STEPS);
         } else if (strcmp(opt, "-mix") == 0) {
-            mix = NULL;
-            for (size_t m = 0; m < MIX_COUNT; m++)
-                if (strcmp(val, mixes[m].name) == 0)
-                    mix = &mixes[m];
-            if (mix == NULL) {
-                fprintf(stderr, "churn: no mix named '%s'\n", val);
-                usage(stderr);
-                return 2;
-            }
+            mix = OPTION_FIND(mixes, val, "mix", usage);
         } else if (strcmp(opt, "-scale") == 0) {
-            char *end;
-            errno = 0;
-            scale = strtod(val, &end);
-            if (errno != 0 || *end != '\0' || end == val || !isfinite(scale) || scale <= 0) {
-                fprintf(stderr, "churn: bad -scale value '%s'\n", val);
-                return 2;
-            }
+            scale = option_positive(opt, val);
         } else {
             usage(stderr);
             return 2;

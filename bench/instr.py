@@ -15,7 +15,6 @@ the burst and pair rows). Progress goes to stderr. Standard library only.
 """
 import argparse
 import collections
-import datetime
 import os
 import re
 import shlex
@@ -23,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 
+import runner
 from runner import binary_path, comma_list, existing, fail
 
 ROWS = ["burst-16", "burst-64", "pair-32", "pair-4000", "alone-32", "realloc-in-class"]
@@ -104,31 +104,24 @@ def measure(binary, row):
 
 def main():
     parser = argparse.ArgumentParser(description="Count instructions per malloc/free/realloc under callgrind.")
-    parser.add_argument("--build-dir", default="build")
-    parser.add_argument("--rows", type=comma_list, default=list(ROWS))
-    parser.add_argument("--allocs", type=comma_list, default=None,
-                        help="default: " + ",".join(DEFAULT_ALLOCS) + " and " + ",".join(OPTIONAL_ALLOCS)
-                             + " when built")
+    runner.add_options(parser, variants=False)
+    parser.add_argument("--rows", type=comma_list, default=None,
+                        help="comma-separated rows (default: all: " + ",".join(ROWS) + ")")
     args = parser.parse_args()
-    if [r for r in args.rows if r not in ROWS] or not args.rows:
-        parser.error("known rows: " + ",".join(ROWS))
-    allocs = args.allocs or DEFAULT_ALLOCS + [
-        a for a in OPTIONAL_ALLOCS if os.path.exists(binary_path(args.build_dir, "instr", a))]
-    binaries = existing({a: binary_path(args.build_dir, "instr", a) for a in allocs})
-    started = datetime.datetime.now().astimezone()
+    runner.check_options(parser, args, DEFAULT_ALLOCS, OPTIONAL_ALLOCS, "instr")
+    rows = runner.choose(parser, args.rows, ROWS, "rows")
+    binaries = existing({a: binary_path(args.build_dir, "instr", a) for a in args.allocs})
+    started = runner.started_at()
     cells = {}
-    for row in args.rows:
-        for alloc in allocs:
+    for row in rows:
+        for alloc in args.allocs:
             cells[(row, alloc)] = measure(binaries[alloc], row)[1]
             print(f"{row:<17} {alloc:<12} {cells[(row, alloc)]}", file=sys.stderr, flush=True)
-    command = shlex.join(["bench/instr.py"] + sys.argv[1:])
-    print(f"`{command}`: instructions per call under callgrind (malloc + free for burst and pair rows), "
-          f"{started.strftime('%Y-%m-%d %H:%M %Z')}")
-    print()
-    print("| row | " + " | ".join(allocs) + " |")
-    print("|---" + "|--:" * len(allocs) + "|")
-    for row in args.rows:
-        print(f"| {row} | " + " | ".join(cells[(row, a)] for a in allocs) + " |")
+    lines = [f"`{runner.command_line()}`: instructions per call under callgrind (malloc + free for burst and "
+             f"pair rows), {runner.stamp(started)}", ""]
+    lines += runner.markdown_table(["row"] + args.allocs, [[row] + [cells[(row, a)] for a in args.allocs]
+                                                           for row in rows])
+    runner.finish(lines, args, started, "bench/instr.py")
 
 
 if __name__ == "__main__":

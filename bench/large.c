@@ -52,6 +52,7 @@
 
 #define BENCH_NAME "large"
 #include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
+#include "options.h"   /* -name value options */
 
 #include <errno.h>
 #include <math.h>
@@ -384,49 +385,26 @@ int main(int argc, char **argv)
     long cycles = 2;
     enum fill fill = FILL_MEMSET;
     for (int a = 1; a < argc; a++) {
-        if (strcmp(argv[a], "-scale") == 0 && a + 1 < argc) {
-            char *end;
-            errno = 0;
-            scale = strtod(argv[++a], &end);
-            if (errno != 0 || *end != '\0' || end == argv[a] || !isfinite(scale) || scale <= 0) {
-                fprintf(stderr, "large: bad -scale value '%s'\n", argv[a]);
-                return 2;
-            }
-        } else if (strcmp(argv[a], "-cycles") == 0 && a + 1 < argc) {
-            char *end;
-            errno = 0;
-            cycles = strtol(argv[++a], &end, 10);
-            if (errno != 0 || *end != '\0' || end == argv[a] || cycles < 1 || cycles > 1000) {
-                fprintf(stderr, "large: bad -cycles value '%s'\n", argv[a]);
-                return 2;
-            }
-        } else if (strcmp(argv[a], "-blocks") == 0 && a + 1 < argc) {
-            char *end;
-            errno = 0;
-            long b = strtol(argv[++a], &end, 10);
-            if (errno != 0 || *end != '\0' || end == argv[a] || b < 1 || b > BLOCKS_MAX) {
-                fprintf(stderr, "large: bad -blocks value '%s' (1..%d)\n", argv[a], BLOCKS_MAX);
-                return 2;
-            }
-            blocks = (size_t)b;
-        } else if (strcmp(argv[a], "-fill") == 0 && a + 1 < argc) {
-            a++;
-            if (strcmp(argv[a], "memset") == 0) {
+        const char *value;
+        if ((value = option_value(argc, argv, &a, "-scale")) != NULL) {
+            scale = option_positive("-scale", value);
+        } else if ((value = option_value(argc, argv, &a, "-cycles")) != NULL) {
+            cycles = option_count("-cycles", value, 1, 1000);
+        } else if ((value = option_value(argc, argv, &a, "-blocks")) != NULL) {
+            blocks = (size_t)option_count("-blocks", value, 1, BLOCKS_MAX);
+        } else if ((value = option_value(argc, argv, &a, "-fill")) != NULL) {
+            if (strcmp(value, "memset") == 0) {
                 fill = FILL_MEMSET;
-            } else if (strcmp(argv[a], "page") == 0) {
+            } else if (strcmp(value, "page") == 0) {
                 fill = FILL_PAGE;
             } else {
-                fprintf(stderr, "large: bad -fill value '%s' (memset or page)\n", argv[a]);
+                fprintf(stderr, "large: bad -fill value '%s' (memset or page)\n", value);
                 return 2;
             }
-        } else if (strcmp(argv[a], "-h") == 0 || strcmp(argv[a], "--help") == 0) {
-            usage(stderr);
-            return 0;
-        } else if (argv[a][0] == '-' || scenario != NULL) {
-            usage(stderr);
-            return 2;
         } else {
-            scenario = argv[a];
+            int status = option_other(argv[a], &scenario, usage);
+            if (status >= 0)
+                return status;
         }
     }
     if (scenario == NULL) {

@@ -1,12 +1,10 @@
 #!/usr/bin/env python3
 """bench/large.py - runner of the large-block benchmark (bench/large.c): shardmm against its peers.
 
-Runs <build-dir>/bench/large-<alloc> (one binary per allocator, built from bench/large.c by ninja)
-once per (scenario, allocator) as a separate process, --runs times, interleaved so that slow drifts of
-a noisy machine hit every allocator alike:
+Runs <build-dir>/bench/large-<alloc> (one binary per allocator, built from bench/large.c by ninja) as a
+process of its own for every (run, scenario, allocator):
 
-    for run in runs:  for scenario in scenarios:  for alloc in allocs:
-        large-<alloc> <scenario> -scale <scale> [-cycles K -fill F | -blocks B]
+    large-<alloc> <scenario> -scale <scale> [-cycles K -fill F | -blocks B]
 
 Scenarios (bench/large.c says exactly what each does):
     grow   a buffer grown from 1 MB to 1 GB in steps of 1/16 of its size, new bytes written, then shrunk
@@ -21,24 +19,25 @@ by default) and tcmalloc. --peer-thp asks the peers for huge pages through their
 the comparison on equal terms; the header line says which way the tables were made, and the kernel's
 huge-page mode.
 
-Each process prints one line, "<scenario> key=value ..."; the runner keeps the median of the runs of
-each quantity, per (scenario, alloc), and prints one markdown table per scenario on stdout, an
-allocator per row, with the time ratio peer/shard (above 1 means shardmm is faster). Progress goes to
-stderr. A binary that exits non-zero (a content check failed) or prints something unexpected stops
-the whole run with an error.
+Each process prints one line, "<scenario> key=value ..."; the runner prints one markdown table per
+scenario on stdout, an allocator per row, with the medians of each quantity and peer/shard of time.
+Progress goes to stderr. A binary that exits non-zero (a content check failed) or prints something
+unexpected stops the whole run with an error.
+
+The method (interleaving, medians, run-by-run ratios and their intervals, page faults beside time,
+--variant, --save): bench/README.md.
 
 Standard library only.
 """
 
 import argparse
-import datetime
 import os
 import shlex
 import statistics
 import sys
-import time
 
-from runner import binary_path, comma_list, duration, existing, fail, numbers, run_line
+import runner
+from runner import BASELINE
 
 SCENARIOS = ["grow", "burst", "churn"]
 DEFAULT_ALLOCS = ["shard", "mimalloc", "jemalloc", "system"]
@@ -51,7 +50,6 @@ PEER_THP_ENV = {
     "mimalloc": {"MIMALLOC_LARGE_OS_PAGES": "1"},
 }  # gperftools' tcmalloc has no such setting
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
-BASELINE = "shard"
 TIMEOUT_S = 3600  # per process; a hung binary is an error too
 
 # The fields each scenario prints (after its name), in bench/large.c's order; all numbers but `fill`.
@@ -80,39 +78,33 @@ def scenario_command(binary, scenario, args):
 
 
 def run_one(command, scenario, env):
-    """Runs one process with `env` added to the environment; returns its fields as a dict, or stops
-    the runner with an error."""
-    words, shown, _ = run_line(command, TIMEOUT_S, dict(os.environ, **env),
-                            shlex.join([f"{key}={value}" for key, value in env.items()] + command))
+    """Runs one process in the environment `env` (ours when None); returns its fields as a dict, or
+    stops the runner with an error."""
+    extra = {k: v for k, v in (env or {}).items() if os.environ.get(k) != v}
+    words, shown, _ = runner.run_line(command, TIMEOUT_S, env,
+                                      shlex.join([f"{key}={value}" for key, value in extra.items()] + command))
     pairs = [word.partition("=") for word in words[1:]]
     keys = [key for key, _, _ in pairs]
     if not words or words[0] != scenario or keys != FIELDS[scenario]:
-        fail(f"{shown} printed {' '.join(words)!r}, expected '{scenario} "
-             + " ".join(f"{key}=..." for key in FIELDS[scenario]) + "'")
+        runner.fail(f"{shown} printed {' '.join(words)!r}, expected '{scenario} "
+                    + " ".join(f"{key}=..." for key in FIELDS[scenario]) + "'")
     result = {}
     for key, _, value in pairs:
         if key in TEXT_FIELDS:
             result[key] = value
             continue
-        result[key] = numbers([value], (float,), shown)[0]
+        result[key] = runner.numbers([value], (float,), shown)[0]
     return result
 
 
 def parse_args():
     parser = argparse.ArgumentParser(
         description="Run the shardmm large-block benchmark against other allocators.")
-    parser.add_argument("--build-dir", default="build",
-                        help="directory holding bench/large-<alloc> (default: build)")
-    parser.add_argument("--runs", type=int, default=3,
-                        help="runs per (scenario, allocator); the median is reported (default: 3)")
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="multiplier of grow's top size (1 GB at 1.0) and of the rounds or steps of "
-                             "burst and churn (default: 1.0)")
-    parser.add_argument("--scenarios", type=comma_list, default=None,
+    runner.add_options(parser, runs=3,
+                       scale_help="multiplier of grow's top size (1 GB at 1.0) and of the rounds or steps of "
+                                  "burst and churn (default: 1.0)")
+    parser.add_argument("--scenarios", type=runner.comma_list, default=None,
                         help="comma-separated scenarios (default: all: " + ",".join(SCENARIOS) + ")")
-    parser.add_argument("--allocs", type=comma_list, default=None,
-                        help="comma-separated allocators (default: " + ",".join(DEFAULT_ALLOCS)
-                             + ", plus " + " and ".join(OPTIONAL_ALLOCS) + " when their binaries exist)")
     parser.add_argument("--cycles", type=int, default=2,
                         help="grow: cycles (1 MB -> 1 GB -> 1 MB) per process (default: 2)")
     parser.add_argument("--fill", choices=["memset", "page"], default="memset",
@@ -124,25 +116,12 @@ def parse_args():
     parser.add_argument("--blocks", type=int, default=8,
                         help="burst: blocks per round, churn: live window, per thread (default: 8)")
     args = parser.parse_args()
-
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
-    if not args.scale > 0:
-        parser.error("--scale must be positive")
     if not 1 <= args.cycles <= 1000:
         parser.error("--cycles must be 1..1000")
     if not 1 <= args.blocks <= 64:
         parser.error("--blocks must be 1..64")
-    if args.scenarios is None:
-        args.scenarios = list(SCENARIOS)
-    unknown = [s for s in args.scenarios if s not in SCENARIOS]
-    if unknown or not args.scenarios or len(set(args.scenarios)) != len(args.scenarios):
-        parser.error(f"bad --scenarios {args.scenarios}; known: {','.join(SCENARIOS)}")
-    if args.allocs is None:
-        args.allocs = DEFAULT_ALLOCS + [a for a in OPTIONAL_ALLOCS
-                                        if os.path.exists(binary_path(args.build_dir, "large", a))]
-    if not args.allocs or len(set(args.allocs)) != len(args.allocs):
-        parser.error("--allocs must name each allocator once")
+    runner.check_options(parser, args, DEFAULT_ALLOCS, OPTIONAL_ALLOCS, "large")
+    args.scenarios = runner.choose(parser, args.scenarios, SCENARIOS, "scenarios")
     return args
 
 
@@ -159,20 +138,15 @@ def thp_mode():
 
 # ---- Tables ----
 
-def table(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|--:" * (len(header) - 1) + "|"]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    return "\n".join(lines)
-
-
 def plural(count, noun):
     return f"{count:.0f} {noun}" + ("" if round(count) == 1 else "s")
 
 
-def ratio_cell(med, alloc, key):
-    if BASELINE not in med or alloc == BASELINE:
+def ratio_cell(runs, alloc):
+    """peer/shard of the processes' ms, run by run (runner.paired); 1 for shard, - without shard."""
+    if BASELINE not in runs or alloc == BASELINE:
         return "1" if alloc == BASELINE else "-"
-    return f"{med[alloc][key] / med[BASELINE][key]:.2f}"
+    return runner.pair_text(runner.paired([r["ms"] for r in runs[alloc]], [r["ms"] for r in runs[BASELINE]]))
 
 
 def moves_cell(first, last, cycles):
@@ -182,7 +156,7 @@ def moves_cell(first, last, cycles):
     return f"{first:.0f}"
 
 
-def grow_table(med, args):
+def grow_table(med, runs, allocs):
     some = next(iter(med.values()))
     cycles = int(some["cycles"])
     fill = ("every new byte written (memset)" if some["fill"] == "memset"
@@ -197,19 +171,19 @@ def grow_table(med, args):
         header += ["later cycles: ms each"]
     header += ["moves up", "moves down", "peak RSS MB", "faults"]
     rows = []
-    for a in args.allocs:
+    for a in allocs:
         m = med[a]
-        cells = [a, f"{m['ms']:.0f}", ratio_cell(med, a, "ms"), f"{m['up1']:.0f}", f"{m['down1']:.1f}"]
+        cells = [a, f"{m['ms']:.0f}", ratio_cell(runs, a), f"{m['up1']:.0f}", f"{m['down1']:.1f}"]
         if cycles > 1:
             cells += [f"{m['msr']:.0f}"]
         cells += [moves_cell(m["moves_up"], m["moves_up_last"], cycles),
                   moves_cell(m["moves_down"], m["moves_down_last"], cycles),
                   f"{m['peak_mb']:.0f}", f"{m['faults']:.0f}"]
         rows.append(cells)
-    return title + "\n\n" + table(header, rows)
+    return [title, ""] + runner.markdown_table(header, rows)
 
 
-def threads_table(scenario, med, args):
+def threads_table(scenario, med, runs, allocs):
     some = next(iter(med.values()))
     if scenario == "burst":
         what = (f"{some['threads']:.0f} threads, each {plural(some['rounds'], 'round')} of "
@@ -222,59 +196,50 @@ def threads_table(scenario, med, args):
     title = (f"**{scenario}**: {what}; {some['allocated']:.0f} blocks in all. ms: wall time from the "
              f"threads' common start to the last join; slower thread: its own time")
     header = ["allocator", "ms", f"peer/{BASELINE}", "slower thread ms", "peak RSS MB", "faults"]
-    rows = [[a, f"{med[a]['ms']:.0f}", ratio_cell(med, a, "ms"), f"{med[a]['slow_ms']:.0f}",
-             f"{med[a]['peak_mb']:.0f}", f"{med[a]['faults']:.0f}"] for a in args.allocs]
-    return title + "\n\n" + table(header, rows)
+    rows = [[a, f"{med[a]['ms']:.0f}", ratio_cell(runs, a), f"{med[a]['slow_ms']:.0f}",
+             f"{med[a]['peak_mb']:.0f}", f"{med[a]['faults']:.0f}"] for a in allocs]
+    return [title, ""] + runner.markdown_table(header, rows)
 
 
 def main():
     args = parse_args()
-    started = datetime.datetime.now().astimezone()
-    binaries = existing({a: binary_path(args.build_dir, "large", a) for a in args.allocs})
+    started = runner.started_at()
+    allocs, binaries = runner.columns(args, "large")
 
     per_run = sum(ROUGH_S[s] * args.scale * (args.cycles / 2 if s == "grow" else 1.0)
                   for s in args.scenarios)
-    estimate = per_run * len(args.allocs) * args.runs
-    print(f"large.py: {args.runs} runs x {len(args.scenarios)} scenarios x {len(args.allocs)} allocators; "
-          f"roughly {duration(estimate)}", file=sys.stderr, flush=True)
+    print(f"large.py: {args.runs} runs x {len(args.scenarios)} scenarios x {len(allocs)} allocators; "
+          f"roughly {runner.duration(per_run * len(allocs) * args.runs)}", file=sys.stderr, flush=True)
 
-    samples = {(s, a): [] for s in args.scenarios for a in args.allocs}
-    t_start = time.monotonic()
-    for run in range(1, args.runs + 1):
-        for scenario in args.scenarios:
-            for alloc in args.allocs:
-                env = PEER_THP_ENV.get(alloc, {}) if args.peer_thp else {}
-                result = run_one(scenario_command(binaries[alloc], scenario, args), scenario, env)
-                samples[(scenario, alloc)].append(result)
-                extra = (f" moves {result['moves_up']:.0f}/{result['moves_down']:.0f}"
-                         if scenario == "grow" else "")
-                print(f"[run {run}/{args.runs}] {scenario:<6} {alloc:<10} {result['ms']:9.0f} ms "
-                      f"{result['peak_mb']:7.0f} MB {result['faults']:9.0f} faults{extra}",
-                      file=sys.stderr, flush=True)
-        if run < args.runs:
-            spent = time.monotonic() - t_start
-            print(f"large.py: {duration(spent)} so far, about {duration(spent / run * (args.runs - run))}"
-                  f" to go", file=sys.stderr, flush=True)
+    samples = {(s, a): [] for s in args.scenarios for a in allocs}
+    progress = runner.Progress(args.runs * len(args.scenarios) * len(allocs))
+    for run, index, scenario in runner.interleaved(args.runs, args.scenarios):
+        for alloc in runner.rotated(allocs, run + index):
+            env = args.env.get(alloc)
+            if args.peer_thp and alloc in PEER_THP_ENV:
+                env = dict(os.environ, **PEER_THP_ENV[alloc])
+            result = run_one(scenario_command(binaries[alloc], scenario, args), scenario, env)
+            samples[(scenario, alloc)].append(result)
+            extra = f" moves {result['moves_up']:.0f}/{result['moves_down']:.0f}" if scenario == "grow" else ""
+            print(f"{progress.step()} run {run + 1} {scenario:<6} {alloc:<10} {result['ms']:9.0f} ms "
+                  f"{result['peak_mb']:7.0f} MB {result['faults']:9.0f} faults{extra}", file=sys.stderr, flush=True)
 
-    if BASELINE not in args.allocs:
+    if BASELINE not in allocs:
         print(f"large.py: note: {BASELINE} not measured, so no ratios", file=sys.stderr)
-    command = shlex.join(["bench/large.py"] + sys.argv[1:])
     thp = ("peers asked for huge pages (" + "; ".join(" ".join(f"{k}={v}" for k, v in env.items())
-                                                  for a, env in PEER_THP_ENV.items() if a in args.allocs)
+                                                  for a, env in PEER_THP_ENV.items() if a in allocs)
            + ")" if args.peer_thp else "peers in their default settings")
-    print(f"`{command}`: median of {args.runs} runs, scale {args.scale:g}, "
-          f"{started.strftime('%Y-%m-%d %H:%M %Z')}, transparent huge pages: {thp_mode()}, {thp}; "
-          f"each (scenario, allocator) its own process; peak RSS (ru_maxrss) and page faults "
-          f"(minor + major) of the whole process; peer/{BASELINE} = ratio of ms (>1: {BASELINE} faster)")
+    lines = [f"`{runner.command_line()}`: median of {args.runs} runs, scale {args.scale:g}, "
+             f"{runner.stamp(started)}, transparent huge pages: {thp_mode()}, {thp}; each (scenario, "
+             f"allocator) its own process; peak RSS (ru_maxrss) and page faults (minor + major) of the whole "
+             f"process; {runner.RATIO_NOTE}, of ms"]
     for scenario in args.scenarios:
-        med = {}
-        for a in args.allocs:
-            runs = samples[(scenario, a)]
-            med[a] = {key: (runs[0][key] if key in TEXT_FIELDS
-                            else statistics.median(r[key] for r in runs))
-                      for key in FIELDS[scenario]}
-        print()
-        print(grow_table(med, args) if scenario == "grow" else threads_table(scenario, med, args))
+        runs = {a: samples[(scenario, a)] for a in allocs}
+        med = {a: {key: (runs[a][0][key] if key in TEXT_FIELDS else statistics.median(r[key] for r in runs[a]))
+                   for key in FIELDS[scenario]} for a in allocs}
+        lines.append("")
+        lines += grow_table(med, runs, allocs) if scenario == "grow" else threads_table(scenario, med, runs, allocs)
+    runner.finish(lines, args, started, "bench/large.py")
 
 
 if __name__ == "__main__":

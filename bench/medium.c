@@ -33,6 +33,7 @@
 
 #define BENCH_NAME "medium"
 #include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
+#include "options.h"   /* -name value options */
 
 #include <errno.h>
 #include <math.h>
@@ -74,7 +75,6 @@ static const struct row rows[] = {
     {"16k-256k", 16384, 262144, 0x6d656469756d3032u},
     {"8k-16k", 8192, 16384, 0x6d656469756d3033u},
 };
-#define ROW_COUNT (sizeof rows / sizeof rows[0])
 
 static unsigned char *live_ptr[LIVE_BLOCKS];  /* globals: the blocks escape, nothing can be folded */
 static uint32_t live_size[LIVE_BLOCKS];
@@ -138,44 +138,17 @@ static double run_row(const struct row *r, long replacements)
 static void usage(FILE *to)
 {
     fprintf(to, "usage: medium row [-scale F]\nrows:");
-    for (size_t r = 0; r < ROW_COUNT; r++)
-        fprintf(to, " %s", rows[r].name);
-    fprintf(to, "\n");
+    OPTION_LIST(to, rows);
 }
 
 int main(int argc, char **argv)
 {
     const char *only = NULL;
     double scale = 1.0;
-    for (int a = 1; a < argc; a++) {
-        if (strcmp(argv[a], "-scale") == 0 && a + 1 < argc) {
-            char *end;
-            errno = 0;
-            scale = strtod(argv[++a], &end);
-            if (errno != 0 || *end != '\0' || end == argv[a] || !isfinite(scale) || scale <= 0) {
-                fprintf(stderr, "medium: bad -scale value '%s'\n", argv[a]);
-                return 2;
-            }
-        } else if (strcmp(argv[a], "-h") == 0 || strcmp(argv[a], "--help") == 0) {
-            usage(stderr);
-            return 0;
-        } else if (argv[a][0] == '-' || only != NULL) {
-            usage(stderr);
-            return 2;
-        } else {
-            only = argv[a];
-        }
-    }
-    const struct row *row = NULL;
-    for (size_t r = 0; r < ROW_COUNT && only != NULL; r++)
-        if (strcmp(only, rows[r].name) == 0)
-            row = &rows[r];
-    if (row == NULL) {
-        if (only != NULL)
-            fprintf(stderr, "medium: no row named '%s'\n", only);
-        usage(stderr);
-        return 2;
-    }
+    int status = options_name_scale(argc, argv, &only, &scale, usage);
+    if (status >= 0)
+        return status;
+    const struct row *row = OPTION_NEED(rows, only, "row", usage);
 
     long replacements = (long)((double)REPLACEMENTS * scale);
     if (replacements < 1)

@@ -30,6 +30,7 @@
 
 #define BENCH_NAME "micro"
 #include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
+#include "options.h"   /* -name value options */
 
 #include <errno.h>
 #include <math.h>
@@ -353,38 +354,20 @@ static const struct row rows[] = {
 static void usage(FILE *to)
 {
     fprintf(to, "usage: micro [row] [-scale F]\nrows:");
-    for (size_t r = 0; r < ROW_COUNT; r++)
-        fprintf(to, " %s", rows[r].name);
-    fprintf(to, "\n");
+    OPTION_LIST(to, rows);
 }
 
 int main(int argc, char **argv)
 {
     const char *only = NULL;
     double scale = 1.0;
-    for (int a = 1; a < argc; a++) {
-        if (strcmp(argv[a], "-scale") == 0 && a + 1 < argc) {
-            char *end;
-            errno = 0;
-            scale = strtod(argv[++a], &end);
-            if (errno != 0 || *end != '\0' || end == argv[a] || !isfinite(scale) || scale <= 0) {
-                fprintf(stderr, "micro: bad -scale value '%s'\n", argv[a]);
-                return 2;
-            }
-        } else if (strcmp(argv[a], "-h") == 0 || strcmp(argv[a], "--help") == 0) {
-            usage(stderr);
-            return 0;
-        } else if (argv[a][0] == '-' || only != NULL) {
-            usage(stderr);
-            return 2;
-        } else {
-            only = argv[a];
-        }
-    }
+    int status = options_name_scale(argc, argv, &only, &scale, usage);
+    if (status >= 0)
+        return status;
+    const struct row *only_row = OPTION_FIND(rows, only, "row", usage);
 
-    bool ran = false;
     for (size_t r = 0; r < ROW_COUNT; r++) {
-        if (only != NULL && strcmp(only, rows[r].name) != 0)
+        if (only_row != NULL && only_row != &rows[r])
             continue;
         long pairs = (long)((double)rows[r].pairs * scale);
         if (pairs < 1)
@@ -393,12 +376,6 @@ int main(int argc, char **argv)
         double ns = rows[r].run(pairs);
         printf("%s %.2f\n", rows[r].name, ns);
         fflush(stdout);
-        ran = true;
-    }
-    if (!ran) {
-        fprintf(stderr, "micro: no row named '%s'\n", only);
-        usage(stderr);
-        return 2;
     }
     if (check_failures != 0) {
         fprintf(stderr, "micro: %ld content check failures\n", check_failures);

@@ -12,6 +12,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+import build  # noqa: E402
 import layout  # noqa: E402
 import realloc_pairs  # noqa: E402
 import sizeclasses  # noqa: E402
@@ -20,6 +21,7 @@ import sizeclasses  # noqa: E402
 GENERATED = [(rel, fn, "python3 gen/sizeclasses.py") for rel, fn in sizeclasses.OUTPUTS.items()]
 GENERATED += [(rel, fn, "python3 gen/layout.py") for rel, fn in layout.OUTPUTS.items()]
 GENERATED.append((realloc_pairs.OUTPUT, realloc_pairs.output, "python3 gen/realloc_pairs.py"))
+GENERATED += [(rel, fn, "python3 gen/build.py") for rel, fn in build.OUTPUTS.items()]
 
 
 def main():

@@ -22,8 +22,8 @@
  * - the clock: CLOCK_MONOTONIC_COARSE through the kernel's vDSO (a few loads, no system call), found
  *   once by reading /proc/self/auxv for the vDSO's address and its ELF symbol table for
  *   __vdso_clock_gettime; without it, the clock_gettime system call. It is read when a page is freed
- *   while a heap holds more than its 16 free pages: often enough in producer/consumer code (200
- *   thousand system calls for a million blocks handed over, measured in review) to be worth it.
+ *   while a heap holds more than its 16 free pages: often enough in producer/consumer code to be worth
+ *   it (bench/results/2026-11-30-quoted-in-code.md).
  */
 #include "port.h"
 

@@ -1,25 +1,19 @@
-/* api.c - the public entry points: the C fast paths, the slow paths that dispatch by size and by
- * segment kind, and the statistics and the checker (the error hook is error.c).
+/* api.c - the public entry points: the C fast paths (their contract and their steps are fast.h's; the
+ * NASM twins in asm/fast.asm replace them in the default library, where these are built as api_*_c), the
+ * slow paths that dispatch by size and by segment kind, aligned allocation and the rest of the malloc
+ * family, the statistics and the checker (the error hook is error.c).
  *
- * The fast paths (fast.h has the contract and the steps; asm/fast.asm is the NASM twin that replaces
- * them in the default library, where these are built as shard_*_c):
- * - malloc of a small block: the heap slot, the page-per-size array (up to 2 KB) or the class table and
- *   the class's first page (2-16 KB), the page's `free` item, its link, `used` + 1. A thread without a
- *   heap sees heap_none, whose entries all lead to the empty page: no NULL test.
- * - free of a small block of the own thread: the heap's own-segment table answers "a small segment of
- *   mine" in one load (the segment map and the owner in descriptor 0 would take four), then the item test
- *   (below the carved end, a multiple of the class size by one multiply), `used` - 1 (undone if the
- *   page empties or was full: the slow path's case), push onto the page's `free` list, from which the
- *   next malloc of the class takes it back first (small.h); no atomic operation.
- * - realloc of a small block of the own thread within its class and not below a quarter of it: the
- *   same tests, then the block itself.
  * The slow paths take anything: medium blocks (16 KB - 1 MB, medium.c) from the heap's arenas, larger
  * ones from large.c (no heap needed), other threads' blocks (one CAS, after the same item test), pages
  * that empty or were full, and pointers that are not blocks of ours, which reach the error hook. Every
  * pointer is checked against the own-segment table or the segment map before anything is read through
  * it, and a small block against its page before anything is written. What stays unseen: a second free
  * of a small item (as in the seed: an item has no room for a mark), and from another thread an item the
- * page has not carved yet (that test would read the owner's cache line).
+ * page has not carved yet (that test would read the owner's cache line). An allocation that fails for
+ * want of memory gives back what waits (heap_relieve) and is tried once more.
+ *
+ * Depends on: heap.h (and through it small.h, medium.h, segment.h), large.h, error.h, fast.h, layout.h
+ * (generated), libc.h, port.h, include/shardmm.h.
  */
 #include "../include/shardmm.h"
 #include "../port/port.h"
@@ -63,11 +57,12 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
     return p;
 }
 
-/* The C fast paths carry the public names in the pure-C library and a _c suffix beside the NASM ones. */
+/* The C fast paths carry the public names in the pure-C library, and api_<name>_c beside the NASM ones
+ * (internal names never share the public prefix: fast.h). */
 #if SHARD_ASM
-#define FAST_PATH(name) name##_c
+#define FAST_PATH(name) api_##name##_c
 #else
-#define FAST_PATH(name) name
+#define FAST_PATH(name) shard_##name
 #endif
 
 /* NULL for want of memory or an impossible size; the caller also learns it the C library's way. */
@@ -115,7 +110,7 @@ static inline int worth_retry(const void *p, size_t size)
     return unlikely(p == NULL) && size < SIZE_POSSIBLE && heap_relieve();
 }
 
-void *shard_malloc_slow(size_t size)
+void *api_malloc_slow(size_t size)
 {
     void *p = malloc_any(size);
     if (worth_retry(p, size))
@@ -123,7 +118,7 @@ void *shard_malloc_slow(size_t size)
     return or_out_of_memory(p);
 }
 
-void *FAST_PATH(shard_malloc)(size_t size)
+void *FAST_PATH(malloc)(size_t size)
 {
     heap *h = fast_heap();
     if (likely(size <= SHARD_DIRECT_MAX)) {
@@ -135,7 +130,7 @@ void *FAST_PATH(shard_malloc)(size_t size)
         if (pg != NULL && page_ready(pg))
             return page_pop(pg);
     }
-    return shard_malloc_slow(size);
+    return api_malloc_slow(size);
 }
 
 /* calloc's slow part: sizes above 2 KB, a page that needs the slow path; a tail call from shard_calloc,
@@ -148,7 +143,7 @@ static __attribute__((noinline)) void *calloc_slow(size_t total)
             p = large_any(total, 16, 1);
         return or_out_of_memory(p);
     }
-    void *p = shard_malloc_slow(total);
+    void *p = api_malloc_slow(total);
     if (p != NULL)
         mem_zero_block(p, total);
     return p;
@@ -180,15 +175,22 @@ static inline int own_small(const heap *h, const void *p)
     return h->own[(uint32_t)(uintptr_t)p >> SEGMENT_SHIFT] == ((uintptr_t)p & ~(uintptr_t)SEGMENT_MASK);
 }
 
-void shard_free_slow(void *p)
+/* The calling thread's heap when it owns the segment of p (a small or medium block's), else NULL. */
+static inline heap *owner_heap(const void *p)
+{
+    heap *h = port_heap_slot();
+    return h != NULL && segment_of(p)->owner == h ? h : NULL;
+}
+
+void api_free_slow(void *p)
 {
     if (p == NULL)
         return;
     unsigned kind = segmap_kind((uintptr_t)p);
     if (kind == SEG_SMALL) {
-        heap *h = port_heap_slot();
+        heap *h = owner_heap(p);
         page *pg = page_of(p);
-        if (h != NULL && segment_of(p)->owner == h) {
+        if (h != NULL) {
             small_free_local_slow(h, pg, p); /* tests the item; takes the ordinary case too */
             return;
         }
@@ -205,8 +207,8 @@ void shard_free_slow(void *p)
         return;
     }
     if (kind == SEG_MEDIUM) {
-        heap *h = port_heap_slot();
-        if (h != NULL && segment_of(p)->owner == h)
+        heap *h = owner_heap(p);
+        if (h != NULL)
             medium_free_local(h, p);
         else
             medium_free_foreign(p);
@@ -216,7 +218,7 @@ void shard_free_slow(void *p)
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
 }
 
-void FAST_PATH(shard_free)(void *p)
+void FAST_PATH(free)(void *p)
 {
     heap *h = fast_heap();
     if (likely(own_small(h, p))) {
@@ -235,7 +237,7 @@ void FAST_PATH(shard_free)(void *p)
         small_free_local_slow(h, pg, b); /* that, or not an item (reported there) */
         return;
     }
-    shard_free_slow(p);
+    api_free_slow(p);
 }
 
 /* ---- realloc ------------------------------------------------------------------------------------- */
@@ -252,6 +254,41 @@ static size_t usable_or_report(const void *p, int error)
     return n;
 }
 
+/* Whether size keeps a block of pg's class in place: within the class and not below a quarter of it. */
+static inline int small_size_stays(const page *pg, size_t size)
+{
+    size_t bsize = pg->block_size;
+    return size <= bsize && size >= bsize >> 2;
+}
+
+/* Whether p, in a small segment of the calling thread, is an item of its page that keeps its place when
+ * resized to size. */
+static inline int small_stays(const void *p, size_t size)
+{
+    const page *pg = page_of(p);
+    return small_size_stays(pg, size) && page_has_item(pg, p);
+}
+
+/* The same for p in any thread's small segment. */
+static inline int small_stays_any_thread(const void *p, size_t size)
+{
+    const page *pg = page_of(p);
+    return small_size_stays(pg, size) && page_has_item_any_thread(pg, p);
+}
+
+/* p resized to size where it lies: a small block within its class (small_stays), a medium block of the
+ * calling thread's arenas (only the owner changes its chunks), a large block within its reservation; NULL
+ * when it must move. */
+static void *resize_in_place(void *p, unsigned kind, size_t size)
+{
+    heap *h;
+    if (kind == SEG_SMALL)
+        return small_stays_any_thread(p, size) ? p : NULL;
+    if (kind == SEG_MEDIUM)
+        return (h = owner_heap(p)) != NULL ? medium_resize_in_place(h, p, size) : NULL;
+    return kind_large(kind) ? large_resize_in_place(p, size) : NULL;
+}
+
 static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
 {
     if (p == NULL)
@@ -264,14 +301,7 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
         shard_free(p);
         return NULL;
     }
-    void *q = NULL;
-    if (kind == SEG_MEDIUM) {
-        heap *h = port_heap_slot();
-        if (h != NULL && segment_of(p)->owner == h) /* the owner resizes in place when it can */
-            q = medium_resize_in_place(h, p, size);
-    } else if (kind_large(kind)) {
-        q = large_resize_in_place(p, size);
-    }
+    void *q = resize_in_place(p, kind, size);
     if (q != NULL)
         return q;
     size_t target = size;
@@ -307,41 +337,19 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
     return q;
 }
 
-/* Whether size keeps a block of pg's class in place: within the class and not below a quarter of it. */
-static inline int small_size_stays(const page *pg, size_t size)
-{
-    size_t bsize = pg->block_size;
-    return size <= bsize && size >= bsize >> 2;
-}
-
-/* Whether p, in a small segment of the calling thread, is an item of its page that keeps its place when
- * resized to size. */
-static inline int small_stays(const void *p, size_t size)
-{
-    const page *pg = page_of(p);
-    return small_size_stays(pg, size) && page_has_item(pg, p);
-}
-
-/* The same for p in any thread's small segment. */
-static inline int small_stays_any_thread(const void *p, size_t size)
-{
-    const page *pg = page_of(p);
-    return small_size_stays(pg, size) && page_has_item_any_thread(pg, p);
-}
-
 /* The in-place test of the fast path, for a block of any thread (through the segment map), then the rest. */
-void *shard_realloc_slow(void *p, size_t size)
+void *api_realloc_slow(void *p, size_t size)
 {
     if (segmap_kind((uintptr_t)p) == SEG_SMALL && small_stays_any_thread(p, size))
         return p;
     return realloc_generic(p, size);
 }
 
-void *FAST_PATH(shard_realloc)(void *p, size_t size)
+void *FAST_PATH(realloc)(void *p, size_t size)
 {
     if (likely(own_small(fast_heap(), p) && small_stays(p, size)))
         return p;
-    return shard_realloc_slow(p, size);
+    return api_realloc_slow(p, size);
 }
 
 /* ---- aligned allocation and the rest of the malloc family ------------------------------------------ */
@@ -410,15 +418,7 @@ void *shard_realloc_aligned(void *p, size_t size, size_t align)
         return NULL;
     }
     if (((uintptr_t)p & (align - 1)) == 0) { /* in place keeps the alignment */
-        unsigned kind = segmap_kind((uintptr_t)p);
-        heap *h = port_heap_slot();
-        void *q = NULL;
-        if (kind == SEG_SMALL)
-            q = small_stays_any_thread(p, size) ? p : NULL;
-        else if (kind == SEG_MEDIUM && h != NULL && segment_of(p)->owner == h)
-            q = medium_resize_in_place(h, p, size);
-        else if (kind_large(kind))
-            q = large_resize_in_place(p, size);
+        void *q = resize_in_place(p, segmap_kind((uintptr_t)p), size);
         if (q != NULL)
             return q;
     }
@@ -501,33 +501,20 @@ void shard_get_stats(shard_stats *out)
     large_cache_counts(&out->large_cached, &out->large_cached_bytes);
     out->heaps_free = heap_free_count();
     medium_counts mc = {0, 0, 0, 0};
+    small_counts sc = {0, 0, 0, 0, 0};
     segment_walk_begin(); /* other threads may release segments and arenas meanwhile (segment.h) */
     for (heap *h = heap_all(); h != NULL; h = h->next_all) {
         out->heaps++;
         medium_count(h, &mc);
-        out->small_pages_retired += load_relaxed(&h->pages_retired);
-        for (segment *s = load_acquire(&h->segments); s != NULL; s = load_acquire(&s->next)) {
-            for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
-                const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
-                unsigned state = load_relaxed(&pg->state);
-                if (state == PAGE_IN_USE) {
-                    long used = load_relaxed(&pg->used);
-                    if (used < 0)
-                        used += PAGE_FULL_BIAS;
-                    used -= load_relaxed(&pg->sole); /* the extra one of a class's only page */
-                    uint64_t w = load_relaxed(&pg->thread_free);
-                    out->small_pages_used++;
-                    out->live_small += (size_t)used - (size_t)(w >> 32);
-                } else if (state == PAGE_FREE) {
-                    out->small_pages_free++;
-                } else {
-                    out->small_pages_decommitted++;
-                }
-            }
-        }
+        small_count(h, &sc);
     }
     segment_walk_end();
-    out->live_medium += mc.live;
+    out->live_small = sc.live;
+    out->small_pages_used = sc.used;
+    out->small_pages_free = sc.free;
+    out->small_pages_decommitted = sc.decommitted;
+    out->small_pages_retired = sc.retired;
+    out->live_medium = mc.live;
     out->medium_arenas = mc.arenas;
     out->medium_arenas_empty = mc.empty;
     out->medium_arenas_decommitted = mc.decommitted;

@@ -25,15 +25,16 @@
 #endif
 
 /* How long a free page beyond those stays committed, ms. Without the delay a "free everything, allocate
- * again" cycle pays a decommit, a commit and 16 page faults per page (8-13 % slower in the seed). */
+ * again" cycle pays a decommit, a commit and 16 page faults per page (the seed measured it slower: the
+ * numbers in bench/results/2026-11-30-quoted-in-code.md). */
 #ifndef SHARD_DECOMMIT_DELAY_MS
 #define SHARD_DECOMMIT_DELAY_MS 1000
 #endif
 
 /* The reserve an exiting thread leaves with its heap for the next thread: free small pages and empty
  * medium arenas kept committed (the rest goes back at once), and how long it lasts before it is trimmed
- * to what a running thread keeps (SHARD_KEEP_FREE_PAGES, one arena). The seed: with the reserve a
- * thread-churn benchmark took 112 thousand page faults and 0.457 s, without it 490 thousand and 0.59 s. */
+ * to nothing but live blocks. Without it the next thread faults in again what the last one gave back:
+ * bench/churn.py compares shard with shard-noreserve (this built with both 0). */
 #ifndef SHARD_RESERVE_PAGES
 #define SHARD_RESERVE_PAGES 64
 #endif
@@ -90,9 +91,9 @@
 #define SHARD_LARGE_SPAN_MIN ((size_t)16 << 20)
 #endif
 /* Ask the OS for large pages under large blocks (port_hint_large_pages). On Linux with transparent huge
- * pages in "madvise" mode (Debian's default) a buffer grown from 1 MB to 1 GB took 545 thousand page
- * faults and 1.6 s without, 43 thousand and 1.05 s with it. The cost: a block used sparsely becomes
- * resident 2 MB at a time where it is touched, and khugepaged may fill in more of it later. 0 turns it off. */
+ * pages in "madvise" mode (Debian's default) one fault then maps 2 MB of a growing buffer: bench/large.py
+ * compares shard with shard-nolp (this 0). The cost: a block used sparsely becomes resident 2 MB at a
+ * time where it is touched, and khugepaged may fill in more of it later. 0 turns it off. */
 #ifndef SHARD_LARGE_PAGES
 #define SHARD_LARGE_PAGES 1
 #endif

@@ -6,24 +6,28 @@
  * its registers as it got them (a tail jump, no frame).
  *
  * In the default library (SHARD_ASM=1) the NASM versions are shard_malloc/free/realloc and the C ones
- * are built beside them as shard_malloc_c/free_c/realloc_c, hidden: tests/test_asm.c runs both on the
- * same operation sequences and compares results and page state. The pure-C library (SHARD_ASM=0) has
- * the C versions under the public names.
+ * are built beside them as api_malloc_c/free_c/realloc_c, hidden (internal names never share the public
+ * prefix, so a static link exports the API alone): tests/test_asm.c runs both on the same operation
+ * sequences and compares results and page state. The pure-C library (SHARD_ASM=0) has the C versions
+ * under the public names. asm/fast.asm states the instruction count of each path (bench/instr.py
+ * measures them).
  *
- * The fast paths, both languages, step by step:
- *   heap  = the slot (Linux: &heap_none when the thread has no heap; Windows: NULL is tested)
+ * The fast paths, both languages, step by step (no atomic operation anywhere):
+ *   heap  = the slot (Linux: &heap_none when the thread has no heap, an empty heap whose entries all
+ *          lead to the shared empty page, so malloc needs no NULL test; Windows: NULL is tested)
  *   malloc(n), n <= 2 KB: page = heap->direct[(n + 15) >> 4]; 2-16 KB: the class table, then
  *          heap->classes[cls].first (NULL tested); if page->free is NULL, page->free =
  *          page->local_free (drained foreign frees) and page->local_free = NULL (both NULL: slow);
  *          item = page->free; page->free = item->next; page->used++; prefetchw the new page->free.
  *   free(p): seg = p & ~(4 MB - 1); heap->own[(uint32_t)p >> 22] == seg (else slow: not a small block
- *          of ours, or another thread's, or NULL); page = descriptor of p; p below carved_end and a
+ *          of ours, or another thread's, or NULL) - one load where the segment map and the owner in
+ *          descriptor 0 would take four (heap.h); page = descriptor of p; p below carved_end and a
  *          multiple of the class size (else slow, which reports it); page->used - 1, and if that is not
  *          above 0 (the page empties, or was full) + 1 again and slow (the only page of a class
  *          list counts one more in `used`, so emptying it stays fast); push p on page->free
  *          (last in, first out; small.h).
  *          The slow path after the own-segment test is small_free_local_slow(heap, page, p) (small.h),
- *          which needs no second lookup; before it, shard_free_slow(p).
+ *          which needs no second lookup; before it, api_free_slow(p).
  *   realloc(p, n): the same own-segment and item tests; bsize / 4 <= n <= bsize returns p.
  */
 #ifndef SHARD_FAST_H
@@ -31,14 +35,14 @@
 
 #include <stddef.h>
 
-void *shard_malloc_slow(size_t size);
-void shard_free_slow(void *p);
-void *shard_realloc_slow(void *p, size_t size);
+void *api_malloc_slow(size_t size);
+void api_free_slow(void *p);
+void *api_realloc_slow(void *p, size_t size);
 
 #if SHARD_ASM
-void *shard_malloc_c(size_t size);
-void shard_free_c(void *p);
-void *shard_realloc_c(void *p, size_t size);
+void *api_malloc_c(size_t size);
+void api_free_c(void *p);
+void *api_realloc_c(void *p, size_t size);
 #endif
 
 #endif

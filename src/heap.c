@@ -19,28 +19,27 @@
  * into it are taken in, the only page a class keeps while its thread runs is retired if empty, and the
  * heap keeps a reserve of SHARD_RESERVE_PAGES free pages and SHARD_RESERVE_ARENAS empty arenas for the
  * next thread; the rest of its free memory goes back to the OS at once. Only SHARD_RESERVE_HEAPS heaps
- * hold a reserve at a time, and a heap with nothing to keep takes no place: when 500 threads end at
- * once, the reserves of 8 wait for new threads, not of 500 (measured: 2.5 GB resident for a second
- * after 500 threads of 5 MB each ended, with a reserve each; test_hostile.c's idle-heaps-500). Then the
- * heap goes, whole, onto one of two stacks of free heaps - the warm one if it holds a reserve, else the
- * cold one - and a new thread pops one, warm first, before it makes a new heap. A stack's top is a
- * pointer and a change counter swapped together by cmpxchg16b: a pop that read top A and A->next_free
- * could otherwise succeed after A was popped and pushed again with another next. Heaps are never freed,
- * so reading next_free of a stale top is safe.
+ * hold a reserve at a time, and a heap with nothing to keep takes no place: when 500 threads end at once,
+ * the reserves of 8 wait for new threads, not of 500 (test_hostile.c's idle-heaps-500 shows the memory a
+ * reserve each would hold: bench/results/2026-11-30-quoted-in-code.md). Then the heap goes, whole, onto
+ * one of two stacks of free heaps - the warm one if it holds a reserve, else the cold one - and a new
+ * thread pops one, warm first, before it makes a new heap. A stack's top is a pointer and a change
+ * counter swapped together by cmpxchg16b: a pop that read top A and A->next_free could otherwise succeed
+ * after A was popped and pushed again with another next. Heaps are never freed, so reading next_free of a
+ * stale top is safe.
  *
  * What a waiting heap holds over time. Frees into a heap in a stack gather in its queues of foreign
  * frees, and the first page or arena queued at a heap in a stack sets `heap_reserve_due` a delay ahead
  * (unless an earlier one is set). The stacks are trimmed (trim_stack: taken whole, every heap's queues
  * taken in, then trimmed and put back) at `heap_reserve_due`, which the next slow path of any thread or
  * thread exit after it acts on. Not sooner: the next thread to take the heap takes the frees warm, and a
- * trim before that would decommit what it is about to fault in again (a batch trim every 64 queued
- * pages made bench/churn.py 8-12 % slower, 34 thousand page faults against 14). A heap that entered the
- * stack less than SHARD_RESERVE_DELAY_MS ago keeps its reserve; after that, and at once on shard_collect
- * or under memory pressure, it keeps nothing but its live blocks: segments without a page in use and
- * empty arenas released, the other free pages decommitted. A thread that finds the stacks empty while
- * they are being trimmed waits for the heaps to come back rather than make a new heap: `trimming` is odd
- * while the stacks are taken, and a pop believes empty tops only when `trimming` was even and unchanged
- * around reading them.
+ * trim before that would decommit what it is about to fault in again (bench/churn.py showed it for a
+ * batch trim every 64 queued pages). A heap that entered the stack less than SHARD_RESERVE_DELAY_MS ago
+ * keeps its reserve; after that, and at once on shard_collect or under memory pressure, it keeps nothing
+ * but its live blocks: segments without a page in use and empty arenas released, the other free pages
+ * decommitted. A thread that finds the stacks empty while they are being trimmed waits for the heaps to
+ * come back rather than make a new heap: `trimming` is odd while the stacks are taken, and a pop believes
+ * empty tops only when `trimming` was even and unchanged around reading them.
  *
  * Heaps of threads that exited without the hook: a thread whose first allocation runs in the last round
  * of key destructors (its hook was armed too late for glibc to call it), or any thread of a process
@@ -577,16 +576,11 @@ int heap_check(heap *h)
     int problems = 0;
     size_t segments = 0, entered = 0, all_cold = 0;
     for (segment *s = h->segments; s != NULL; s = s->next, segments++) {
-        if (s->owner != h || segmap_kind((uintptr_t)s) != SEG_SMALL) {
-            report_error("segment with a wrong owner or map entry:", (uintptr_t)s);
-            problems++;
-        }
+        problems += insist(s->owner == h && segmap_kind((uintptr_t)s) == SEG_SMALL,
+                           "heap: a segment with a wrong owner or map entry:", s);
         uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
         entered += h->own[slot] == (uintptr_t)s;
-        if (h->own[slot] == 0 && slot != 0) {
-            report_error("segment missing from its free own-segment entry:", (uintptr_t)s);
-            problems++;
-        }
+        problems += insist(h->own[slot] != 0 || slot == 0, "heap: a segment missing from its free own-segment entry:", s);
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
             problems += small_check_page(pg);
@@ -597,52 +591,27 @@ int heap_check(heap *h)
     size_t entries = 0;
     for (size_t i = 1; i < HEAP_OWN_SLOTS; i++)
         entries += h->own[i] != 0;
-    if (h->own[0] != 1 || entries != entered || entered > segments) {
-        report_error("own-segment table differs from the heap's segments; entries:", entries);
-        problems++;
-    }
-    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
-        for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next) {
-            if (pg->state != PAGE_IN_USE || pg->cls != cls || pg->used < 0 || segment_of(pg)->owner != h ||
-                pg->sole != (h->classes[cls].first == h->classes[cls].last)) {
-                report_error("page in the wrong class list:", (uintptr_t)pg);
-                problems++;
-            }
-        }
-    }
+    problems += insist(h->own[0] == 1 && entries == entered && entered <= segments,
+                       "heap: the own-segment table differs from the heap's segments; entries:", entries);
+    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++)
+        for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next)
+            problems += insist(pg->state == PAGE_IN_USE && pg->cls == cls && pg->used >= 0 && segment_of(pg)->owner == h &&
+                                   pg->sole == (h->classes[cls].first == h->classes[cls].last),
+                               "heap: a page in the wrong class list, or its only-page mark wrong:", pg);
     for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++) {
         const page *first = h->classes[class_by_size16[i]].first;
-        if (h->direct[i] != (first ? first : &small_empty_page)) {
-            report_error("page-per-size entry differs from its class's first page, size index", i);
-            problems++;
-        }
+        problems += insist(h->direct[i] == (first ? first : &small_empty_page),
+                           "heap: a page-per-size entry differs from its class's first page, size index", i);
     }
-    int medium_problems = medium_check(h);
-    if (medium_problems != 0) {
-        report_error("inconsistencies in the medium arenas or bins:", (uintptr_t)medium_problems);
-        problems += medium_problems;
-    }
+    problems += medium_check(h); /* each failure reported by its rule */
     unsigned free_pages = 0, cold_pages = 0;
-    for (const page *pg = h->free_pages.first; pg != NULL; pg = pg->next, free_pages++) {
-        if (pg->state != PAGE_FREE) {
-            report_error("page in the free pages that is not free:", (uintptr_t)pg);
-            problems++;
-        }
-    }
-    for (const page *pg = h->cold_pages.first; pg != NULL; pg = pg->next, cold_pages++) {
-        if (pg->state != PAGE_COLD || segment_of(pg)->owner != h || (pg->next != NULL && pg->next->prev != pg)) {
-            report_error("page in the cold pages that is not cold or not linked back:", (uintptr_t)pg);
-            problems++;
-        }
-    }
-    if (free_pages != h->free_count) {
-        report_error("free page count differs from the list:", h->free_count);
-        problems++;
-    }
-    if (cold_pages != all_cold) {
-        report_error("cold pages listed differ from the segments' cold pages:", cold_pages);
-        problems++;
-    }
+    for (const page *pg = h->free_pages.first; pg != NULL; pg = pg->next, free_pages++)
+        problems += insist(pg->state == PAGE_FREE, "heap: a page in the free pages that is not free:", pg);
+    for (const page *pg = h->cold_pages.first; pg != NULL; pg = pg->next, cold_pages++)
+        problems += insist(pg->state == PAGE_COLD && segment_of(pg)->owner == h && (pg->next == NULL || pg->next->prev == pg),
+                           "heap: a page in the cold pages that is not cold or not linked back:", pg);
+    problems += insist(free_pages == h->free_count, "heap: the free page count differs from its list:", h->free_count);
+    problems += insist(cold_pages == all_cold, "heap: the cold pages listed differ from the segments' cold pages:", cold_pages);
     return problems;
 }
 

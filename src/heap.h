@@ -7,7 +7,8 @@
  * the life of a heap: start-up and its re-entrancy, exit, the reserve, the heaps of threads that exited
  * without a hook, and fork.
  *
- * Depends on: small.h, medium.h, segment.h, sync.h, port.h.
+ * Depends on: small.h, medium.h, segment.h, sync.h, libc.h, port.h; heap.c also large.h (the cache's
+ * expiry at thread exit, memory pressure) and error.h.
  */
 #ifndef SHARD_HEAP_H
 #define SHARD_HEAP_H
@@ -25,7 +26,7 @@ typedef struct page_list {
 
 typedef struct heap {
     /* The first page of the class of each size up to 2 KB, by (size + 15) >> 4, or the empty page.
-     * Only small_set_first() writes it. */
+     * Only small.c's sync_direct() writes it. */
     page *direct[SHARD_DIRECT_COUNT];
     /* The heap's small segments by address bits 22..31, for the free and realloc fast paths: p is in an
      * own small segment when own[(uint32_t)p >> 22] == p & ~SEGMENT_MASK; one load, where the segment

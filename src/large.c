@@ -55,8 +55,8 @@
  *   large_cache_expire (one load when the cache is empty), when a small page becomes free and when a
  *   thread exits.
  *
- * Depends on: segment.h (OS calls with accounting, the map), sync.h, config.h, libc.h, port.h (the
- * address-space limit).
+ * Depends on: segment.h (OS calls with accounting, the map), medium.h (SHARD_MEDIUM_MAX), sync.h,
+ * config.h, libc.h, port.h (the address-space limit).
  */
 #include "large.h"
 
@@ -522,17 +522,16 @@ int large_check(void)
     for (unsigned i = 0; i < cache.count; i++) {
         const cached *c = &cache.entry[i];
         bytes += c->committed;
-        if (c->h->mark != LARGE_MARK_FREED || c->h->committed != c->committed || span_of(c->h) != c->span ||
-            segmap_kind((uintptr_t)c->h) != SEG_LARGE || (i > 0 && c->freed_at < cache.entry[i - 1].freed_at)) {
-            report_error("large-block cache: an entry that does not match its block:", (uintptr_t)c->h);
-            problems++;
-        }
+        problems += insist(c->h->mark == LARGE_MARK_FREED && c->h->committed == c->committed && span_of(c->h) == c->span &&
+                               segmap_kind((uintptr_t)c->h) == SEG_LARGE,
+                           "large: a cache entry does not match its block (mark, committed, span, map):", c->h);
+        problems += insist(i == 0 || c->freed_at >= cache.entry[i - 1].freed_at,
+                           "large: the cache is not in the order of its blocks' free times at", c->h);
     }
-    if (bytes != cache.bytes || cache.count > SHARD_LARGE_CACHE_BLOCKS || bytes > SHARD_LARGE_CACHE_BYTES ||
-        cache.oldest_at != (cache.count ? cache.entry[0].freed_at : UINT64_MAX)) {
-        report_error("large-block cache: counts differ from the entries, bytes", bytes);
-        problems++;
-    }
+    problems += insist(bytes == cache.bytes && cache.count <= SHARD_LARGE_CACHE_BLOCKS && bytes <= SHARD_LARGE_CACHE_BYTES,
+                       "large: the cache's counts differ from its entries or its limits, bytes", bytes);
+    problems += insist(cache.oldest_at == (cache.count ? cache.entry[0].freed_at : UINT64_MAX),
+                       "large: the cache's published oldest time differs from its first entry's:", cache.oldest_at);
     spin_unlock(&cache.lock);
     return problems;
 }

@@ -1,5 +1,6 @@
 /* large.h - blocks above 1 MB: a reservation each with headroom, and a cache shared by the process
- * (large.c has the design). Large blocks belong to no thread: any thread frees or resizes them. */
+ * (large.c has the design and its dependencies). Large blocks belong to no thread: any thread frees or
+ * resizes them. */
 #ifndef SHARD_LARGE_H
 #define SHARD_LARGE_H
 

@@ -1,4 +1,5 @@
-/* libc.c - message formatting for libc.h: a line built in a stack buffer and written by the port. */
+/* libc.c - message formatting for libc.h: a line built in a stack buffer and written by the port.
+ * Depends on: libc.h, port.h (port_write_error, port_abort). */
 #include "libc.h"
 
 #include "../port/port.h"

@@ -17,8 +17,8 @@ static inline void mem_zero(void *dst, size_t n)
 
 /* Zero the first n bytes of a block of ours: dst is 16-byte aligned and its usable size is at least n
  * rounded up to 16 (every block's is), so up to 256 bytes take 16-byte stores, the last ones overlapping
- * the others where n is not a multiple of their span (measured: 1.7-2.2 ns for 16-64 bytes against 4.5
- * for `rep stosb`, whose start-up dominates below a few hundred bytes); larger sizes take `rep stosb`.
+ * the others where n is not a multiple of their span (`rep stosb` has a start-up cost that dominates below
+ * a few hundred bytes: bench/results/2026-11-30-quoted-in-code.md); larger sizes take `rep stosb`.
  * SSE2 is in every x86-64 processor. */
 static inline void mem_zero_block(void *dst, size_t n)
 {
@@ -28,8 +28,8 @@ static inline void mem_zero_block(void *dst, size_t n)
     size_t m = n > 16 ? (n + 15) & ~(size_t)15 : 16; /* n = 0 too: a block has 16 bytes at least */
     if (m <= 64) {
         /* Four stores at 0, 16, 32 and 48, none past m - 16 (the same store again where m is shorter):
-         * no branch on the size, which a program's mix of sizes makes unpredictable (objects under
-         * cachegrind's branch simulation: half the callocs mispredicted with a branch per size step). */
+         * no branch on the size, which a program's mix of sizes makes unpredictable (bench/app.c's objects
+         * under cachegrind's branch simulation). */
         size_t last = m - 16;
         *(zero16 *)c = z;
         *(zero16 *)(c + (last < 16 ? last : 16)) = z;
@@ -61,6 +61,17 @@ void report_error(const char *what, uintptr_t value);
 
 /* Report a failed assertion with its reason and end the process. */
 _Noreturn void assert_failed(const char *file, int line, const char *reason);
+
+/* A checker's rule (heap_check, small_check_page, medium_check, large_check): 0 when cond holds; else
+ * the rule is reported through report_error with value (a pointer or a count) and 1 is returned, so a
+ * checker adds the failures up - problems += insist(cond, "rule", value) - and a failing test or fuzzer
+ * run says which rule broke (after TLSF's tlsf_insist). */
+static inline int insist_failed(const char *rule, uintptr_t value)
+{
+    report_error(rule, value);
+    return 1;
+}
+#define insist(cond, rule, value) ((cond) ? 0 : insist_failed((rule), (uintptr_t)(value)))
 
 #if SHARD_DEBUG
 #define shard_assert(cond, reason) ((cond) ? (void)0 : assert_failed(__FILE__, __LINE__, reason))

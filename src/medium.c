@@ -8,7 +8,6 @@
  */
 #include "medium.h"
 
-#include "../include/shardmm.h"
 #include "../port/port.h"
 #include "config.h"
 #include "error.h"
@@ -77,26 +76,38 @@ static int check_arena(const heap *h, const arena *a);
 
 /* ---- bins ---------------------------------------------------------------------------------------- */
 
+/* The two-level mapping (TLSF: Masmano et al.): MEDIUM_SL_COUNT = 2^SL_SHIFT bins per power of two; sizes
+ * below LINEAR_MAX in level 0, by LINEAR_MAX / MEDIUM_SL_COUNT bytes; a size whose top bit is b >= 8
+ * in level b - FL_OFFSET, so that [256, 512) is level 1. */
+#define SL_SHIFT 4
+#define LINEAR_MAX 256u
+#define LINEAR_SHIFT 4 /* log2(LINEAR_MAX / MEDIUM_SL_COUNT): 16-byte steps */
+#define FL_OFFSET 7    /* log2(LINEAR_MAX) - 1 */
+_Static_assert(MEDIUM_SL_COUNT == 1 << SL_SHIFT && LINEAR_MAX >> LINEAR_SHIFT == MEDIUM_SL_COUNT &&
+                   1u << (FL_OFFSET + 1) == LINEAR_MAX,
+               "the mapping's constants agree");
+_Static_assert(31 - __builtin_clz(ARENA_FIRST_SIZE) - FL_OFFSET < MEDIUM_FL_COUNT, "the largest chunk has a level");
+
 static inline unsigned bsr32(uint32_t x) { return 31u - (unsigned)__builtin_clz(x); }
 
 /* The bin of a chunk of this size (the bin whose range holds it). */
 static inline void mapping_insert(uint32_t size, unsigned *fl, unsigned *sl)
 {
-    if (size < 256) {
+    if (size < LINEAR_MAX) {
         *fl = 0;
-        *sl = size >> 4;
+        *sl = size >> LINEAR_SHIFT;
     } else {
         unsigned b = bsr32(size);
-        *fl = b - 7;
-        *sl = (size >> (b - 4)) & 15u;
+        *fl = b - FL_OFFSET;
+        *sl = (size >> (b - SL_SHIFT)) & (MEDIUM_SL_COUNT - 1);
     }
 }
 
-/* The first bin whose every chunk is at least size bytes. */
+/* The first bin whose every chunk is at least size bytes: size rounded up to the start of the next bin. */
 static inline void mapping_search(uint32_t size, unsigned *fl, unsigned *sl)
 {
-    if (size >= 256)
-        size += (1u << (bsr32(size) - 4)) - 1;
+    if (size >= LINEAR_MAX)
+        size += (1u << (bsr32(size) - SL_SHIFT)) - 1;
     mapping_insert(size, fl, sl);
 }
 
@@ -595,32 +606,36 @@ static int check_arena(const heap *h, const arena *a)
     while (p < arena_end(a)) {
         const chunk *c = (const chunk *)p;
         uint32_t sf = load_relaxed(&c->size_flags), s = sf & ~CHUNK_FLAGS, f = sf & CHUNK_FLAGS;
-        if ((size_t)(p - (const uint8_t *)a) + (f == CHUNK_FREE ? CHUNK_MIN : CHUNK_HEADER) > a->committed ||
-            s < CHUNK_MIN || (s & 15) != 0 ||
-            s > (size_t)(arena_end(a) - p) || c->prev_size != prev_size)
+        int broken = insist((size_t)(p - (const uint8_t *)a) + (f == CHUNK_FREE ? CHUNK_MIN : CHUNK_HEADER) <=
+                                a->committed, "medium: a chunk header lies beyond the committed memory at", c) ||
+                     insist(s >= CHUNK_MIN && (s & 15) == 0 && s <= (size_t)(arena_end(a) - p),
+                            "medium: a chunk's size is not a multiple of 16 within its arena at", c) ||
+                     insist(c->prev_size == prev_size, "medium: prev_size differs from the chunk before at", c);
+        if (broken)
             return bad + 1; /* the chain is broken: nothing further can be trusted */
         if (f == CHUNK_FREE) {
             unsigned fl, sl;
             mapping_insert(s, &fl, &sl);
-            bad += prev_free;
-            bad += !(h->medium.sl_bitmap[fl] & (1u << sl)) || !(h->medium.fl_bitmap & (1u << fl));
-            bad += c->prev_free == NULL ? h->medium.bins[fl][sl] != c : c->prev_free->next_free != c;
-            bad += c->next_free != NULL && c->next_free->prev_free != c;
+            bad += insist(!prev_free, "medium: free chunks should have merged at", c);
+            bad += insist((h->medium.sl_bitmap[fl] & (1u << sl)) && (h->medium.fl_bitmap & (1u << fl)),
+                          "medium: a free chunk's bin is not marked in the bitmaps at", c);
+            bad += insist(c->prev_free == NULL ? h->medium.bins[fl][sl] == c : c->prev_free->next_free == c,
+                          "medium: a free chunk is not linked from the bin its size maps to at", c);
+            bad += insist(c->next_free == NULL || c->next_free->prev_free == c,
+                          "medium: a free chunk's next does not link back at", c);
             prev_free = 1;
-        } else if (f == 0 || f == CHUNK_PENDING) {
-            bad += c->check != check_of(c, s);
-            live++;
-            prev_free = 0;
         } else {
-            bad++;
+            bad += insist(f == 0 || f == CHUNK_PENDING, "medium: a chunk has unknown flags at", c);
+            bad += insist(c->check == check_of(c, s), "medium: a live chunk's check word is wrong at", c);
+            live += f == 0 || f == CHUNK_PENDING;
             prev_free = 0;
         }
         prev_size = s;
         p += s;
     }
-    bad += p != arena_end(a);
-    bad += live != a->live;
-    bad += (live == 0) != (a->state != ARENA_USED);
+    bad += insist(p == arena_end(a), "medium: the chunks do not end at the arena's end:", a);
+    bad += insist(live == a->live, "medium: the live count differs from the live chunks in arena", a);
+    bad += insist((live == 0) == (a->state != ARENA_USED), "medium: an arena's state differs from its live count:", a);
     return bad;
 }
 
@@ -629,8 +644,8 @@ int medium_check(heap *h)
     int bad = 0;
     size_t free_in_arenas = 0, free_in_bins = 0, empty = 0;
     for (arena *a = h->arenas; a != NULL; a = a->next) {
-        if (a->seg.owner != h || segmap_kind((uintptr_t)a) != SEG_MEDIUM)
-            bad++;
+        bad += insist(a->seg.owner == h && segmap_kind((uintptr_t)a) == SEG_MEDIUM,
+                      "medium: an arena with a wrong owner or map entry:", a);
         bad += check_arena(h, a);
         for (const uint8_t *p = (const uint8_t *)a + ARENA_DATA; p < arena_end(a);) {
             const chunk *c = (const chunk *)p;
@@ -642,23 +657,27 @@ int medium_check(heap *h)
         }
     }
     for (unsigned fl = 0; fl < MEDIUM_FL_COUNT; fl++) {
-        bad += ((h->medium.fl_bitmap >> fl) & 1u) != (h->medium.sl_bitmap[fl] != 0);
+        bad += insist(((h->medium.fl_bitmap >> fl) & 1u) == (h->medium.sl_bitmap[fl] != 0),
+                      "medium: the first-level bitmap differs from the second level's, level", fl);
         for (unsigned sl = 0; sl < MEDIUM_SL_COUNT; sl++) {
-            bad += ((h->medium.sl_bitmap[fl] >> sl) & 1u) != (h->medium.bins[fl][sl] != NULL);
+            bad += insist(((h->medium.sl_bitmap[fl] >> sl) & 1u) == (h->medium.bins[fl][sl] != NULL),
+                          "medium: a bin's bitmap bit differs from its list, bin", fl * MEDIUM_SL_COUNT + sl);
             for (const chunk *c = h->medium.bins[fl][sl]; c != NULL && free_in_bins <= free_in_arenas;
                  c = c->next_free) {
                 unsigned f2, s2;
                 mapping_insert(csize(c), &f2, &s2);
-                bad += f2 != fl || s2 != sl || cflags(c) != CHUNK_FREE || arena_of(c)->seg.owner != h;
+                bad += insist(f2 == fl && s2 == sl && cflags(c) == CHUNK_FREE && arena_of(c)->seg.owner == h,
+                              "medium: a chunk in a bin is not free, not the heap's, or of another bin's size:", c);
                 free_in_bins++;
             }
         }
     }
-    bad += free_in_bins != free_in_arenas;
+    bad += insist(free_in_bins == free_in_arenas, "medium: free chunks in the bins differ from those in the arenas:",
+                  free_in_bins);
     for (arena *a = h->empty_arenas; a != NULL; a = a->empty_next) {
-        bad += a->state != ARENA_EMPTY;
+        bad += insist(a->state == ARENA_EMPTY, "medium: an arena in the empty list is not empty:", a);
         empty++;
     }
-    bad += empty != h->empty_arena_count;
+    bad += insist(empty == h->empty_arena_count, "medium: the empty arena count differs from its list:", empty);
     return bad;
 }

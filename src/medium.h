@@ -28,7 +28,8 @@
  * medium operation while there are such arenas). A heap trimmed to nothing (a waiting heap whose reserve
  * expired, memory pressure) releases its empty arenas whole (medium_release_empty).
  *
- * Depends on: segment.h, sync.h, port.h, error.h, libc.h.
+ * Depends on: segment.h, sync.h; medium.c also heap.h (the heap's bins and arenas), error.h, config.h,
+ * libc.h, port.h.
  */
 #ifndef SHARD_MEDIUM_H
 #define SHARD_MEDIUM_H

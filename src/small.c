@@ -94,7 +94,7 @@ static void sync_direct(heap *h, unsigned cls)
 /* The only page of a class list counts one more in `used` (and has sole = 1), so that it never looks
  * empty to the free fast path: an empty page that is its class's only one stays where it is (see
  * page_emptied), and without the extra one every free that emptied it took a branch of its own, which a
- * program that frees whole batches mispredicts (bench/micro's mixed rows: a fifth of the frees). The
+ * program that frees whole batches mispredicts (bench/micro's mixed rows under cachegrind). The
  * class list functions keep it: the extra one leaves the page that stops being alone, comes to the page
  * that is left alone. */
 static void sole_set(page *pg, uint8_t sole)
@@ -448,7 +448,32 @@ void small_drain_delayed(heap *h)
     }
 }
 
-/* ---- checker ------------------------------------------------------------------------------------- */
+/* ---- statistics and checker ------------------------------------------------------------------------ */
+
+void small_count(heap *h, small_counts *c)
+{
+    c->retired += load_relaxed(&h->pages_retired);
+    for (segment *s = load_acquire(&h->segments); s != NULL; s = load_acquire(&s->next)) {
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
+            const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
+            unsigned state = load_relaxed(&pg->state);
+            if (state == PAGE_IN_USE) {
+                long used = load_relaxed(&pg->used);
+                if (used < 0)
+                    used += PAGE_FULL_BIAS;
+                used -= load_relaxed(&pg->sole); /* the extra one of a class's only page */
+                uint64_t w = load_relaxed(&pg->thread_free);
+                c->used++;
+                c->live += (size_t)used - (size_t)THREAD_FREE_COUNT(w); /* freed by others, not yet taken in */
+            } else if (state == PAGE_FREE) {
+                c->free++;
+            } else {
+                c->decommitted++;
+            }
+        }
+    }
+}
+
 
 /* Length of a free list whose items must lie in pg at class offsets below `carved`; -1 if not. */
 static long list_length(const page *pg, const block *b, long limit)
@@ -465,14 +490,9 @@ static long list_length(const page *pg, const block *b, long limit)
 
 int small_check_page(const page *pg)
 {
+    if (pg->state != PAGE_IN_USE)
+        return insist(pg->state == PAGE_FREE || pg->state == PAGE_COLD, "small: a page with an unknown state:", pg);
     int problems = 0;
-    if (pg->state != PAGE_IN_USE) {
-        if (pg->state != PAGE_FREE && pg->state != PAGE_COLD) {
-            report_error("page with an unknown state:", (uintptr_t)pg);
-            problems++;
-        }
-        return problems;
-    }
     long cap = pg->capacity;
     long nfree = list_length(pg, pg->free, cap), nlocal = list_length(pg, pg->local_free, cap);
     long used = (pg->used < 0 ? (long)pg->used + PAGE_FULL_BIAS : pg->used) - pg->sole;
@@ -484,23 +504,18 @@ int small_check_page(const page *pg)
         const block *tail = (const block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4));
         for (nthread = 1; b != tail && nthread <= cap; nthread++)
             b = b->next;
-        if (nthread != (long)THREAD_FREE_COUNT(w)) {
-            report_error("thread_free count differs from its list in page", (uintptr_t)pg);
-            problems++;
-        }
+        problems += insist(nthread == (long)THREAD_FREE_COUNT(w), "small: thread_free's count differs from its list in page", pg);
     }
-    if (nfree < 0 || nlocal < 0) {
-        report_error("free item outside its page or class offset in page", (uintptr_t)pg);
-        problems++;
-    } else if (nfree + nlocal + used != pg->carved) {
-        report_error("free + local_free + used != carved in page", (uintptr_t)pg);
-        problems++;
-    }
-    if (nthread > used || pg->sole > 1 || (pg->sole && pg->used < 0) || pg->carved > pg->capacity || pg->block_size != class_size[pg->cls] ||
-        pg->carved_end != (uint32_t)pg->carved * pg->block_size || load_relaxed(&pg->shared_block_size) != pg->block_size ||
-        load_relaxed(&pg->shared_divisor) != pg->divisor) {
-        report_error("counts or sizes inconsistent in page", (uintptr_t)pg);
-        problems++;
-    }
+    if (nfree < 0 || nlocal < 0)
+        problems += insist(0, "small: a free item outside its page or off its class's offsets in page", pg);
+    else
+        problems += insist(nfree + nlocal + used == pg->carved, "small: free + local_free + used != carved in page", pg);
+    problems += insist(nthread <= used, "small: more items in thread_free than are out, in page", pg);
+    problems += insist(pg->sole <= 1 && !(pg->sole && pg->used < 0), "small: a full page counted as its class's only one:", pg);
+    problems += insist(pg->carved <= pg->capacity && pg->carved_end == (uint32_t)pg->carved * pg->block_size,
+                       "small: carved beyond the capacity, or carved_end differs from carved, in page", pg);
+    problems += insist(pg->block_size == class_size[pg->cls] && load_relaxed(&pg->shared_block_size) == pg->block_size &&
+                           load_relaxed(&pg->shared_divisor) == pg->divisor,
+                       "small: the block size differs from its class's or from the shared copies in page", pg);
     return problems;
 }

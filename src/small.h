@@ -9,10 +9,9 @@
  *   thread_free other threads push their frees here with one CAS
  * The owner's frees go onto `free`, not (as in the seed and in mimalloc) onto `local_free`: last in,
  * first out, the next allocation of the class takes back the item just freed, whose cache line the
- * program has usually just touched. Measured (bench/app.c's objects at -scale 0.2 under cachegrind):
- * 381 thousand first-level data cache misses with the frees on local_free, 181 thousand with them on
- * free; in interleaved runs of both libraries at 1 thread, 1-3 % less time in objects, closures, json
- * and pipeline, the rest unchanged. The malloc fast path takes local_free whole when `free` is dry.
+ * program has usually just touched (half the first-level cache misses of bench/app.c's objects under
+ * bench/cachesim.py; bench/results/2026-11-30-quoted-in-code.md has the numbers). The malloc fast path
+ * takes local_free whole when `free` is dry.
  *
  * thread_free is one word, not a pointer (layout below): the owner takes the whole list with one
  * exchange, splices it into local_free by its tail and subtracts the count from `used` without walking
@@ -35,7 +34,8 @@
  * every operation, the second what other threads write, so a foreign free does not take the owner's
  * line away from it.
  *
- * Depends on: segment.h, classes.h (generated), sync.h.
+ * Depends on: segment.h, classes.h (generated), sync.h; small.c also heap.h (the heap's lists and
+ * pages), large.h (the cache's expiry when a page becomes free), error.h, libc.h, port.h.
  */
 #ifndef SHARD_SMALL_H
 #define SHARD_SMALL_H
@@ -176,6 +176,13 @@ void small_drain_delayed(struct heap *h);
 void small_keep(struct heap *h, unsigned keep, int exiting);
 /* Release h's segments with no page in use (free pages and all): their address space goes back too. */
 void small_release_empty(struct heap *h);
+typedef struct small_counts {
+    size_t live, used, free, decommitted, retired; /* blocks; pages in use, free, not committed; retirements */
+} small_counts;
+/* Adds h's pages and blocks to *c (statistics; any thread, between segment_walk_begin and _end: reads
+ * racy counters, exact when no other thread allocates or frees meanwhile). */
+void small_count(struct heap *h, small_counts *c);
+
 /* Problems in one page's lists and counts (reported through report_error); 0 when it is consistent. */
 int small_check_page(const page *pg);
 

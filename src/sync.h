@@ -1,6 +1,9 @@
 /* sync.h - atomics, the 16-byte CAS, a spin lock and prefetch: the processor-level helpers of
  * the core. x86-64 only (the whole allocator is); no OS and no C library.
  *
+ * Depends on: config.h (the counters' and the spin's knobs); spin_wait_yield is defined in segment.c
+ * and spin_fork_passes in heap.c, so that this header needs no port.h.
+ *
  * The atomics are the compiler's __atomic builtins on plain fields, so the structures read by the asm
  * fast paths keep a simple, known layout. Every read-modify-write names its memory order. Compiled with
  * ThreadSanitizer (SHARD_TSAN), the 16-byte CAS is a builtin too, and tsan_acquire / tsan_release tell it

@@ -1,7 +1,7 @@
 /* test_asm.c - checkasm-style tests of the NASM fast paths (asm/fast.asm) against their C twins.
  *
- * The program links the library's objects, so the hidden C twins shard_malloc_c, shard_free_c and
- * shard_realloc_c (src/api.c built with SHARD_ASM=1) are reachable beside the NASM entry points
+ * The program links the library's objects, so the hidden C twins api_malloc_c, api_free_c and
+ * api_realloc_c (src/api.c built with SHARD_ASM=1) are reachable beside the NASM entry points
  * shard_malloc, shard_free and shard_realloc, and so are the internal structures (src/heap.h).
  *
  * 1. Same sequences, compared field by field. Thread A runs a seeded pseudo-random sequence of
@@ -129,8 +129,8 @@ static uint64_t checked_call(void *fn, uint64_t a0, uint64_t a1, const char *wha
 
 /* The C slow paths the fast paths jump to (src/fast.h); 0 is none. */
 enum { SLOW_NONE, SLOW_MALLOC, SLOW_FREE, SLOW_FREE_OWN_PAGE, SLOW_REALLOC, SLOW_ENTRIES };
-static const char *const slow_names[SLOW_ENTRIES] = {"none", "shard_malloc_slow", "shard_free_slow",
-                                                      "small_free_local_slow", "shard_realloc_slow"};
+static const char *const slow_names[SLOW_ENTRIES] = {"none", "api_malloc_slow", "api_free_slow",
+                                                      "small_free_local_slow", "api_realloc_slow"};
 
 static volatile long trace_steps;
 static volatile long trace_slow_at; /* the step at which a slow path's entry was reached; 0: never */
@@ -182,10 +182,10 @@ static void trace_setup(void)
     if (done)
         return;
     done = 1;
-    trace_slow_entry[SLOW_MALLOC] = (uintptr_t)(void *)shard_malloc_slow;
-    trace_slow_entry[SLOW_FREE] = (uintptr_t)(void *)shard_free_slow;
+    trace_slow_entry[SLOW_MALLOC] = (uintptr_t)(void *)api_malloc_slow;
+    trace_slow_entry[SLOW_FREE] = (uintptr_t)(void *)api_free_slow;
     trace_slow_entry[SLOW_FREE_OWN_PAGE] = (uintptr_t)(void *)small_free_local_slow;
-    trace_slow_entry[SLOW_REALLOC] = (uintptr_t)(void *)shard_realloc_slow;
+    trace_slow_entry[SLOW_REALLOC] = (uintptr_t)(void *)api_realloc_slow;
 #ifdef _WIN32
     AddVectoredExceptionHandler(1, on_single_step);
 #else
@@ -239,9 +239,9 @@ static void entries_setup(void)
     asm_entries.fn[OP_FREE] = (void *)shard_free;
     asm_entries.fn[OP_REALLOC] = (void *)shard_realloc;
     c_entries.name = "C";
-    c_entries.fn[OP_MALLOC] = (void *)shard_malloc_c;
-    c_entries.fn[OP_FREE] = (void *)shard_free_c;
-    c_entries.fn[OP_REALLOC] = (void *)shard_realloc_c;
+    c_entries.fn[OP_MALLOC] = (void *)api_malloc_c;
+    c_entries.fn[OP_FREE] = (void *)api_free_c;
+    c_entries.fn[OP_REALLOC] = (void *)api_realloc_c;
 }
 
 /* The fast paths' instruction counts on Linux, `ret` included, as asm/fast.asm states them; change

@@ -132,8 +132,8 @@ static void medium_op(void)
 
 /* Allocates count blocks of the given sizes one after another, each filled with its pattern over its
  * usable size (seed: seeds[i]). Under shardmm's rules, on a fresh arena, every block starts a chunk
- * header after the end of the one before. Returns 1 when all were allocated (and lie so); 0 after
- * reporting why not. */
+ * header after the end of the one before. Returns 1 when all were allocated (and lie so); otherwise 0
+ * after reporting why not, and after freeing the blocks it got (all or nothing). */
 static int alloc_chain(unsigned char **blocks, size_t *usable, const size_t *sizes, size_t count,
                        const uint64_t *seeds, const char *what)
 {
@@ -161,6 +161,11 @@ static int alloc_chain(unsigned char **blocks, size_t *usable, const size_t *siz
         }
 #endif
     }
+    if (!ok)
+        for (size_t i = 0; i < count; i++) {
+            shard_free(blocks[i]);
+            blocks[i] = NULL;
+        }
     return ok;
 }
 
@@ -476,11 +481,8 @@ static void *shrink_body(void *unused)
     static const uint64_t seeds[2] = { 0x6000, 0x6001 };
     unsigned char *b[2];
     size_t u[2];
-    if (!alloc_chain(b, u, sizes, 2, seeds, "block and its live neighbour")) {
-        shard_free(b[0]);
-        shard_free(b[1]);
+    if (!alloc_chain(b, u, sizes, 2, seeds, "block and its live neighbour"))
         return NULL;
-    }
     unsigned char *p = b[0], *g = b[1];
     size_t u0 = u[0], cur = u0, kept = u0;
     /* Targets relative to the current usable size (when small) or absolute. */
@@ -605,15 +607,8 @@ static void *grow_body(void *unused)
     static const uint64_t seeds[N] = { 0x6100, 0x6101, 0x6102, 0x6103, 0x6104, 0x6105 };
     unsigned char *b[N];
     size_t u[N];
-    int chained = alloc_chain(b, u, sizes, N, seeds, "six blocks of a fresh arena");
-    for (int i = 0; i < N; i++)
-        if (!b[i])
-            chained = 0;
-    if (!chained) {
-        for (int i = 0; i < N; i++)
-            shard_free(b[i]);
+    if (!alloc_chain(b, u, sizes, N, seeds, "six blocks of a fresh arena"))
         return NULL;
-    }
     unsigned char *a = b[0], *d = b[3], *q;
     /* D is followed by the live E: growing it by one byte moves it, with a quarter of headroom. */
     q = shard_realloc(d, u[3] + 1);
@@ -756,11 +751,8 @@ static void *headroom_body(void *unused)
         sizes[i] = i % 2 ? 16400 : (i == 0 ? 16385 : 20000); /* block, live guard, block, guard, ... */
         seeds[i] = 0x6300 + i;
     }
-    if (!alloc_chain(b, u, sizes, 2 * T, seeds, "blocks each followed by a live guard")) {
-        for (size_t i = 0; i < 2 * T; i++)
-            shard_free(b[i]);
+    if (!alloc_chain(b, u, sizes, 2 * T, seeds, "blocks each followed by a live guard"))
         return NULL;
-    }
     for (size_t i = 0; i < T; i++) {
         size_t n = targets[i];
         unsigned char *p = b[2 * i];
@@ -1128,15 +1120,8 @@ static void *merge_body(void *unused)
         sizes[i] = pattern[i % 4];
         seeds[i] = 0x6800 + (uint64_t)i;
     }
-    int chained = alloc_chain(b, u, sizes, N, seeds, "three rounds of A B C D");
-    for (int i = 0; i < N; i++)
-        if (!b[i])
-            chained = 0;
-    if (!chained) {
-        for (int i = 0; i < N; i++)
-            shard_free(b[i]);
+    if (!alloc_chain(b, u, sizes, N, seeds, "three rounds of A B C D"))
         return NULL;
-    }
     for (int r = 0; r < 3; r++) {
         unsigned char **abc = b + 4 * r;
         char what[64];
@@ -1238,15 +1223,8 @@ static void *foreign_merge_body(void *unused)
     static const uint64_t seeds[4] = { 0x6a00, 0x6a01, 0x6a02, 0x6a03 };
     unsigned char *b[4], *kept = NULL;
     size_t u[4];
-    int chained = alloc_chain(b, u, sizes, 4, seeds, "A B C D");
-    for (int i = 0; i < 4; i++)
-        if (!b[i])
-            chained = 0;
-    if (!chained) {
-        for (int i = 0; i < 4; i++)
-            shard_free(b[i]);
+    if (!alloc_chain(b, u, sizes, 4, seeds, "A B C D"))
         return NULL;
-    }
     /* Another thread frees A, C, B (in that order). */
     unsigned char *handed[3] = { b[0], b[2], b[1] };
     size_t hsizes[3] = { u[0], u[2], u[1] };
@@ -1426,15 +1404,8 @@ __attribute__((unused)) static void *double_free_body(void *unused)
         seeds[i] = 0x6d00 + (uint64_t)i;
     }
     /* L1 P1 R1 L2 P2 R2 L3 P3 R3 guard */
-    int chained = alloc_chain(b, u, sizes, N, seeds, "three blocks between neighbours");
-    for (int i = 0; i < N; i++)
-        if (!b[i])
-            chained = 0;
-    if (!chained) {
-        for (int i = 0; i < N; i++)
-            shard_free(b[i]);
+    if (!alloc_chain(b, u, sizes, N, seeds, "three blocks between neighbours"))
         return NULL;
-    }
     shard_error_fn previous = shard_set_error_hook(recording_hook, NULL);
     /* Both neighbours live. */
     shard_free(b[1]);
@@ -1520,15 +1491,8 @@ static void *foreign_double_free_body(void *unused)
         seeds[i] = 0x6e00 + (uint64_t)i;
     }
     /* L P1 M P2 N P3 R: each freed block between live ones */
-    int chained = alloc_chain(b, u, sizes, N, seeds, "blocks between live neighbours");
-    for (int i = 0; i < N; i++)
-        if (!b[i])
-            chained = 0;
-    if (!chained) {
-        for (int i = 0; i < N; i++)
-            shard_free(b[i]);
+    if (!alloc_chain(b, u, sizes, N, seeds, "blocks between live neighbours"))
         return NULL;
-    }
     shard_error_fn previous = shard_set_error_hook(recording_hook, NULL);
     shard_stats s0 = stats_now();
     /* P1: freed by another thread, taken by the owner, then freed again by another thread. */

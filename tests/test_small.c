@@ -1560,6 +1560,19 @@ static void child_action(const char *action)
         void *p = shard_malloc(100);
         if (p != NULL)
             shard_free(shard_realloc(p, 200));
+    } else if (strcmp(action, "check-small") == 0) {
+        /* A freed item's link pointed into another page: shard_check names the broken rule. */
+        void *volatile keep = shard_malloc(48);
+        void **freed = shard_malloc(48);
+        shard_free(freed);
+        *freed = not_ours;
+        fprintf(stderr, "problems %d\n", shard_check());
+        (void)keep;
+    } else if (strcmp(action, "check-medium") == 0) {
+        /* A live medium block's check word (the last 8 bytes of its header) overwritten. */
+        uint64_t *p = shard_malloc(30000);
+        p[-1] ^= 1;
+        fprintf(stderr, "problems %d\n", shard_check());
     }
 #else
     (void)action;
@@ -1595,6 +1608,29 @@ TEST(the_default_error_hook_writes_one_line_and_aborts)
         CHECKF(len > prefix && strncmp(r.err, cases[i].line_start, prefix) == 0 && hex > prefix &&
                    hex + 1 == len && r.err[hex] == '\n',
                "%s: stderr \"%s\"", cases[i].action, r.err);
+    }
+#endif
+}
+
+/* shard_check names the rule each inconsistency breaks (on stderr, through the error channel) and counts
+ * them: a free list that leaves its page, a medium block whose header was overwritten. */
+TEST(shard_check_names_the_broken_rule)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    static const struct {
+        const char *action, *rule;
+    } cases[] = {
+        {"check-small", "small: a free item outside its page or off its class's offsets in page"},
+        {"check-medium", "medium: a live chunk's check word is wrong at"},
+    };
+    child_result r;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        child_run(cases[i].action, &r);
+        CHECKF(r.started && strstr(r.err, cases[i].rule) != NULL && strstr(r.err, "problems 0") == NULL &&
+                   strstr(r.err, "problems ") != NULL,
+               "%s: started %d, exit code %d, stderr \"%s\"", cases[i].action, r.started, r.exit_code, r.err);
     }
 #endif
 }
