@@ -440,12 +440,15 @@ rule pc
 # from the native gcc of the same version. win64.c includes windows.h: the port talks to the OS.
 # -mcmodel=small: our own globals are reached directly, not through mingw's .refptr indirections
 # (which exist for data auto-imported from other DLLs; the core imports no data).
+# -ffunction-sections: the static libraries' prelink (ld -r, rule war) misplaces the function-table
+# (.pdata) entries of every object's functions but those of its first section; with a section per
+# function each entry stays with its function (tests/pe_unwind.py checks the tables).
 # The test programs use the C runtime (printf, qsort); the allocator does not.
 mingw = x86_64-w64-mingw32-gcc
 mingw_tools = x86_64-w64-mingw32-
-win_core_flags = -std=c11 -mcmodel=small -ffreestanding -fno-builtin -fno-tree-loop-distribute-patterns -fno-stack-protector $
+win_core_flags = -std=c11 -mcmodel=small -ffunction-sections -ffreestanding -fno-builtin -fno-tree-loop-distribute-patterns -fno-stack-protector $
   -nostdinc -isystem $$($cc -print-file-name=include) $warn
-win_port_flags = -std=c11 -mcmodel=small -fno-builtin -fno-stack-protector $warn
+win_port_flags = -std=c11 -mcmodel=small -ffunction-sections -fno-builtin -fno-stack-protector $warn
 win_test_flags = -std=c11 -O1 -g -D__USE_MINGW_ANSI_STDIO=1 -Wall -Wextra -Iinclude -Itests
 win_bench_flags = -std=c11 -O2 -Wall -Wextra -Iinclude
 

@@ -1704,3 +1704,45 @@ TEST(allocations_after_the_thread_exit_hook_leave_no_heap_behind)
 #endif
     shard_free(mine);
 }
+
+#if defined(_WIN32) && SHARD_RULES
+static void *unwind_back;
+static int unwind_found, unwind_frames;
+
+/* Walks the stack with Windows' unwinder (the function tables of every module on the way) from inside
+ * the allocator, and looks for the return address into the test. */
+static void unwinding_hook(void *arg, int error, void *ptr)
+{
+    (void)arg, (void)error, (void)ptr;
+    void *frames[64];
+    unwind_frames = RtlCaptureStackBackTrace(0, 64, frames, NULL);
+    for (int i = 0; i < unwind_frames; i++)
+        unwind_found |= frames[i] == unwind_back;
+}
+
+static __attribute__((noinline)) void free_invalid_pointer_and_walk_the_stack(void)
+{
+    unwind_back = __builtin_return_address(0);
+    static char not_a_block[64];
+    shard_free(not_a_block + 16);
+}
+#endif
+
+/* An unwinder that starts in the error hook gets through the allocator's functions to the caller of
+ * shard_free: the function tables (.pdata) of the DLL and of the static library are whole. (The
+ * prelink of the static library once garbled them: ld -r moved the table entries of every object
+ * after the first.) A C++ exception thrown from the hook, a debugger's or a profiler's stack walk
+ * depend on them. */
+TEST(the_stack_unwinds_from_the_error_hook_through_the_allocator)
+{
+#if !defined(_WIN32) || !SHARD_RULES
+    SKIP_TEST();
+#else
+    shard_error_fn previous = shard_set_error_hook(unwinding_hook, NULL);
+    unwind_found = 0;
+    free_invalid_pointer_and_walk_the_stack();
+    shard_set_error_hook(previous, NULL);
+    CHECKF(unwind_frames >= 4 && unwind_found, "%d frames captured; the test's own frame %sfound", unwind_frames,
+           unwind_found ? "" : "not ");
+#endif
+}
