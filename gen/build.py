@@ -42,9 +42,9 @@ CORE = [
     "src/error.c",
 ]
 
-# The sources that read SHARD_ASM (api.c: which fast paths have the public names; linux.c: whether it
-# defines the heap slot, which asm/fast.asm defines otherwise): a variant's `asm` is given to these only.
-READS_SHARD_ASM = {"src/api.c", "port/linux.c"}
+# The sources that read SHARD_ASM (api.c: which fast paths have the public names; heap.c: whether it
+# defines the TLS heap slot, which asm/fast.asm defines otherwise): a variant's `asm` is given to these only.
+READS_SHARD_ASM = {"src/api.c", "src/heap.c"}
 
 
 class Toolchain(NamedTuple):
@@ -82,8 +82,11 @@ class Variant(NamedTuple):
     so: Optional[str] = None      # drop-in library: with port/malloc.c's object, so_flags = $malloc_aliases
     api_so: Optional[str] = None  # library of the shard_* names only (Linux), the DLL (Windows)
     ar: Optional[str] = None      # static library
-    check: Optional[str] = None   # build/freestanding.ok: the core refers to nothing but itself and port_*
+    check: Optional[str] = None   # a stamp: the core refers to nothing but itself and port_* (and with a
+                                  # port of its own, the whole library refers to nothing outside itself)
     in_libs: bool = True          # in `ninja libs`; the builds only one benchmark compares with are not
+    port: Optional[str] = None    # a port other than the toolchain's OS port, compiled freestanding like the
+                                  # core: adding a port is its file and a variant line naming it
     doc: str = ""
 
 
@@ -99,19 +102,19 @@ VARIANTS = [
             doc="The release library without large pages under large blocks (SHARD_LARGE_PAGES=0), for "
                 "the large benchmark's comparison; only large.o differs."),
     Variant("noreserve", LINUX, "build/noreserve", "$release", "-DSHARD_RESERVE_PAGES=0 -DSHARD_RESERVE_ARENAS=0",
-            nasm="release", base="release", only=("src/heap.c",), so="build/noreserve/libshardmm.so",
+            asm=1, nasm="release", base="release", only=("src/heap.c",), so="build/noreserve/libshardmm.so",
             in_libs=False,
             doc="The release library without the reserve of exited threads (SHARD_RESERVE_PAGES=0, "
                 "SHARD_RESERVE_ARENAS=0), for the thread-churn benchmark's comparison; only heap.o differs."),
-    Variant("purec", LINUX, "build/purec", "$release", asm=0, base="release", only=("src/api.c", "port/linux.c"),
+    Variant("purec", LINUX, "build/purec", "$release", asm=0, base="release", only=("src/api.c", "src/heap.c"),
             so="build/purec/libshardmm.so",
             doc="The release library with the C fast paths in place of the NASM ones (SHARD_ASM=0); only "
-                "api.o and linux.o differ."),
+                "api.o and heap.o differ."),
     Variant("counters", LINUX, "build/counters", "$release", "-DSHARD_ASM=1 -DSHARD_COUNTERS=1", nasm="release",
             so="build/counters/libshardmm.so",
             doc="The release library with every atomic operation and lock acquisition counted "
                 "(SHARD_COUNTERS=1, config.h): for bench/app's counters per scenario, not for timing. "
-                "SHARD_ASM=1 goes to every source here (only api.c and linux.c read it)."),
+                "SHARD_ASM=1 goes to every source here (only api.c and heap.c read it)."),
     Variant("debug", LINUX, "build/debug", "$debug", asm=1, nasm="release", api_so="build/debug/libshardmm.so",
             doc="SHARD_DEBUG=1: assertions and page checks after slow paths; the release NASM object "
                 "(asm/fast.asm has no debug form)."),
@@ -119,7 +122,7 @@ VARIANTS = [
             api_so="build/win64/shardmm.dll",
             doc="Windows x64 DLL (+ libshardmm.dll.a, its import library): no C runtime, kernel32 only."),
     Variant("static", WIN64, "build/win64/static", "$release", asm=1, nasm="own", ar="build/win64/libshardmm.a",
-            doc="Windows x64 static library."),
+            check="build/win64/freestanding.ok", doc="Windows x64 static library."),
     Variant("windebug", WIN64, "build/win64/debug", "$debug", "-DSHARD_BUILD_DLL", asm=1, nasm="own",
             api_so="build/win64/debug/shardmm.dll",
             doc="Windows x64 debug DLL (SHARD_DEBUG=1)."),
@@ -147,14 +150,18 @@ def nasm_obj(v):
     return nasm_obj(VARIANT[v.nasm]) if v.nasm else None
 
 
+def port_of(v):
+    return v.port or v.tc.port
+
+
 def core_objs(v):
-    """The core's objects and the NASM one: what build/freestanding.ok checks."""
-    return [obj(v, s) for s in CORE] + ([nasm_obj(v)] if v.nasm else [])
+    """The core's objects and the NASM one (and a port of the variant's own): what its check looks at."""
+    return [obj(v, s) for s in CORE + ([v.port] if v.port else [])] + ([nasm_obj(v)] if v.nasm else [])
 
 
 def objs(v):
     """Every object of the library, in link order."""
-    return [obj(v, s) for s in CORE] + [obj(v, v.tc.port)] + ([nasm_obj(v)] if v.nasm else [])
+    return [obj(v, s) for s in CORE] + [obj(v, port_of(v))] + ([nasm_obj(v)] if v.nasm else [])
 
 
 # port/malloc.c: the C library's names (malloc's relatives; malloc, free, calloc and realloc are aliases, see
@@ -413,8 +420,10 @@ rule link
   deps = gcc
   description = LINK $out
 
+# The core's objects (prelinked into one) refer to nothing but themselves and the names $allow matches.
 rule freestanding
-  command = ld -r -o $out.o $in && nm -u $out.o | awk 'NF == 2 && $$2 !~ /^(port_|_GLOBAL_OFFSET_TABLE_$$)/ { print; bad = 1 } END { exit bad }' && touch $out
+  command = ld -r -o $out.o $in && nm -u $out.o | awk 'NF == 2 && $$2 !~ /$allow/ { print; bad = 1 } END { exit bad }' $
+    && touch $out
   description = CHECK core objects refer to nothing outside the core and the port
 
 # NASM: -M writes the dependencies (NASM 2.16's -MD leaves %include files out), then a second run assembles.
@@ -469,6 +478,12 @@ rule war
   command = rm -f $out $out.o && ${mingw_tools}ld -r -o $out.o $in && $
     ${mingw_tools}objcopy -w -G 'shard_*' $out.o && ${mingw_tools}ar crs $out $out.o
   description = AR $out
+
+# The Windows core's objects, checked as build/freestanding.ok checks Linux's.
+rule wfreestanding
+  command = ${mingw_tools}ld -r -o $out.o $in && ${mingw_tools}nm -u $out.o | $
+    awk 'NF == 2 && $$2 !~ /$allow/ { print; bad = 1 } END { exit bad }' && touch $out
+  description = CHECK Windows core objects refer to nothing outside the core and the port
 
 rule wlink
   command = $mingw -MMD -MF $out.d $flags $in -o $out $libs
@@ -576,8 +591,8 @@ def variant_edges(v):
     """The objects a variant compiles, and its libraries."""
     tc = v.tc
     edges = []
-    for src in (v.only if v.base else CORE + [tc.port]):
-        base = tc.core_flags if src.startswith("src/") else tc.port_flags
+    for src in (v.only if v.base else CORE + [port_of(v)]):
+        base = tc.core_flags if src.startswith("src/") or src == v.port else tc.port_flags
         asm = f"-DSHARD_ASM={v.asm}" if v.asm is not None and src in READS_SHARD_ASM else ""
         edges.append(Edge(obj(v, src), tc.cc, (src,), join(base, v.level, v.defines, asm)))
     if v.nasm == "own":
@@ -599,7 +614,11 @@ def variant_edges(v):
     if v.ar:
         edges.append(Edge(v.ar, tc.ar, tuple(objs(v)), phony=phony))
     if v.check:
-        edges.append(Edge(v.check, "freestanding", tuple(core_objs(v)), phony=phony))
+        # Undefined names allowed: the port's, when it is not in the objects; the GOT (its symbol is the
+        # linker's, in a position-independent object).
+        allow = "^_GLOBAL_OFFSET_TABLE_$$" if v.port else "^(port_|_GLOBAL_OFFSET_TABLE_$$)"
+        edges.append(Edge(v.check, "freestanding" if tc is LINUX else "wfreestanding", tuple(core_objs(v)),
+                          variables=(("allow", allow),), phony=phony))
     return edges
 
 

@@ -11,12 +11,12 @@
  *
  * The span is the reservation: the request's size again as headroom (at most 1 GB of it) and never
  * less than 16 MB in all - but only while the process's address space is unlimited: under RLIMIT_AS
- * (port_address_space_limit) a block reserves what it needs, rounded to 64 KB, so that the limit holds
+ * (port_caps.address_space_limit) a block reserves what it needs, rounded to 64 KB, so that the limit holds
  * about as many blocks as it holds bytes, and so does any reservation the address space cannot hold
  * with its headroom. Growing within the committed part changes `size`; within the span it commits
  * pages in place; beyond it the block moves (api.c asks for 1/16 of headroom), so a buffer that keeps
  * growing moves no more often than it doubles. On Linux a move hands the pages over to the new
- * reservation without copying them (port_move_release); Windows has no such call and copies. Shrinking
+ * reservation without copying them (port_caps.move_release); Windows has no such call and copies. Shrinking
  * to less than half of what is committed gives the tail back at once; shrinking by less leaves it.
  *
  * An aligned block (shard_malloc_aligned, align 64 B .. 2 MB) starts at start + align instead of
@@ -56,7 +56,7 @@
  *   thread exits.
  *
  * Depends on: segment.h (OS calls with accounting, the map), medium.h (SHARD_MEDIUM_MAX), sync.h,
- * config.h, libc.h, port.h (the address-space limit).
+ * config.h, libc.h, port.h (its page and reservation sizes).
  */
 #include "large.h"
 
@@ -110,7 +110,7 @@ static size_t need_of(size_t size, size_t offset) { return round_up(size + offse
 static size_t span_for(size_t need, int headroom)
 {
     size_t least = round_up(need, PORT_RESERVE_ALIGN);
-    if (!headroom || port_address_space_limit() != SIZE_MAX)
+    if (!headroom || os_address_space_limit() != SIZE_MAX)
         return least;
     size_t extra = need < SHARD_LARGE_HEADROOM_MAX ? need : SHARD_LARGE_HEADROOM_MAX;
     size_t span = need + extra < SHARD_LARGE_SPAN_MIN ? SHARD_LARGE_SPAN_MIN : need + extra;
@@ -136,7 +136,7 @@ static large_header *reserve_block(size_t need, size_t offset, size_t commit_fro
     if (h == NULL)
         return NULL;
     if (SHARD_LARGE_PAGES)
-        port_hint_large_pages(h, span);
+        os_hint_large_pages(h, span);
     if (need > commit_from && os_commit((uint8_t *)h + commit_from, need - commit_from) != 0) {
         os_release(h, span, 0);
         return NULL;
@@ -225,12 +225,12 @@ static void release_all(large_header **victims, unsigned n)
 void large_cache_expire(void)
 {
     uint64_t oldest = load_relaxed(&cache.oldest_at);
-    if (oldest == UINT64_MAX || !expired(oldest, port_clock_ms()))
+    if (oldest == UINT64_MAX || !expired(oldest, os_clock_ms()))
         return;
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
     if (!spin_lock_unless_fork(&cache.lock))
         return; /* a fork holds the cache: the blocks wait for the next look */
-    unsigned n = take_oldest(expired_count(port_clock_ms()), victims);
+    unsigned n = take_oldest(expired_count(os_clock_ms()), victims);
     publish_oldest();
     spin_unlock(&cache.lock);
     release_all(victims, n);
@@ -256,7 +256,7 @@ static large_header *cache_take(size_t need, size_t *committed)
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS], *h = NULL;
     if (!spin_lock_unless_fork(&cache.lock))
         return NULL; /* a fork holds the cache: a fresh block instead */
-    unsigned n = take_oldest(expired_count(port_clock_ms()), victims);
+    unsigned n = take_oldest(expired_count(os_clock_ms()), victims);
     unsigned best = cache.count;
     for (unsigned i = 0; i < cache.count; i++) {
         const cached *c = &cache.entry[i];
@@ -295,7 +295,7 @@ static void cache_put(large_header *h)
         release_block(h); /* a fork holds the cache: the block goes back to the OS */
         return;
     }
-    uint64_t now = port_clock_ms();
+    uint64_t now = os_clock_ms();
     unsigned n = expired_count(now);
     /* Room for one more entry and its bytes: the oldest go first. */
     size_t bytes = cache.bytes;
@@ -365,7 +365,7 @@ static void *far_alloc(size_t size, size_t align)
         return NULL;
     large_header *h = (large_header *)(r + lead);
     if (SHARD_LARGE_PAGES)
-        port_hint_large_pages(r + align, body);
+        os_hint_large_pages(r + align, body);
     if (os_commit(h, need) != 0) {
         os_release(r, align + body, 0);
         return NULL;
@@ -470,12 +470,11 @@ void *large_resize_in_place(void *p, size_t size)
     return p;
 }
 
-#if PORT_MOVES_PAGES
 void *large_move(void *p, size_t size)
 {
     large_header *old = live_header(p);
-    if (old == NULL || size > LARGE_SIZE_MAX)
-        return NULL;
+    if (old == NULL || size > LARGE_SIZE_MAX || !os_can_move())
+        return NULL; /* not a block, or a platform that cannot move pages: the caller copies */
     size_t offset = offset_of(old), need = need_of(size, offset), moved = old->committed;
     if (need <= moved)
         return NULL; /* only growth moves pages over */
@@ -503,13 +502,6 @@ void *large_move(void *p, size_t size)
     segmap_set((uintptr_t)h, SEGMENT_SIZE, SEG_LARGE, SEG_LARGE);
     return block_of(h);
 }
-#else
-void *large_move(void *p, size_t size)
-{
-    (void)p, (void)size;
-    return NULL; /* this OS cannot move pages: the caller copies */
-}
-#endif
 
 size_t large_live_count(void) { return load_relaxed(&live_blocks); }
 
