@@ -126,6 +126,15 @@ VARIANTS = [
     Variant("windebug", WIN64, "build/win64/debug", "$debug", "-DSHARD_BUILD_DLL", asm=1, nasm="own",
             api_so="build/win64/debug/shardmm.dll",
             doc="Windows x64 debug DLL (SHARD_DEBUG=1)."),
+    Variant("region", LINUX, "build/region", "$release", "-DSHARD_PORT_REGION", asm=1, nasm="own",
+            port="port/region.c", ar="build/region/libshardmm-region.a", check="build/region/freestanding.ok",
+            doc="The region port (port/region.c, include/shardmm_region.h): one memory region the embedder "
+                "hands over, no OS and no C library; the heap slot is the embedder's function (the NASM "
+                "fast paths call it through heap_slot_fetch)."),
+    Variant("winregion", WIN64, "build/win64/region", "$release", "-DSHARD_PORT_REGION", asm=1, nasm="own",
+            port="port/region.c", ar="build/win64/region/libshardmm-region.a",
+            check="build/win64/region/freestanding.ok",
+            doc="The region port for Windows x64 objects: no kernel32, no C runtime."),
     Variant("fuzz", CLANG, "build/fuzz", "$debug", "$fuzz_sanitizers -fsanitize=fuzzer-no-link",
             doc="The fuzzer's core: the debug build (SHARD_DEBUG=1) with AddressSanitizer, UBSan and "
                 "libFuzzer's coverage; C fast paths (SHARD_ASM unset reads as 0)."),
@@ -135,6 +144,7 @@ VARIANTS = [
 VARIANT = {v.name: v for v in VARIANTS}
 RELEASE, DEBUG = VARIANT["release"], VARIANT["debug"]
 WIN_DLL, WIN_STATIC, WIN_DEBUG = VARIANT["dll"], VARIANT["static"], VARIANT["windebug"]
+REGION, WIN_REGION = VARIANT["region"], VARIANT["winregion"]
 
 
 def obj(v, src):
@@ -169,6 +179,8 @@ def objs(v):
 DROPIN_OBJ = "build/release/malloc.o"
 CALLCHECK = {LINUX: "build/tests/callcheck.o", WIN64: "build/win64/tests/callcheck.o"}  # tests/callcheck.asm
 SINGLE_OBJ = "build/tests/shardmm-single.o"  # src/shardmm.c
+# The single-file build of the region port with one global heap slot, and its NASM fast paths.
+SINGLE_REGION_OBJS = ("build/tests/shardmm-single-region.o", "build/tests/fast-single-region.o")
 TSAN_OBJ = "build/tsan/shardmm.o"
 
 
@@ -196,6 +208,13 @@ OTHERS = [
     Edge(SINGLE_OBJ, "cc", ("src/shardmm.c",), "-std=c11 -O2 -Iinclude -Wall -Wextra -pthread",
          doc="The single-file build (src/shardmm.c: the core and the Linux port in one object, as the README "
              "shows), for test-embed-single."),
+    Edge(SINGLE_REGION_OBJS[0], "cc", ("src/shardmm.c",),
+         "$core_flags $release -DSHARD_PORT_REGION -DSHARD_SLOT=PORT_SLOT_GLOBAL",
+         doc="The single-file build of the region port (-DSHARD_PORT_REGION), freestanding, with the heap slot "
+             "a single global word (SHARD_SLOT=PORT_SLOT_GLOBAL: one thread), and its fast paths: the slot kind "
+             "no other build has."),
+    Edge(SINGLE_REGION_OBJS[1], "nasm", ("asm/fast.asm",),
+         variables=(("fmt", LINUX.nasm_format), ("nasm_flags", "-DSHARD_PORT_REGION -DSHARD_SLOT=PORT_SLOT_GLOBAL"))),
     Edge("build/win64/shard-wrap.dll", "wlink", ("tests/wrap_dll.c", WIN_STATIC.ar),
          "-shared -std=c11 -O1 -Wall -Wextra -Iinclude", "-lkernel32",
          doc="Someone else's DLL with the static library inside (with the C runtime's usual DLL entry), for "
@@ -250,6 +269,13 @@ BUILDS = {
     "single": Build(LINUX, "build/{}-single", "", (SINGLE_OBJ, nasm_obj(RELEASE)),
                     doc="linked with the single-file build (src/shardmm.c and asm/fast.asm)"),
     "plain": Build(LINUX, "build/{}", doc="linked with no library of ours"),
+    "region": Build(LINUX, "build/{}", "", (REGION.ar,), doc="linked with the region port's library"),
+    "bare": Build(LINUX, "build/{}", "$bare_flags -static", (REGION.ar,),
+                  doc="the region port's library and nothing else: no C library, no start files"),
+    "bare-single": Build(LINUX, "build/{}-single", "$bare_flags -static -DTEST_SINGLE_SLOT", SINGLE_REGION_OBJS,
+                         doc="the same over the single-file build of the region port with a global slot"),
+    "win-bare": Build(WIN64, "build/win64/{}.exe", "$bare_flags -Wl,-e,bare_start", (WIN_REGION.ar,),
+                      libs="-lkernel32", doc="Windows, the same: no C runtime, kernel32 for the output alone"),
     "win": Build(WIN64, "build/win64/{}.exe", "-DSHARD_USE_DLL", dll=WIN_DLL.api_so,
                  doc="Windows, beside the DLL it loads (Windows looks in the program's folder first)"),
     "win-debug": Build(WIN64, "build/win64/debug/{}.exe", "-DSHARD_USE_DLL", dll=WIN_DEBUG.api_so,
@@ -320,6 +346,12 @@ TESTS = [
     Test("test-embed", "tests/test_embed.c", "archive single",
          doc="shardmm embedded in a program through the shard_* API: linked with libshardmm.a (-static), and "
              "built from the single-file build (-single), as the README tells an embedder to."),
+    Test("test-region", "tests/test_region.c", "region",
+         doc="the region port with a C library around it: threads through the slot function, the embedder's "
+             "clock, and out of memory at every commit (a commit callback that refuses on request)."),
+    Test("test-region-bare", "tests/region_bare.c", "bare bare-single win-bare",
+         doc="the region port with no OS and no C library (-nostdlib, its own entry point): blocks of every "
+             "kind in a static buffer."),
     Test("test-win64", "tests/test_win64.c", "win-plain", implicit=(WIN_DLL.api_so, "build/win64/shard-wrap.dll"),
          doc="Windows-only behaviour of shardmm.dll, which it loads with LoadLibrary: FLS callbacks, fibers, "
              "FreeLibrary with live heaps, refused reservations, the static library inside another DLL."),
@@ -387,6 +419,9 @@ port_flags = -std=c11 -fPIC -fvisibility=hidden -fno-builtin -fno-stack-protecto
 release = -O2 -g -DSHARD_DEBUG=0
 debug = -O1 -g -DSHARD_DEBUG=1
 test_flags = -std=c11 -O1 -g -D_GNU_SOURCE -Wall -Wextra -Iinclude -Itests -pthread
+# A program with no C library (the region port's test): no start files, no libraries, nothing the
+# compiler would turn into a call to memset or memcpy.
+bare_flags = -nostdlib -ffreestanding -fno-builtin -fno-tree-loop-distribute-patterns -fno-stack-protector
 bench_flags = -std=c11 -O2 -Wall -Wextra -pthread -Iinclude
 
 rule cc
