@@ -9,15 +9,20 @@
  *   start + 32    the block: `size` usable bytes (start + align for an aligned block, below)
  *   ...           committed up to start + committed, then address space only up to start + span
  *
- * The span is the reservation: the request's size again as headroom (at most 1 GB of it) and never
- * less than 16 MB in all - but only while the process's address space is unlimited: under RLIMIT_AS
- * (port_caps.address_space_limit) a block reserves what it needs, rounded to 64 KB, so that the limit holds
- * about as many blocks as it holds bytes, and so does any reservation the address space cannot hold
- * with its headroom. Growing within the committed part changes `size`; within the span it commits
- * pages in place; beyond it the block moves (api.c asks for 1/16 of headroom), so a buffer that keeps
- * growing moves no more often than it doubles. On Linux a move hands the pages over to the new
- * reservation without copying them (port_caps.move_release); Windows has no such call and copies. Shrinking
- * to less than half of what is committed gives the tail back at once; shrinking by less leaves it.
+ * The span is the reservation: what the block needs and as much again as headroom (at most 1 GB of
+ * it), rounded to 64 KB: a 1.1 MB block reserves 2.25 MB. There is no floor under it. The seed's
+ * 16 MB floor spared a buffer that grows from 1 MB two of its moves on the way to 1 GB
+ * (bench/large.py counts them; on Linux a move copies nothing), and made every block below 8 MB hold
+ * 16 MB of address space, a 1.1 MB one fourteen times its size, which the process's size (VSZ) and
+ * any limit on it count. The headroom holds only while the process's address space is unlimited:
+ * under RLIMIT_AS (port_caps.address_space_limit) a block reserves what it needs, rounded to 64 KB, so that
+ * the limit holds about as many blocks as it holds bytes, and so does any reservation the address
+ * space cannot hold with its headroom.
+ * Growing within the committed part changes `size`; within the span it commits pages in place; beyond
+ * it the block moves (api.c asks for 1/16 of headroom), so a buffer that keeps growing moves no more
+ * often than it doubles. On Linux a move hands the pages over to the new reservation without copying
+ * them (port_caps.move_release); Windows has no such call and copies. Shrinking to less than half of what is
+ * committed gives the tail back at once; shrinking by less leaves it.
  *
  * An aligned block (shard_malloc_aligned, align 64 B .. 2 MB) starts at start + align instead of
  * start + 32: the layout keeps log2 of the block's offset, and everything from the header up to the
@@ -113,8 +118,7 @@ static size_t span_for(size_t need, int headroom)
     if (!headroom || os_address_space_limit() != SIZE_MAX)
         return least;
     size_t extra = need < SHARD_LARGE_HEADROOM_MAX ? need : SHARD_LARGE_HEADROOM_MAX;
-    size_t span = need + extra < SHARD_LARGE_SPAN_MIN ? SHARD_LARGE_SPAN_MIN : need + extra;
-    return round_up(span, PORT_RESERVE_ALIGN);
+    return round_up(need + extra, PORT_RESERVE_ALIGN);
 }
 
 static size_t live_blocks; /* atomic: large blocks have no owner to count them */

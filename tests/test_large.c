@@ -10,8 +10,8 @@
  * The rules, as this file reads them (the large-block issue's rules, README.md, include/shardmm.h):
  * - n > 1 MB is large, n <= 1 MB small or medium. need(n) = round_up(n + 32, 4 KB) is committed for a
  *   fresh block (a 32-byte header included), at p with p % 4 MB == 32; its usable size is need(n) - 32.
- *   Its reservation, counted from the header, is R(n) = round_up(max(16 MB, need + min(need, 1 GB)), 64 KB)
- *   while the address space is unlimited (under RLIMIT_AS it is round_up(need, 64 KB): test_hostile.c).
+ *   Its reservation, counted from the header, is R(n) = round_up(need + min(need, 1 GB), 64 KB) while the
+ *   address space is unlimited (under RLIMIT_AS it is round_up(need, 64 KB): test_hostile.c).
  * - realloc(p, m) of a large block with C committed: m <= 1 MB moves to a small or medium block;
  *   need(m) <= C stays, decommitting the tail exactly when need(m) < C / 2; C < need(m) <= R stays and
  *   commits need(m) - C; beyond R it moves to a block of t = m + m/16 bytes (usable need(t) - 32 when
@@ -73,7 +73,6 @@
 #define LARGE_PAGE ((size_t)4096)
 #define LARGE_GRANULE (4 * MB)      /* a block's header starts a 4 MB granule */
 #define RESERVE_GRANULE (64 * KB)   /* reservations are whole 64 KB */
-#define RESERVE_MIN (16 * MB)       /* the least reservation */
 #define RESERVE_EXTRA_MAX GB        /* the reservation beyond need is need, at most 1 GB */
 #define MOVE_HEADROOM 16            /* a growing block that moves gets 1/16 more */
 #define CACHE_MAX_BLOCKS 32
@@ -109,8 +108,8 @@ static size_t need(size_t n)
 /* The reservation of a fresh block of n bytes, counted from its header. */
 static size_t reservation(size_t n)
 {
-    size_t c = need(n), r = c + (c < RESERVE_EXTRA_MAX ? c : RESERVE_EXTRA_MAX);
-    return round_up(r < RESERVE_MIN ? RESERVE_MIN : r, RESERVE_GRANULE);
+    size_t c = need(n);
+    return round_up(c + (c < RESERVE_EXTRA_MAX ? c : RESERVE_EXTRA_MAX), RESERVE_GRANULE);
 }
 
 /* The usable size of a fresh block of n bytes (and of any large block after realloc to n in place). */
@@ -376,7 +375,9 @@ TEST(rules_of_the_test_are_the_documented_ones)
     CHECK_EQ(need(MB + 4064), MB + 4096);
     CHECK_EQ(need(MB + 4065), MB + 8192);
     CHECK_EQ(fresh_usable(LARGE_MIN), MB + 4064);
-    CHECK_EQ(reservation(LARGE_MIN), 16 * MB);
+    CHECK_EQ(reservation(LARGE_MIN), 2 * MB + 64 * KB);   /* 2 need, rounded up to 64 KB */
+    CHECK_EQ(reservation(11 * MB / 10), 2 * MB + 256 * KB); /* 1.1 MB: 2.25 MB */
+    CHECK_EQ(reservation(move_target(2 * MB + 64 * KB - 31)), 4 * MB + 448 * KB);
     CHECK_EQ(reservation(8 * MB - 32), 16 * MB);
     CHECK_EQ(reservation(8 * MB - 31), 16 * MB + 64 * KB);
     CHECK_EQ(reservation(16 * MB - 32), 32 * MB);
@@ -952,19 +953,20 @@ static int track_realloc(struct tracked *b, size_t m, drained *d)
     return 1;
 }
 
-/* Blocks grown step by step: in place while need fits the reservation - up to exactly R (16 MB for the
- * least, 20 MB for need 8 MB + 4 KB, 84 MB for 40 MB) - committing what they grow by, reserving
- * nothing; one page beyond R they move, to a block with 1/16 of headroom. Shrinking leaves the
- * reservation as it was. */
+/* Blocks grown step by step: in place while need fits the reservation - up to exactly R (2 MB + 64 KB
+ * for the least, 4 MB + 448 KB for the block of 2 MB + 64 KB - 31 + 1/16 it moves to, 16 MB + 64 KB for
+ * need 8 MB + 4 KB, 80 MB + 64 KB for 40 MB) - committing what they grow by, reserving nothing; one page
+ * beyond R they move, to a block with 1/16 of headroom. Shrinking leaves the reservation as it was. */
 TEST(realloc_grows_a_large_block_in_place_up_to_its_reservation_and_moves_with_1_16_beyond)
 {
     static const struct {
         size_t first;
         size_t steps[5];
     } plans[] = {
-        { LARGE_MIN, { 2 * MB + 1, 8 * MB - 32, 16 * MB - 32, 16 * MB - 31, 0 } },
-        { 8 * MB - 31, { 12 * MB, 20 * MB - 32, 20 * MB - 31, 0, 0 } },
-        { 40 * MB, { 84 * MB - 32, 2 * MB, 84 * MB - 32, 84 * MB - 31, 0 } },
+        { LARGE_MIN, { 2 * MB, 2 * MB + 64 * KB - 32, 2 * MB + 64 * KB - 31, 4 * MB + 448 * KB - 32,
+                       4 * MB + 448 * KB - 31 } },
+        { 8 * MB - 31, { 12 * MB, 16 * MB + 64 * KB - 32, 16 * MB + 64 * KB - 31, 0, 0 } },
+        { 40 * MB, { 80 * MB + 64 * KB - 32, 2 * MB, 80 * MB + 64 * KB - 32, 80 * MB + 64 * KB - 31, 0 } },
     };
     drained d;
     cache_drain(&d);
@@ -983,7 +985,7 @@ TEST(realloc_grows_a_large_block_in_place_up_to_its_reservation_and_moves_with_1
 }
 
 /* The reservation beyond need is need, but at most 1 GB: a block of 1.5 GB stays in place up to
- * 2.5 GB + 4 MB (need + 1 GB, rounded to 4 MB) and moves one page beyond (with 2 need it would stay up
+ * 2.5 GB + 64 KB (need + 1 GB, rounded to 64 KB) and moves one page beyond (with 2 need it would stay up
  * to 3 GB). Shrunk to 2 MB on the way, so that the move copies little; the memory is committed, never
  * touched beyond the first MB. */
 TEST(the_reservation_of_a_large_block_is_need_plus_need_but_at_most_1gb_more)
@@ -1044,7 +1046,7 @@ TEST(calloc_of_a_large_size_is_zero_over_its_usable_size_on_a_dirty_cached_block
         { 8 * MB, 1, 8 * MB },
         { 8 * MB, 8 * MB, 1 },
         { 16 * MB - 32, 512, 4096 },      /* 2 MB from a block holding 16 MB: keeps it */
-        { 2 * MB, 3, 2 * MB + 5 },        /* 6 MB + 15 from a block holding 2 MB: commits the rest */
+        { 4 * MB, 3, 2 * MB + 5 },        /* 6 MB + 15 from a block holding 4 MB: commits the rest */
         { 5 * MB + 3, 4096, 1025 },       /* 4 MB + 4 KB */
     };
     drained d;
@@ -1101,7 +1103,7 @@ TEST(calloc_of_a_large_size_is_zero_over_its_usable_size_on_a_dirty_cached_block
 
 /* ---- the cache: which block a malloc takes ---- */
 
-/* Four cached blocks (committed 6, 4, 8 and 3 MB; reservations 16, 16, 16 and 20 MB), freed in that
+/* Four cached blocks (committed 6, 4, 8 and 3 MB; reservations 12, 8, 16 and 20 MB), freed in that
  * order: need 3 MB + 4 KB takes the smallest committed-enough (4 MB, neither the oldest nor the newest);
  * need 10 MB, which none holds, the most committed (8 MB, committing 2 MB in place); need 17 MB only fits
  * the 20 MB reservation, though another holds more; need 17 MB again fits none and is fresh; 1 MB + 1
@@ -1442,7 +1444,7 @@ TEST(cached_blocks_expire_a_second_after_their_free_on_a_large_call_a_freed_smal
 #else
     enum { A, B, C, D, E, GROUPS, PER = 2, N = GROUPS * PER, SMALL = 12, SMALL_SIZE = 14000 };
     const long step_ms = 550; /* 0.45 s to spare below the delay, 0.1 s above it after two steps */
-    /* Committed 2, 3, 5, 6 and 7 MB: reservations of 16 MB, which a malloc of 17 MB never takes. */
+    /* Committed 2, 3, 5, 6 and 7 MB: reservations of twice that, which a malloc of 17 MB never takes. */
     static const size_t held[GROUPS] = { 2 * MB, 3 * MB, 5 * MB, 6 * MB, 7 * MB };
     const size_t big = 17 * MB;
     unsigned char *blocks[N], *m = NULL, *x = NULL, *small[SMALL];
@@ -1675,7 +1677,7 @@ TEST(a_double_free_of_a_large_block_reaches_the_error_hook_and_the_block_comes_b
 #endif
 }
 
-/* Pointers into a live 8 MB block (committed 8 MB + 4 KB of a 16 MB reservation) - p + 16, + 4 KB,
+/* Pointers into a live 8 MB block (committed 8 MB + 4 KB of 16 MB + 64 KB reserved) - p + 16, + 4 KB,
  * + 1 MB, the start of its second 4 MB and 32 bytes into it (where a block of its own would be), its
  * last 16 bytes, 32 bytes into its third 4 MB (reserved, not committed: nothing may read there), and
  * p - 16, p - 32 (its header) - in a block full of a pattern and one full of zeros, given to free,
@@ -1900,7 +1902,7 @@ TEST(large_blocks_resized_and_freed_by_another_thread_keep_contents_and_share_on
     struct handover h = {
         { 0 },
         { 2 * MB + 1, 6 * MB, 17 * MB, 40 * MB, 3 * MB },
-        { 12 * MB, LARGE_MIN, 40 * MB, 500000, 0 },
+        { 4 * MB, LARGE_MIN, 40 * MB, 500000, 0 }, /* 2 MB + 1 reserves 4 MB + 64 KB */
         { 0xa000, 0xa001, 0xa002, 0xa003, 0xa004 },
     };
     drained d;
@@ -1983,7 +1985,7 @@ static void *allocate_and_exit(void *arg)
 TEST(large_blocks_outlive_their_thread_and_any_thread_resizes_them_in_place)
 {
     struct outlive o = { { 0 }, { 2 * MB, 5 * MB + 7, 9 * MB }, 0xa100 };
-    static const size_t to[3] = { 10 * MB, LARGE_MIN, 30 * MB };
+    static const size_t to[3] = { 4 * MB, LARGE_MIN, 30 * MB }; /* 2 MB reserves 4 MB + 64 KB */
     drained d;
     cache_drain(&d);
     run_thread(allocate_and_exit, &o);
