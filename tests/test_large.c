@@ -81,6 +81,7 @@
 #define TRIM_FACTOR 4               /* a taken block gives back its excess beyond 4 need ... */
 #define TRIM_MIN (16 * MB)          /* ... when that excess is above 16 MB too */
 #define META_COMMIT (64 * KB)       /* one commit of the allocator's own tables */
+#define META_RESERVE (4 * MB)       /* one reservation of them */
 
 enum kind { KIND_SMALL, KIND_MEDIUM, KIND_LARGE };
 
@@ -1001,6 +1002,47 @@ TEST(the_reservation_of_a_large_block_is_need_plus_need_but_at_most_1gb_more)
     }
     cache_undrain(&d);
     check_allocator("after the 1 GB cap of the reservation");
+}
+
+/* A fresh block of 1.1 MB reserves about its size and as much again as headroom: exactly R(n), 2.25 MB
+ * (need 1.1 MB + 4 KB, twice that rounded up to 64 KB), not the 16 MB that the seed's floor made it. A
+ * malloc that also took a reservation for the allocator's own tables (4 MB, now and then when the
+ * segment map grows) is not counted: the next block is measured. */
+TEST(a_fresh_block_of_1_1mb_reserves_its_size_and_its_headroom_not_16mb)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    enum { TRIES = 3 };
+    const size_t n = 11 * MB / 10;
+    unsigned char *blocks[TRIES] = { 0 };
+    size_t grew = 0, tries = 0;
+    drained d;
+    cache_drain(&d);
+    while (tries < TRIES) {
+        shard_stats a = stats_now();
+        unsigned char *p = shard_malloc(n);
+        shard_stats b = stats_now();
+        CHECKF(p != NULL, "shard_malloc(%zu) returned NULL", n);
+        if (!p)
+            break;
+        blocks[tries++] = p;
+        fill64(p, n, 0x4180 + tries);
+        CHECK_CACHE(b, 0, 0, "after shard_malloc(%zu) on a drained cache", n);
+        grew = b.reserved - a.reserved;
+        if (grew != reservation(n) + META_RESERVE)
+            break;
+    }
+    CHECKF(grew >= 22 * MB / 10 && grew <= 25 * MB / 10, "shard_malloc(%zu): reserved grew by %zu bytes (%.2f MB), "
+           "expected 2.2-2.5 MB: the block and as much again", n, grew, (double)grew / MB);
+    CHECK_EQ(grew, reservation(n));
+    for (size_t i = 0; i < tries; i++) {
+        CHECK_BLOCK(blocks[i], n, 0x4180 + i + 1, "block %zu of 1.1 MB", i);
+        shard_free(blocks[i]);
+    }
+    cache_undrain(&d);
+    check_allocator("after the 1.1 MB blocks");
+#endif
 }
 
 /* Shrinking within the committed part is in place; the tail goes back to the OS exactly when the new need
