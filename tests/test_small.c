@@ -806,6 +806,73 @@ TEST(decommitted_pages_between_used_ones_do_not_multiply_mappings)
 #endif
 }
 
+#if SHARD_RULES
+#define SEGMENT_BYTES ((size_t)4 << 20) /* small-block pages come in segments of 4 MB, aligned to 4 MB ... */
+#define SEGMENT_PAGES 63                /* ... 63 pages each, the first 64 KB holding their descriptors */
+#define META_RESERVE ((size_t)4 << 20)  /* one reservation of the allocator's own tables */
+#define SEGMENT_BLOCKS 4096             /* 16 KB blocks the thread below allocates at most: 16 segments */
+
+struct new_segment {
+    void *blocks[SEGMENT_BLOCKS];
+    size_t count;
+    size_t pages_added; /* small pages the new segment brought */
+    size_t reserved;    /* address space reserved by the malloc that made it */
+};
+
+static size_t small_pages(const shard_stats *s)
+{
+    return s->small_pages_used + s->small_pages_free + s->small_pages_decommitted;
+}
+
+/* Allocates 16 KB blocks (four to a page) until one malloc adds a segment's pages, and records what that
+ * malloc reserved; a malloc that also took a reservation for the allocator's tables does not count, the
+ * next segment does. A fresh thread: its heap's free pages run out after a few segments at most. */
+static void *new_segment_thread(void *arg)
+{
+    struct new_segment *w = arg;
+    void *first = shard_malloc(16); /* the thread's heap, before anything is counted */
+    CHECK(first != NULL);
+    while (w->count < SEGMENT_BLOCKS) {
+        shard_stats a = stats_now();
+        void *p = shard_malloc(SMALL_MAX);
+        shard_stats b = stats_now();
+        CHECK(p != NULL);
+        if (p == NULL)
+            break;
+        fill(p, SMALL_MAX, 1500 + w->count);
+        w->blocks[w->count++] = p;
+        if (small_pages(&b) == small_pages(&a))
+            continue;
+        w->pages_added = small_pages(&b) - small_pages(&a);
+        w->reserved = b.reserved - a.reserved;
+        if (w->reserved != SEGMENT_BYTES + META_RESERVE)
+            break;
+    }
+    shard_free(first);
+    return NULL;
+}
+#endif
+
+/* A new small-block segment reserves 4 MB of address space, its own size: the port aligns it without
+ * keeping slack (the seed reserved 8 MB to find 4 MB aligned in it). Measured in a fresh thread around
+ * the one malloc that makes the segment. */
+TEST(a_new_small_segment_reserves_4mb_of_address_space)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    static struct new_segment w;
+    memset(&w, 0, sizeof w);
+    run_thread(new_segment_thread, &w);
+    CHECKF(w.pages_added == SEGMENT_PAGES, "%zu blocks of %d bytes: a malloc added %zu small pages, expected one "
+           "segment's %d", w.count, SMALL_MAX, w.pages_added, SEGMENT_PAGES);
+    CHECKF(w.reserved == SEGMENT_BYTES, "the malloc that made a new segment reserved %zu bytes (%.2f MB), expected "
+           "4 MB", w.reserved, (double)w.reserved / (1 << 20));
+    check_and_free_blocks(w.blocks, w.count, SMALL_MAX, 1500, "16 KB block of the segment test");
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
 /* Blocks above 1 MB give their committed memory back when freed (statistics), and allocations whose
  * commit is refused give NULL rather than memory that cannot be touched, after a second try with what
  * waited given back. The refusal comes from a limit (shard_set_limit), so that it does not depend on
