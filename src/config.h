@@ -87,6 +87,10 @@
 #ifndef SHARD_LARGE_HEADROOM_MAX
 #define SHARD_LARGE_HEADROOM_MAX ((size_t)1 << 30)
 #endif
+/* A block that moved to grow reserves at least this much: it is likely to grow again. */
+#ifndef SHARD_LARGE_GROWN_SPAN_MIN
+#define SHARD_LARGE_GROWN_SPAN_MIN ((size_t)16 << 20)
+#endif
 /* Ask the OS for large pages under large blocks (port_hint_large_pages). On Linux with transparent huge
  * pages in "madvise" mode (Debian's default) one fault then maps 2 MB of a growing buffer: bench/large.py
  * compares shard with shard-nolp (this 0). The cost: a block used sparsely becomes resident 2 MB at a

@@ -90,8 +90,9 @@ int os_release(void *addr, size_t size, size_t committed)
 }
 
 int os_can_move(void) { return port_caps.move_release != NULL; }
+int os_has_large_pages(void) { return port_caps.hint_large_pages != NULL; }
 
-int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
+int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to, size_t dropped)
 {
     if (port_caps.move_release == NULL)
         return -1;
@@ -100,6 +101,7 @@ int os_move_release(void *reservation, size_t reservation_size, void *from, size
     if (port_caps.move_release(reservation, reservation_size, from, size, to) != 0)
         return -1;
     fetch_add_relaxed(&totals.reserved, -reservation_size);
+    fetch_add_relaxed(&totals.committed, -dropped);
     return 0;
 }
 

@@ -111,10 +111,12 @@ int os_decommit(void *addr, size_t size);
 int os_release(void *addr, size_t size, size_t committed);
 size_t os_set_limit(size_t bytes);
 
-/* port_caps.move_release: the moved pages stay committed, the source reservation goes. -1 (nothing done)
- * on a platform that cannot move pages (os_can_move() is 0). */
-int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to);
+/* port_caps.move_release: the moved pages stay committed, the source reservation goes, and with it
+ * `dropped` committed bytes outside [from, from + size) (for the accounting). -1 (nothing done) on a
+ * platform that cannot move pages (os_can_move() is 0). */
+int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to, size_t dropped);
 int os_can_move(void);
+int os_has_large_pages(void); /* whether port_caps.hint_large_pages is there */
 
 /* The optional capabilities of port_caps, each with what the core does without it (port.h). */
 void os_hint_large_pages(void *addr, size_t size); /* nothing */
