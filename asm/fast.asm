@@ -29,12 +29,13 @@ extern api_free_slow
 extern small_free_local_slow
 extern api_realloc_slow
 
-%if SHARD_ELF
+%if SHARD_SLOT == PORT_SLOT_TLS
 ; The heap slot. NASM reaches a TLS variable by gottpoff only if it defines it (an extern gets no TLS
-; type), so it lives here, and port/port.h declares it for C. It starts as &heap_none (see abi.inc).
+; type), so it lives here, and src/heap.h declares it for C. It starts as &heap_none (see abi.inc).
+extern heap_none
 section .tdata progbits alloc noexec write tls align=8
-global port_linux_heap_slot:data hidden 8
-port_linux_heap_slot:
+global heap_slot:data hidden 8
+heap_slot:
     dq heap_none
 %endif
 
@@ -151,6 +152,79 @@ FUNC shard_realloc
 .slow:
     jmp api_realloc_slow
 ENDFUNC shard_realloc
+
+%if SHARD_SLOT == PORT_SLOT_FUNCTION
+; rax = the calling thread's heap (NULL: none), from the word whose address port_heap_slot_address
+; returns; every other register is kept, so that the fast paths around the call keep their arguments
+; and need no frame. Called at a fast path's entry: rsp is 16n + 8 there, 16n here, and stays so after
+; the eight pushes; Win64 adds the callee's 32 bytes of shadow space.
+extern port_heap_slot_address
+%if SHARD_ELF
+    %define SLOT_SHADOW 0
+%else
+    %define SLOT_SHADOW 32
+%endif
+align 16
+heap_slot_fetch:
+    push rcx
+.p1:
+    push rdx
+.p2:
+    push rsi
+.p3:
+    push rdi
+.p4:
+    push r8
+.p5:
+    push r9
+.p6:
+    push r10
+.p7:
+    push r11
+.p8:
+%if SLOT_SHADOW
+    sub rsp, SLOT_SHADOW
+%endif
+.prologue_end:
+    call port_heap_slot_address
+    mov rax, [rax]
+%if SLOT_SHADOW
+    add rsp, SLOT_SHADOW
+%endif
+    pop r11
+    pop r10
+    pop r9
+    pop r8
+    pop rdi
+    pop rsi
+    pop rdx
+    pop rcx
+    ret
+.end:
+%if !SHARD_ELF
+; Its unwind data (the function table entry and UNWIND_INFO of the x64 ABI): the prologue's steps,
+; last first, each as (offset after it, operation | register << 4); UWOP_PUSH_NONVOL = 0 names the
+; register pushed (rcx 1, rdx 2, rsi 6, rdi 7, r8-r11 8-11), UWOP_ALLOC_SMALL = 2 the stack taken,
+; (32 - 8) / 8 = 3. Nine codes, and the array padded to an even length.
+section .pdata rdata align=4
+    dd heap_slot_fetch wrt ..imagebase
+    dd heap_slot_fetch.end wrt ..imagebase
+    dd slot_fetch_unwind wrt ..imagebase
+section .xdata rdata align=8
+slot_fetch_unwind:
+    db 1, heap_slot_fetch.prologue_end - heap_slot_fetch, 9, 0
+    db heap_slot_fetch.prologue_end - heap_slot_fetch, 0x32
+    db heap_slot_fetch.p8 - heap_slot_fetch, 0xb0
+    db heap_slot_fetch.p7 - heap_slot_fetch, 0xa0
+    db heap_slot_fetch.p6 - heap_slot_fetch, 0x90
+    db heap_slot_fetch.p5 - heap_slot_fetch, 0x80
+    db heap_slot_fetch.p4 - heap_slot_fetch, 0x70
+    db heap_slot_fetch.p3 - heap_slot_fetch, 0x60
+    db heap_slot_fetch.p2 - heap_slot_fetch, 0x20
+    db heap_slot_fetch.p1 - heap_slot_fetch, 0x10
+    db 0, 0
+%endif
+%endif
 
 %if SHARD_ELF
 section .note.GNU-stack noalloc noexec nowrite progbits

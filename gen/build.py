@@ -42,9 +42,9 @@ CORE = [
     "src/error.c",
 ]
 
-# The sources that read SHARD_ASM (api.c: which fast paths have the public names; linux.c: whether it
-# defines the heap slot, which asm/fast.asm defines otherwise): a variant's `asm` is given to these only.
-READS_SHARD_ASM = {"src/api.c", "port/linux.c"}
+# The sources that read SHARD_ASM (api.c: which fast paths have the public names; heap.c: whether it
+# defines the TLS heap slot, which asm/fast.asm defines otherwise): a variant's `asm` is given to these only.
+READS_SHARD_ASM = {"src/api.c", "src/heap.c"}
 
 
 class Toolchain(NamedTuple):
@@ -82,8 +82,11 @@ class Variant(NamedTuple):
     so: Optional[str] = None      # drop-in library: with port/malloc.c's object, so_flags = $malloc_aliases
     api_so: Optional[str] = None  # library of the shard_* names only (Linux), the DLL (Windows)
     ar: Optional[str] = None      # static library
-    check: Optional[str] = None   # build/freestanding.ok: the core refers to nothing but itself and port_*
+    check: Optional[str] = None   # a stamp: the core refers to nothing but itself and port_* (and with a
+                                  # port of its own, the whole library refers to nothing outside itself)
     in_libs: bool = True          # in `ninja libs`; the builds only one benchmark compares with are not
+    port: Optional[str] = None    # a port other than the toolchain's OS port, compiled freestanding like the
+                                  # core: adding a port is its file and a variant line naming it
     doc: str = ""
 
 
@@ -99,19 +102,19 @@ VARIANTS = [
             doc="The release library without large pages under large blocks (SHARD_LARGE_PAGES=0), for "
                 "the large benchmark's comparison; only large.o differs."),
     Variant("noreserve", LINUX, "build/noreserve", "$release", "-DSHARD_RESERVE_PAGES=0 -DSHARD_RESERVE_ARENAS=0",
-            nasm="release", base="release", only=("src/heap.c",), so="build/noreserve/libshardmm.so",
+            asm=1, nasm="release", base="release", only=("src/heap.c",), so="build/noreserve/libshardmm.so",
             in_libs=False,
             doc="The release library without the reserve of exited threads (SHARD_RESERVE_PAGES=0, "
                 "SHARD_RESERVE_ARENAS=0), for the thread-churn benchmark's comparison; only heap.o differs."),
-    Variant("purec", LINUX, "build/purec", "$release", asm=0, base="release", only=("src/api.c", "port/linux.c"),
+    Variant("purec", LINUX, "build/purec", "$release", asm=0, base="release", only=("src/api.c", "src/heap.c"),
             so="build/purec/libshardmm.so",
             doc="The release library with the C fast paths in place of the NASM ones (SHARD_ASM=0); only "
-                "api.o and linux.o differ."),
+                "api.o and heap.o differ."),
     Variant("counters", LINUX, "build/counters", "$release", "-DSHARD_ASM=1 -DSHARD_COUNTERS=1", nasm="release",
             so="build/counters/libshardmm.so",
             doc="The release library with every atomic operation and lock acquisition counted "
                 "(SHARD_COUNTERS=1, config.h): for bench/app's counters per scenario, not for timing. "
-                "SHARD_ASM=1 goes to every source here (only api.c and linux.c read it)."),
+                "SHARD_ASM=1 goes to every source here (only api.c and heap.c read it)."),
     Variant("debug", LINUX, "build/debug", "$debug", asm=1, nasm="release", api_so="build/debug/libshardmm.so",
             doc="SHARD_DEBUG=1: assertions and page checks after slow paths; the release NASM object "
                 "(asm/fast.asm has no debug form)."),
@@ -119,10 +122,19 @@ VARIANTS = [
             api_so="build/win64/shardmm.dll",
             doc="Windows x64 DLL (+ libshardmm.dll.a, its import library): no C runtime, kernel32 only."),
     Variant("static", WIN64, "build/win64/static", "$release", asm=1, nasm="own", ar="build/win64/libshardmm.a",
-            doc="Windows x64 static library."),
+            check="build/win64/freestanding.ok", doc="Windows x64 static library."),
     Variant("windebug", WIN64, "build/win64/debug", "$debug", "-DSHARD_BUILD_DLL", asm=1, nasm="own",
             api_so="build/win64/debug/shardmm.dll",
             doc="Windows x64 debug DLL (SHARD_DEBUG=1)."),
+    Variant("region", LINUX, "build/region", "$release", "-DSHARD_PORT_REGION", asm=1, nasm="own",
+            port="port/region.c", ar="build/region/libshardmm-region.a", check="build/region/freestanding.ok",
+            doc="The region port (port/region.c, include/shardmm_region.h): one memory region the embedder "
+                "hands over, no OS and no C library; the heap slot is the embedder's function (the NASM "
+                "fast paths call it through heap_slot_fetch)."),
+    Variant("winregion", WIN64, "build/win64/region", "$release", "-DSHARD_PORT_REGION", asm=1, nasm="own",
+            port="port/region.c", ar="build/win64/region/libshardmm-region.a",
+            check="build/win64/region/freestanding.ok",
+            doc="The region port for Windows x64 objects: no kernel32, no C runtime."),
     Variant("fuzz", CLANG, "build/fuzz", "$debug", "$fuzz_sanitizers -fsanitize=fuzzer-no-link",
             doc="The fuzzer's core: the debug build (SHARD_DEBUG=1) with AddressSanitizer, UBSan and "
                 "libFuzzer's coverage; C fast paths (SHARD_ASM unset reads as 0)."),
@@ -132,6 +144,7 @@ VARIANTS = [
 VARIANT = {v.name: v for v in VARIANTS}
 RELEASE, DEBUG = VARIANT["release"], VARIANT["debug"]
 WIN_DLL, WIN_STATIC, WIN_DEBUG = VARIANT["dll"], VARIANT["static"], VARIANT["windebug"]
+REGION, WIN_REGION = VARIANT["region"], VARIANT["winregion"]
 
 
 def obj(v, src):
@@ -147,14 +160,18 @@ def nasm_obj(v):
     return nasm_obj(VARIANT[v.nasm]) if v.nasm else None
 
 
+def port_of(v):
+    return v.port or v.tc.port
+
+
 def core_objs(v):
-    """The core's objects and the NASM one: what build/freestanding.ok checks."""
-    return [obj(v, s) for s in CORE] + ([nasm_obj(v)] if v.nasm else [])
+    """The core's objects and the NASM one (and a port of the variant's own): what its check looks at."""
+    return [obj(v, s) for s in CORE + ([v.port] if v.port else [])] + ([nasm_obj(v)] if v.nasm else [])
 
 
 def objs(v):
     """Every object of the library, in link order."""
-    return [obj(v, s) for s in CORE] + [obj(v, v.tc.port)] + ([nasm_obj(v)] if v.nasm else [])
+    return [obj(v, s) for s in CORE] + [obj(v, port_of(v))] + ([nasm_obj(v)] if v.nasm else [])
 
 
 # port/malloc.c: the C library's names (malloc's relatives; malloc, free, calloc and realloc are aliases, see
@@ -162,6 +179,8 @@ def objs(v):
 DROPIN_OBJ = "build/release/malloc.o"
 CALLCHECK = {LINUX: "build/tests/callcheck.o", WIN64: "build/win64/tests/callcheck.o"}  # tests/callcheck.asm
 SINGLE_OBJ = "build/tests/shardmm-single.o"  # src/shardmm.c
+# The single-file build of the region port with one global heap slot, and its NASM fast paths.
+SINGLE_REGION_OBJS = ("build/tests/shardmm-single-region.o", "build/tests/fast-single-region.o")
 TSAN_OBJ = "build/tsan/shardmm.o"
 
 
@@ -189,6 +208,13 @@ OTHERS = [
     Edge(SINGLE_OBJ, "cc", ("src/shardmm.c",), "-std=c11 -O2 -Iinclude -Wall -Wextra -pthread",
          doc="The single-file build (src/shardmm.c: the core and the Linux port in one object, as the README "
              "shows), for test-embed-single."),
+    Edge(SINGLE_REGION_OBJS[0], "cc", ("src/shardmm.c",),
+         "$core_flags $release -DSHARD_PORT_REGION -DSHARD_SLOT=PORT_SLOT_GLOBAL",
+         doc="The single-file build of the region port (-DSHARD_PORT_REGION), freestanding, with the heap slot "
+             "a single global word (SHARD_SLOT=PORT_SLOT_GLOBAL: one thread), and its fast paths: the slot kind "
+             "no other build has."),
+    Edge(SINGLE_REGION_OBJS[1], "nasm", ("asm/fast.asm",),
+         variables=(("fmt", LINUX.nasm_format), ("nasm_flags", "-DSHARD_PORT_REGION -DSHARD_SLOT=PORT_SLOT_GLOBAL"))),
     Edge("build/win64/shard-wrap.dll", "wlink", ("tests/wrap_dll.c", WIN_STATIC.ar),
          "-shared -std=c11 -O1 -Wall -Wextra -Iinclude", "-lkernel32",
          doc="Someone else's DLL with the static library inside (with the C runtime's usual DLL entry), for "
@@ -243,6 +269,13 @@ BUILDS = {
     "single": Build(LINUX, "build/{}-single", "", (SINGLE_OBJ, nasm_obj(RELEASE)),
                     doc="linked with the single-file build (src/shardmm.c and asm/fast.asm)"),
     "plain": Build(LINUX, "build/{}", doc="linked with no library of ours"),
+    "region": Build(LINUX, "build/{}", "", (REGION.ar,), doc="linked with the region port's library"),
+    "bare": Build(LINUX, "build/{}", "$bare_flags -static", (REGION.ar,),
+                  doc="the region port's library and nothing else: no C library, no start files"),
+    "bare-single": Build(LINUX, "build/{}-single", "$bare_flags -static -DTEST_SINGLE_SLOT", SINGLE_REGION_OBJS,
+                         doc="the same over the single-file build of the region port with a global slot"),
+    "win-bare": Build(WIN64, "build/win64/{}.exe", "$bare_flags -Wl,-e,bare_start", (WIN_REGION.ar,),
+                      libs="-lkernel32", doc="Windows, the same: no C runtime, kernel32 for the output alone"),
     "win": Build(WIN64, "build/win64/{}.exe", "-DSHARD_USE_DLL", dll=WIN_DLL.api_so,
                  doc="Windows, beside the DLL it loads (Windows looks in the program's folder first)"),
     "win-debug": Build(WIN64, "build/win64/debug/{}.exe", "-DSHARD_USE_DLL", dll=WIN_DEBUG.api_so,
@@ -313,6 +346,12 @@ TESTS = [
     Test("test-embed", "tests/test_embed.c", "archive single",
          doc="shardmm embedded in a program through the shard_* API: linked with libshardmm.a (-static), and "
              "built from the single-file build (-single), as the README tells an embedder to."),
+    Test("test-region", "tests/test_region.c", "region",
+         doc="the region port with a C library around it: threads through the slot function, the embedder's "
+             "clock, and out of memory at every commit (a commit callback that refuses on request)."),
+    Test("test-region-bare", "tests/region_bare.c", "bare bare-single win-bare",
+         doc="the region port with no OS and no C library (-nostdlib, its own entry point): blocks of every "
+             "kind in a static buffer."),
     Test("test-win64", "tests/test_win64.c", "win-plain", implicit=(WIN_DLL.api_so, "build/win64/shard-wrap.dll"),
          doc="Windows-only behaviour of shardmm.dll, which it loads with LoadLibrary: FLS callbacks, fibers, "
              "FreeLibrary with live heaps, refused reservations, the static library inside another DLL."),
@@ -380,6 +419,9 @@ port_flags = -std=c11 -fPIC -fvisibility=hidden -fno-builtin -fno-stack-protecto
 release = -O2 -g -DSHARD_DEBUG=0
 debug = -O1 -g -DSHARD_DEBUG=1
 test_flags = -std=c11 -O1 -g -D_GNU_SOURCE -Wall -Wextra -Iinclude -Itests -pthread
+# A program with no C library (the region port's test): no start files, no libraries, nothing the
+# compiler would turn into a call to memset or memcpy.
+bare_flags = -nostdlib -ffreestanding -fno-builtin -fno-tree-loop-distribute-patterns -fno-stack-protector
 bench_flags = -std=c11 -O2 -Wall -Wextra -pthread -Iinclude
 
 rule cc
@@ -413,8 +455,10 @@ rule link
   deps = gcc
   description = LINK $out
 
+# The core's objects (prelinked into one) refer to nothing but themselves and the names $allow matches.
 rule freestanding
-  command = ld -r -o $out.o $in && nm -u $out.o | awk 'NF == 2 && $$2 !~ /^(port_|_GLOBAL_OFFSET_TABLE_$$)/ { print; bad = 1 } END { exit bad }' && touch $out
+  command = ld -r -o $out.o $in && nm -u $out.o | awk 'NF == 2 && $$2 !~ /$allow/ { print; bad = 1 } END { exit bad }' $
+    && touch $out
   description = CHECK core objects refer to nothing outside the core and the port
 
 # NASM: -M writes the dependencies (NASM 2.16's -MD leaves %include files out), then a second run assembles.
@@ -440,12 +484,15 @@ rule pc
 # from the native gcc of the same version. win64.c includes windows.h: the port talks to the OS.
 # -mcmodel=small: our own globals are reached directly, not through mingw's .refptr indirections
 # (which exist for data auto-imported from other DLLs; the core imports no data).
+# -ffunction-sections: the static libraries' prelink (ld -r, rule war) misplaces the function-table
+# (.pdata) entries of every object's functions but those of its first section; with a section per
+# function each entry stays with its function (tests/pe_unwind.py checks the tables).
 # The test programs use the C runtime (printf, qsort); the allocator does not.
 mingw = x86_64-w64-mingw32-gcc
 mingw_tools = x86_64-w64-mingw32-
-win_core_flags = -std=c11 -mcmodel=small -ffreestanding -fno-builtin -fno-tree-loop-distribute-patterns -fno-stack-protector $
+win_core_flags = -std=c11 -mcmodel=small -ffunction-sections -ffreestanding -fno-builtin -fno-tree-loop-distribute-patterns -fno-stack-protector $
   -nostdinc -isystem $$($cc -print-file-name=include) $warn
-win_port_flags = -std=c11 -mcmodel=small -fno-builtin -fno-stack-protector $warn
+win_port_flags = -std=c11 -mcmodel=small -ffunction-sections -fno-builtin -fno-stack-protector $warn
 win_test_flags = -std=c11 -O1 -g -D__USE_MINGW_ANSI_STDIO=1 -Wall -Wextra -Iinclude -Itests
 win_bench_flags = -std=c11 -O2 -Wall -Wextra -Iinclude
 
@@ -466,6 +513,12 @@ rule war
   command = rm -f $out $out.o && ${mingw_tools}ld -r -o $out.o $in && $
     ${mingw_tools}objcopy -w -G 'shard_*' $out.o && ${mingw_tools}ar crs $out $out.o
   description = AR $out
+
+# The Windows core's objects, checked as build/freestanding.ok checks Linux's.
+rule wfreestanding
+  command = ${mingw_tools}ld -r -o $out.o $in && ${mingw_tools}nm -u $out.o | $
+    awk 'NF == 2 && $$2 !~ /$allow/ { print; bad = 1 } END { exit bad }' && touch $out
+  description = CHECK Windows core objects refer to nothing outside the core and the port
 
 rule wlink
   command = $mingw -MMD -MF $out.d $flags $in -o $out $libs
@@ -573,8 +626,8 @@ def variant_edges(v):
     """The objects a variant compiles, and its libraries."""
     tc = v.tc
     edges = []
-    for src in (v.only if v.base else CORE + [tc.port]):
-        base = tc.core_flags if src.startswith("src/") else tc.port_flags
+    for src in (v.only if v.base else CORE + [port_of(v)]):
+        base = tc.core_flags if src.startswith("src/") or src == v.port else tc.port_flags
         asm = f"-DSHARD_ASM={v.asm}" if v.asm is not None and src in READS_SHARD_ASM else ""
         edges.append(Edge(obj(v, src), tc.cc, (src,), join(base, v.level, v.defines, asm)))
     if v.nasm == "own":
@@ -596,7 +649,11 @@ def variant_edges(v):
     if v.ar:
         edges.append(Edge(v.ar, tc.ar, tuple(objs(v)), phony=phony))
     if v.check:
-        edges.append(Edge(v.check, "freestanding", tuple(core_objs(v)), phony=phony))
+        # Undefined names allowed: the port's, when it is not in the objects; the GOT (its symbol is the
+        # linker's, in a position-independent object).
+        allow = "^_GLOBAL_OFFSET_TABLE_$$" if v.port else "^(port_|_GLOBAL_OFFSET_TABLE_$$)"
+        edges.append(Edge(v.check, "freestanding" if tc is LINUX else "wfreestanding", tuple(core_objs(v)),
+                          variables=(("allow", allow),), phony=phony))
     return edges
 
 

@@ -9,8 +9,8 @@ blocks above 16 KB. Used by tests/test_small.c and tests/test_medium.c.
 
 realloc_large_pairs - at the boundaries of the large blocks (above 1 MB, tests/test_large.c), from
 their rules: a fresh block of n bytes commits need(n) = round_up(n + 32, 4 KB) (a 32-byte header) in
-a reservation of R(n) = round_up(max(16 MB, need + min(need, 1 GB)), 64 KB) counted from the header
-(while the address space is unlimited).
+a reservation of R(n) = round_up(need + min(need, 1 GB), 64 KB) counted from the header (while the
+address space is unlimited).
 In place it shrinks (decommitting the tail when the new need is below half of what is committed) and
 grows up to R; beyond R it moves. The sizes, each for the edge it stands at:
   - a small (1000) and a medium (100000) size and 1 MB, the largest medium one: into and out of the
@@ -19,9 +19,11 @@ grows up to R; beyond R it moves. The sizes, each for the edge it stands at:
     and where it takes the next page;
   - 4 MB - 32 (committing 4 MB) with 2 MB - 32 (need exactly half of that: kept) and 2 MB - 4128
     (need a page below half: the tail is decommitted);
-  - 8 MB - 32 (need 8 MB: the smallest reservation, 16 MB) and 8 MB - 31 (need a page more: 16 MB
-    + 64 KB); 16 MB - 32 and 16 MB + 64 KB - 32 (need exactly those reservations: in place) and
-    16 MB - 31 and 16 MB + 64 KB - 31 (a page beyond: moves);
+  - 2 MB + 64 KB - 32 (need exactly the reservation of 1 MB + 1, and of 1 MB + 4065: in place) and
+    2 MB + 64 KB - 31 (a page beyond: moves);
+  - 8 MB - 32 (need 8 MB: a reservation of exactly 16 MB) and 8 MB - 31 (need a page more: 16 MB
+    + 64 KB, rounded up); 16 MB - 32 and 16 MB + 64 KB - 32 (need exactly those reservations: in
+    place) and 16 MB - 31 and 16 MB + 64 KB - 31 (a page beyond: moves);
   - 32 MB - 32 and 64 MB - 32 (each needs exactly the reservation of the one before: in place), and
     64 MB (a page beyond: moves), the largest.
 Every ordered pair of distinct sizes of that set with at least one large size is emitted.
@@ -47,7 +49,6 @@ MEDIUM_MAX = MB
 LARGE_HEADER = 32
 LARGE_PAGE = 4 * KB
 LARGE_RESERVE_GRANULE = 64 * KB
-LARGE_RESERVE_MIN = 16 * MB
 LARGE_HEADROOM_MAX = GB
 
 
@@ -81,7 +82,7 @@ def need(n):
 def reservation(n):
     """The reservation of a fresh large block of n bytes, counted from its header."""
     c = need(n)
-    return round_up(max(LARGE_RESERVE_MIN, c + min(c, LARGE_HEADROOM_MAX)), LARGE_RESERVE_GRANULE)
+    return round_up(c + min(c, LARGE_HEADROOM_MAX), LARGE_RESERVE_GRANULE)
 
 
 def with_need(c):
@@ -91,21 +92,24 @@ def with_need(c):
 
 def large_sizes():
     """The sorted boundary sizes around and in the large range (see the module comment)."""
-    r_min = with_need(reservation(MEDIUM_MAX + 1))     # 16 MB - 32: need == the smallest reservation
+    r_least = with_need(reservation(MEDIUM_MAX + 1))   # 2 MB + 64 KB - 32: need == the smallest reservation
     half_of = with_need(4 * MB)                         # commits 4 MB
+    r_16 = with_need(reservation(with_need(8 * MB)))    # 16 MB - 32: need == a reservation of exactly 16 MB
     out = {
         1000, 100000, MEDIUM_MAX,
         MEDIUM_MAX + 1, with_need(MEDIUM_MAX + LARGE_PAGE), with_need(MEDIUM_MAX + LARGE_PAGE) + 1,
         half_of, with_need(need(half_of) // 2), with_need(need(half_of) // 2 - LARGE_PAGE),
+        r_least, r_least + 1,
         with_need(8 * MB), with_need(8 * MB) + 1,
-        r_min, r_min + 1,
+        r_16, r_16 + 1,
         with_need(reservation(with_need(8 * MB) + 1)), with_need(reservation(with_need(8 * MB) + 1)) + 1,
-        with_need(reservation(r_min)), with_need(reservation(with_need(reservation(r_min)))),
+        with_need(reservation(r_16)), with_need(reservation(with_need(reservation(r_16)))),
         64 * MB,
     }
     # The edges the set stands for, checked against the rules as written above.
+    assert r_least == 2 * MB + 64 * KB - 32 and reservation(with_need(MEDIUM_MAX + LARGE_PAGE) + 1) == 2 * MB + 64 * KB
     assert reservation(with_need(8 * MB)) == 16 * MB and reservation(with_need(8 * MB) + 1) == 16 * MB + 64 * KB
-    assert reservation(r_min) == 32 * MB and with_need(reservation(r_min)) == 32 * MB - 32
+    assert r_16 == 16 * MB - 32 and reservation(r_16) == 32 * MB and with_need(reservation(r_16)) == 32 * MB - 32
     assert reservation(32 * MB - 32) == 64 * MB and need(64 * MB) == 64 * MB + LARGE_PAGE
     return sorted(out)
 

@@ -118,6 +118,13 @@ SHARD_API void shard_thread_done(void);
  * collection; without it an idle process keeps that memory until some thread passes a slow path. */
 SHARD_API void shard_collect(void);
 
+/* Bound the memory shardmm keeps committed (stats: committed) to `bytes`, for a process in a container
+ * or a sandbox: an allocation that would pass it returns NULL (errno ENOMEM), after giving back what
+ * waits (as shard_collect) and trying once more, as when the OS refuses; nothing else changes. A limit
+ * below what is committed now refuses growth until enough is freed. SIZE_MAX (the default) is no
+ * limit. Returns the previous limit. */
+SHARD_API size_t shard_set_limit(size_t bytes);
+
 /* Consistency check of the calling thread's heap (every page's lists and counts, every medium arena's
  * chunks, the bins and their bitmaps), of the heaps waiting in the stack of free heaps and of the
  * large-block cache. Returns the number of problems found (each is also reported through the

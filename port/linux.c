@@ -15,9 +15,9 @@
  *   kernel's commit charge (Committed_AS), which only falls at release: under strict overcommit
  *   (mode 2) the charge is the highest ever committed, while the statistics count what is committed
  *   now. release: munmap.
- * - the heap slot: an initial-exec TLS word, read with one fs-relative load; the exit hook is a pthread
- *   key, set after the slot (pthread_setspecific may call calloc, which must find the heap in the slot).
- *   With every key of the process taken there is no hook: the slot works, exits go unreported.
+ * - the heap slot: the core's initial-exec TLS word (PORT_SLOT_TLS); the exit hook is a pthread key,
+ *   armed after the core stored the slot (pthread_setspecific may call calloc, which must find the heap
+ *   there). With every key of the process taken there is no hook: the slot works, exits go unreported.
  * - threads: gettid, and tgkill with signal 0 to learn whether a thread id still lives.
  * - the clock: CLOCK_MONOTONIC_COARSE through the kernel's vDSO (a few loads, no system call), found
  *   once by reading /proc/self/auxv for the vDSO's address and its ELF symbol table for
@@ -57,10 +57,6 @@ static long sys3(long n, long a, long b, long c) { return sys6(n, a, b, c, 0, 0,
 /* A system call failed when it returns a value in [-4095, -1]. */
 static int sys_failed(long r) { return (unsigned long)r > (unsigned long)-4096L; }
 
-/* The heap slot starts as &heap_none (port.h). With the NASM fast paths asm/fast.asm defines it. */
-#if !SHARD_ASM
-__thread void *port_linux_heap_slot __attribute__((tls_model("initial-exec"))) = &heap_none;
-#endif
 static __thread int thread_exited __attribute__((tls_model("initial-exec"))); /* the exit hook has run */
 
 static long map_none(uintptr_t hint, size_t size)
@@ -109,7 +105,7 @@ void *port_reserve(size_t size, size_t align)
     return (void *)at;
 }
 
-size_t port_address_space_limit(void)
+static size_t linux_address_space_limit(void)
 {
     enum { RLIMIT_AS_ = 9 };
     uint64_t limit[2] = {0, 0}; /* current, maximum */
@@ -133,13 +129,13 @@ int port_release(void *addr, size_t size)
     return sys_failed(sys3(SYS_munmap, (long)addr, (long)size, 0)) ? -1 : 0;
 }
 
-void port_hint_large_pages(void *addr, size_t size)
+static void linux_hint_large_pages(void *addr, size_t size)
 {
     enum { MADV_HUGEPAGE_ = 14 };
     sys3(SYS_madvise, (long)addr, (long)size, MADV_HUGEPAGE_); /* a hint: a kernel without THP says no */
 }
 
-int port_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
+static int linux_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
 {
     enum { MREMAP_MAYMOVE_ = 1, MREMAP_FIXED_ = 2 };
     long r = sys6(SYS_mremap, (long)from, (long)size, (long)size, MREMAP_MAYMOVE_ | MREMAP_FIXED_, (long)to, 0);
@@ -159,43 +155,36 @@ static void (*exit_fn)(void *heap);
 
 static void key_destructor(void *heap)
 {
-    port_linux_heap_slot = &heap_none;
     thread_exited = 1; /* glibc would call us again if the key were set again, but only for 4 rounds */
     exit_fn(heap);
 }
 
-int port_thread_exit_hook(void (*fn)(void *heap))
+static int linux_thread_exit_hook(void (*fn)(void *heap))
 {
     exit_fn = fn;
     exit_key_made = pthread_key_create(&exit_key, key_destructor) == 0;
     return exit_key_made ? 0 : -1;
 }
 
-int port_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(void))
+static int linux_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(void))
 {
     return pthread_atfork(prepare, parent, child) == 0 ? 0 : -1;
 }
 
-void port_out_of_memory(void) { errno = ENOMEM; }
+static void linux_out_of_memory(void) { errno = ENOMEM; }
 
-void port_invalid_argument(void) { errno = EINVAL; }
+static void linux_invalid_argument(void) { errno = EINVAL; }
 
-int port_heap_slot_set(void *heap)
+static int linux_thread_exit_arm(void *heap)
 {
     if (thread_exited)
         return PORT_SLOT_EXITED;
-    void *before = port_linux_heap_slot;
-    port_linux_heap_slot = heap != NULL ? heap : &heap_none; /* first: see port.h */
-    if (exit_key_made && pthread_setspecific(exit_key, heap) != 0) {
-        port_linux_heap_slot = before; /* the caller keeps no heap it could not arm the hook for */
-        return -1;
-    }
-    return 0;
+    return !exit_key_made || pthread_setspecific(exit_key, heap) == 0 ? 0 : -1;
 }
 
-uint32_t port_thread_id(void) { return (uint32_t)sys3(SYS_gettid, 0, 0, 0); }
+static uint32_t linux_thread_id(void) { return (uint32_t)sys3(SYS_gettid, 0, 0, 0); }
 
-int port_thread_alive(uint32_t id)
+static int linux_thread_alive(uint32_t id)
 {
     enum { ESRCH_ = 3 };
     /* Signal 0 to the thread of our process with that id: only the existence check is made. A thread that
@@ -205,7 +194,7 @@ int port_thread_alive(uint32_t id)
     return r == -ESRCH_ ? 0 : 1;
 }
 
-uintptr_t port_thread_tag(void) { return (uintptr_t)&thread_exited; /* a TLS address: the child keeps it */ }
+static uintptr_t linux_thread_tag(void) { return (uintptr_t)&thread_exited; /* a TLS address: the child keeps it */ }
 
 /* ---- the clock ---------------------------------------------------------------------------------- */
 
@@ -289,7 +278,7 @@ static int clock_via_syscall(int clock, timespec_ *ts)
 
 static clock_gettime_fn clock_fn; /* set once; every thread that races to set it finds the same */
 
-uint64_t port_clock_ms(void)
+static uint64_t linux_clock_ms(void)
 {
     clock_gettime_fn fn = __atomic_load_n(&clock_fn, __ATOMIC_ACQUIRE);
     if (fn == NULL) {
@@ -304,7 +293,7 @@ uint64_t port_clock_ms(void)
     return (uint64_t)ts.sec * 1000u + (uint64_t)ts.nsec / 1000000u;
 }
 
-void port_yield(void) { sys3(SYS_sched_yield, 0, 0, 0); }
+static void linux_yield(void) { sys3(SYS_sched_yield, 0, 0, 0); }
 
 void port_write_error(const char *msg, size_t len)
 {
@@ -325,3 +314,20 @@ _Noreturn void port_abort(void)
     for (;;)
         sys3(SYS_exit_group, 127, 0, 0);
 }
+
+port_capabilities port_caps = {
+    .flags = PORT_DECOMMIT_KEEPS_CHARGE,
+    .move_release = linux_move_release,
+    .hint_large_pages = linux_hint_large_pages,
+    .address_space_limit = linux_address_space_limit,
+    .clock_ms = linux_clock_ms,
+    .yield = linux_yield,
+    .thread_exit_hook = linux_thread_exit_hook,
+    .thread_exit_arm = linux_thread_exit_arm,
+    .thread_id = linux_thread_id,
+    .thread_alive = linux_thread_alive,
+    .fork_hooks = linux_fork_hooks,
+    .thread_tag = linux_thread_tag,
+    .out_of_memory = linux_out_of_memory,
+    .invalid_argument = linux_invalid_argument,
+};

@@ -1,17 +1,20 @@
-/* port.h - the operating-system contract, in allocator terms.
+/* port.h - the platform contract, in allocator terms.
  *
- * Everything shardmm needs from an OS is here: address space (reserve, commit, decommit, release),
- * the thread's heap slot, a hook at thread exit, which threads are alive, fork hooks, a coarse
- * monotonic clock, waiting, and a way to report a fatal error. One file per OS implements it (port/linux.c, port/win64.c). The
- * functions hold no policy: no retries, no accounting, no messages; the callers in src/ decide.
+ * Everything shardmm needs from an operating system (or from an embedder with no OS at all) is here.
+ * A port is one file under port/ (linux.c, win64.c, region.c) that defines:
+ * - the required functions below: address space (reserve, commit, decommit, release), and a way to
+ *   report a fatal error;
+ * - `port_caps`, a description of what else the platform offers: flags for its semantics and one
+ *   pointer per optional function, NULL where it has none. The core reads it and does without what is
+ *   missing (no clock: its delays count its own slow-path events; no thread-exit hook: threads call
+ *   shard_thread_done; no fork hooks: no fork);
+ * - the heap slot of the kind it chooses (SHARD_SLOT, below).
+ * The functions hold no policy: no retries, no accounting, no messages; the callers in src/ decide.
  *
- * The model is Windows': a reservation is address space only; commit makes a range readable and
- * writable and reading fresh memory gives zeros; decommit gives the memory back and keeps the
- * addresses; only whole reservations are released. Sizes and addresses are multiples of
- * PORT_PAGE (4 KB); reservations are aligned as the caller asks, at least to PORT_RESERVE_ALIGN (64 KB).
- *
- * The heap slot is read on every allocation, so it is an inline function here, chosen per OS;
- * this is the one place outside the port's .c files that knows which OS it is built for.
+ * The model of memory is Windows': a reservation is address space only; commit makes a range readable
+ * and writable and reading fresh memory gives zeros; decommit gives the memory back and keeps the
+ * addresses; only whole reservations are released. Sizes and addresses are multiples of PORT_PAGE
+ * (4 KB); reservations are aligned as the caller asks, at least to PORT_RESERVE_ALIGN (64 KB).
  */
 #ifndef SHARD_PORT_H
 #define SHARD_PORT_H
@@ -22,127 +25,153 @@
 #define PORT_PAGE ((size_t)4096)
 #define PORT_RESERVE_ALIGN ((size_t)65536)
 
+/* ---- required --------------------------------------------------------------------------------------- */
+
 /* Reserve size bytes of address space (size a multiple of PORT_RESERVE_ALIGN) at a multiple of align (a
  * power of two, PORT_RESERVE_ALIGN or more). The reservation is exactly [start, start+size): whatever the
  * port had to take beyond it to find an aligned start is given back before it returns, so the process's
- * address space (RLIMIT_AS counts it) holds no slack. Returns the start, or NULL when the OS refuses.
- * Nothing is readable yet. */
+ * address space (RLIMIT_AS counts it) holds no slack. Returns the start, or NULL when the platform
+ * refuses. Nothing is readable yet. */
 void *port_reserve(size_t size, size_t align);
 
-/* The most address space the process may hold (Linux: RLIMIT_AS), bytes; SIZE_MAX when unlimited. A
- * system call: for the rare decisions that depend on it (large blocks' address headroom). */
-size_t port_address_space_limit(void);
-
 /* Make [addr, addr+size) of a reservation readable and writable; fresh memory reads zero.
- * addr and size are multiples of PORT_PAGE. Returns 0, or -1 when the OS refuses (out of memory);
+ * addr and size are multiples of PORT_PAGE. Returns 0, or -1 when the platform refuses (out of memory);
  * on -1 the range is left as it was. Committing a committed range is allowed and keeps its contents. */
 int port_commit(void *addr, size_t size);
 
 /* Give the memory of [addr, addr+size) back; the addresses stay reserved. The contents are lost and
- * the range must not be touched until it is committed again (Windows faults; Linux reads zeros, and
- * keeps the range charged against the commit limit until release, see linux.c).
+ * the range must not be touched until it is committed again (what touching it does is in port_caps.flags).
  * addr and size are multiples of PORT_PAGE. Returns 0 or -1. */
 int port_decommit(void *addr, size_t size);
 
 /* Release a whole reservation: addr and size exactly as port_reserve gave and took them. 0 or -1. */
 int port_release(void *addr, size_t size);
 
-/* A hint that [addr, addr+size) of a reservation is used in large contiguous pieces, so that the OS may
- * back its committed parts with large pages (Linux: transparent huge pages, MADV_HUGEPAGE; one fault
- * then maps 2 MB). Only a range committed as a whole gets them, so nothing outside what was committed
- * becomes resident. Windows does nothing: its large pages need a privilege and cannot be decommitted. */
-void port_hint_large_pages(void *addr, size_t size);
-
-/* Optional, where PORT_MOVES_PAGES is 1 (Linux; Windows has no way to move private pages): move the
- * pages of [from, from+size), committed and inside the reservation [reservation, +reservation_size),
- * to [to, to+size) inside another reservation, without copying (their contents and commitment go with
- * them; what was at `to` is replaced), and release the rest of the source reservation. 0; or -1 with
- * nothing changed. One call, because after the move the source addresses are free for anyone's
- * mapping, so only the source's other parts may still be released. */
-int port_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to);
-
-/* Register fn to be called at the exit of every thread that has set its heap slot to non-NULL, with
- * the slot's value, once per thread; the slot reads NULL when fn runs. Called once per process,
- * before the first port_heap_slot_set. 0; -1 when the OS has no hook left to give (every pthread key of
- * the process taken): the slot still works, no thread's exit is reported, and the core finds the heaps
- * of exited threads through port_thread_alive instead. */
-int port_thread_exit_hook(void (*fn)(void *heap));
-
-/* Store heap in the calling thread's slot and arm the thread-exit hook for it (where there is one). 0; -1
- * with the slot unchanged when the OS refuses; PORT_SLOT_EXITED with the slot unchanged (NULL) when the
- * thread's exit hook has already run - code that runs later in the thread's exit (a destructor of
- * thread-local data that allocates) - so that no hook would ever give the heap back. The slot holds heap
- * before the hook is armed: arming it may allocate (glibc's pthread_setspecific callocs a key array),
- * and that allocation must find the heap there rather than make another one. */
-int port_heap_slot_set(void *heap);
-#define PORT_SLOT_EXITED 1
-
-/* Threads by number, for the heaps whose threads exited without the exit hook (it ran before their first
- * allocation, or the process had no hook to give): port_thread_id() is the calling thread's number,
- * unique among the process's live threads, never 0 or PORT_THREAD_NONE (a system call: called when a
- * thread takes a heap); port_thread_alive(id) is 0 when no live thread of the process has that number
- * any more, 1 when one has or the port cannot tell. */
-uint32_t port_thread_id(void);
-int port_thread_alive(uint32_t id);
-#define PORT_THREAD_NONE 0xffffffffu
-
-/* A value that differs between live threads and is the same for a thread and, after fork, for the
- * child's one thread (its thread pointer): who runs the fork handlers, for the locks they hold. */
-uintptr_t port_thread_tag(void);
-
-/* Register functions the C library calls around fork() in the process (Linux: pthread_atfork; Windows
- * has no fork and ignores them): prepare in the parent before the fork, parent in the parent after it,
- * child in the child. Called once per process. 0 or -1. */
-int port_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(void));
-
-/* An allocation returns NULL for want of memory (or an impossible size): tell the caller the C library's
- * way (Linux: errno = ENOMEM; Windows: the thread's last error ERROR_NOT_ENOUGH_MEMORY). */
-void port_out_of_memory(void);
-/* The same for an invalid argument (Linux: errno = EINVAL; Windows: ERROR_INVALID_PARAMETER). */
-void port_invalid_argument(void);
-
-/* Milliseconds from an arbitrary start, monotonic, with a resolution of some 1-16 ms. */
-uint64_t port_clock_ms(void);
-
-/* Give the processor to another thread (after spinning with pause has not helped). */
-void port_yield(void);
-
-/* Write a message to the standard error channel; nothing is allocated. */
+/* Write a message to the platform's error channel (nothing is allocated), and end the process (or
+ * whatever stands for it) abnormally: port_abort does not return. */
 void port_write_error(const char *msg, size_t len);
-
-/* End the process abnormally (after port_write_error). Does not return. */
 _Noreturn void port_abort(void);
 
-/* The thread's heap slot: NULL until port_heap_slot_set stored a heap. */
-static inline void *port_heap_slot(void);
+/* ---- capabilities ------------------------------------------------------------------------------------ */
 
-/* Where PORT_SLOT_STARTS_EMPTY_HEAP is 1, the slot as stored holds &heap_none (an empty heap of the core,
- * src/heap.h) rather than NULL while no heap is set, and port_heap_slot_raw() reads it as it is: the fast
- * paths then need no NULL test. port_heap_slot() still answers NULL for it. */
-struct heap;
-extern struct heap heap_none;
+/* What touching a decommitted range does (no core code touches one; the tests check the claim). */
+#define PORT_DECOMMIT_FAULTS 1u       /* it faults (Windows) */
+#define PORT_DECOMMIT_KEEPS_CHARGE 2u /* it reads zeros, and the range stays charged against the system's
+                                       * commit limit until it is released (Linux, see linux.c) */
 
-#if defined(__linux__) && defined(__x86_64__)
-#define PORT_MOVES_PAGES 1
-#define PORT_SLOT_STARTS_EMPTY_HEAP 1
-/* Initial-exec TLS: one fs-relative load. Defined in port/linux.c, or in asm/fast.asm where the NASM fast
- * paths are built (NASM can reach a TLS variable only if it defines it itself), initialised to &heap_none. */
-extern __thread void *port_linux_heap_slot __attribute__((tls_model("initial-exec")));
-static inline void *port_heap_slot_raw(void) { return port_linux_heap_slot; }
-static inline void *port_heap_slot(void)
-{
-    void *h = port_linux_heap_slot;
-    return h != (void *)&heap_none ? h : NULL;
-}
+/* Returned by thread_exit_arm in a thread whose exit hook has already run. */
+#define PORT_SLOT_EXITED 1
+/* A thread number that port_caps.thread_id never returns (the core's mark for "no live thread"). */
+#define PORT_THREAD_NONE 0xffffffffu
+
+typedef struct port_capabilities {
+    unsigned flags; /* PORT_DECOMMIT_* */
+
+    /* Move the pages of [from, from+size), committed and inside the reservation [reservation,
+     * +reservation_size), to [to, to+size) inside another reservation, without copying (their contents
+     * and commitment go with them; what was at `to` is replaced), and release the rest of the source
+     * reservation. 0; or -1 with nothing changed. One call, because after the move the source addresses
+     * are free for anyone's mapping. Without it a large block that must move is copied. */
+    int (*move_release)(void *reservation, size_t reservation_size, void *from, size_t size, void *to);
+
+    /* A hint that [addr, addr+size) of a reservation is used in large contiguous pieces, so that the
+     * platform may back its committed parts with large pages (only a range committed as a whole gets
+     * them, so nothing outside what was committed becomes resident). */
+    void (*hint_large_pages)(void *addr, size_t size);
+
+    /* The most address space the process may hold, bytes; SIZE_MAX when unlimited. Read for the rare
+     * decisions that depend on it (large blocks' address headroom). Without it: unlimited. */
+    size_t (*address_space_limit)(void);
+
+    /* Milliseconds from an arbitrary start, monotonic, with a resolution of some 1-16 ms. Without it the
+     * core's delays count its own clock reads instead (each one a slow-path event: a page freed past
+     * the kept ones, a heap retired, a large block cached). */
+    uint64_t (*clock_ms)(void);
+
+    /* Give the processor to another thread after spinning has not helped. Without it: spin on. */
+    void (*yield)(void);
+
+    /* The thread-exit hook. thread_exit_hook registers fn, once per process, before the first heap is
+     * armed: 0; -1 when there is no hook to give (every pthread key of the process taken), and then no
+     * thread's exit is reported. thread_exit_arm(heap), called by a thread after it stored heap in its
+     * slot (or NULL after clearing it), asks for fn(heap) at that thread's exit: 0; -1 when refused;
+     * PORT_SLOT_EXITED when the thread's exit hook has already run (code that runs later in its exit: a
+     * destructor of thread-local data that allocates), so that no hook would ever give the heap back.
+     * Arming may allocate (glibc's pthread_setspecific callocs a key array); it comes after the store so
+     * that such an allocation finds the heap in the slot. fn runs once per armed thread; it clears the
+     * slot itself. Without these, threads end their use of a heap with shard_thread_done. */
+    int (*thread_exit_hook)(void (*fn)(void *heap));
+    int (*thread_exit_arm)(void *heap);
+
+    /* Threads by number, for the heaps whose threads exited without the exit hook: thread_id() is the
+     * calling thread's number, unique among the process's live threads, never 0 or PORT_THREAD_NONE (a
+     * system call: called when a thread takes a heap); thread_alive(id) is 0 when no live thread has
+     * that number any more, 1 when one has or the port cannot tell. Without them such heaps stay with
+     * their blocks. */
+    uint32_t (*thread_id)(void);
+    int (*thread_alive)(uint32_t id);
+
+    /* Functions the platform calls around fork(): prepare in the parent before it, parent in the parent
+     * after it, child in the child. Registered once per process; 0 or -1. With them, thread_tag: a
+     * value that differs between live threads and is the same for a thread and, after fork, for the
+     * child's one thread (who runs the fork handlers, for the locks they hold). */
+    int (*fork_hooks)(void (*prepare)(void), void (*parent)(void), void (*child)(void));
+    uintptr_t (*thread_tag)(void);
+
+    /* An allocation returns NULL for want of memory (or an impossible size), or a function was given an
+     * invalid argument: tell the caller the C library's way (errno = ENOMEM / EINVAL; on Windows the
+     * thread's last error). Without them the NULL (or error code) is all the caller learns. */
+    void (*out_of_memory)(void);
+    void (*invalid_argument)(void);
+} port_capabilities;
+
+/* Defined by the port; read by the core only (a port with no OS fills parts of it at its own start-up). */
+extern port_capabilities port_caps;
+
+/* ---- the heap slot ------------------------------------------------------------------------------------ */
+
+/* Every allocation reads the calling thread's heap from its slot, so where the slot lives is the port's
+ * choice, made at build time with SHARD_SLOT; the core (src/heap.h) and the NASM fast paths
+ * (asm/abi.inc) follow it. What the slot holds while a thread has no heap is the core's business.
+ *   PORT_SLOT_TLS       a thread-local word of the core's, initial-exec TLS (one fs-relative load): Linux
+ *   PORT_SLOT_TEB       the port's TLS index, read from the TEB (gs); the port stores it: Windows
+ *   PORT_SLOT_GLOBAL    one word of the core's for the whole process: a platform with one thread (or
+ *                       whose threads never call the allocator at the same time)
+ *   PORT_SLOT_FUNCTION  a word of the platform's own per-thread data, whose address the port's
+ *                       port_heap_slot_address() returns (it reads zero in a new thread): an embedder's
+ *                       threads
+ * The numbers are spelled out again in asm/abi.inc. */
+#define PORT_SLOT_TLS 1
+#define PORT_SLOT_TEB 2
+#define PORT_SLOT_GLOBAL 3
+#define PORT_SLOT_FUNCTION 4
+
+#ifndef SHARD_SLOT /* the built-in ports' choices, for a build that does not name one */
+#if defined(SHARD_PORT_REGION)
+#define SHARD_SLOT PORT_SLOT_FUNCTION
 #elif defined(_WIN64)
-#define PORT_MOVES_PAGES 0
-#define PORT_SLOT_STARTS_EMPTY_HEAP 0 /* TLS slots start NULL for every thread */
-/* The TEB's TLS slots: gs:[0x1480 + 8*i] for an index below 64. port_win64_slot_offset is that offset
- * once port_thread_exit_hook has taken the index, 0 before it and for an index of 64 or above, whose
- * slot lives behind the TEB's expansion pointer. Then the read calls port_win64_heap_slot_far, an
- * assembly leaf in win64.c that changes no register but rax and the flags, so that the fast paths
- * around this read need no stack frame for a call they almost never make. The asm is volatile: the
- * slot changes under the compiler's feet when port_heap_slot_set runs. */
+#define SHARD_SLOT PORT_SLOT_TEB
+#else
+#define SHARD_SLOT PORT_SLOT_TLS
+#endif
+#endif
+
+#if SHARD_SLOT == PORT_SLOT_FUNCTION
+/* The address of the calling thread's slot word; called on every allocation and free that needs the
+ * heap, from the NASM fast paths too (through a helper that keeps every register): no allocation, no
+ * locks. */
+void **port_heap_slot_address(void);
+#elif SHARD_SLOT == PORT_SLOT_TEB
+/* Store heap (NULL: none) in the calling thread's slot: 0, or -1 when the port has no slot (no TLS
+ * index could be had). */
+int port_heap_slot_store(void *heap);
+/* The slot, NULL until port_heap_slot_store stored a heap. The TEB's TLS slots: gs:[0x1480 + 8*i] for
+ * an index below 64. port_win64_slot_offset is that offset once port_caps.thread_exit_hook has taken
+ * the index, 0 before it and for an index of 64 or above, whose slot lives behind the TEB's expansion
+ * pointer. Then the read calls port_win64_heap_slot_far, an assembly leaf in win64.c that changes no
+ * register but rax and the flags, so that the fast paths around this read need no stack frame for a
+ * call they almost never make. The asm is volatile: the slot changes under the compiler's feet when
+ * port_heap_slot_store runs. */
 static inline void *port_heap_slot(void)
 {
     void *heap;
@@ -159,8 +188,8 @@ static inline void *port_heap_slot(void)
                      : "cc");
     return heap;
 }
-#else
-#error "shardmm: no port for this platform (port/linux.c and port/win64.c are the ones there are)"
+#elif SHARD_SLOT != PORT_SLOT_TLS && SHARD_SLOT != PORT_SLOT_GLOBAL
+#error "shardmm: SHARD_SLOT must be PORT_SLOT_TLS, PORT_SLOT_TEB, PORT_SLOT_GLOBAL or PORT_SLOT_FUNCTION"
 #endif
 
 #endif

@@ -1,7 +1,10 @@
-/* select.c - the port of the OS being compiled for, as one file: what the single-file build
- * (src/shardmm.c) includes, so that the choice of OS stays in port/. With SHARD_MALLOC_NAMES=1 on Linux
- * it brings the C library's malloc names too (malloc.c). */
-#if defined(_WIN64)
+/* select.c - the port being compiled for, as one file: what the single-file build (src/shardmm.c)
+ * includes, so that the choice stays in port/. SHARD_PORT_REGION picks the region port (no OS);
+ * otherwise the OS compiled for, and with SHARD_MALLOC_NAMES=1 on Linux the C library's malloc names
+ * too (malloc.c). */
+#if defined(SHARD_PORT_REGION)
+#include "region.c"
+#elif defined(_WIN64)
 #include "win64.c"
 #else
 #include "linux.c"

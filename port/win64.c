@@ -6,7 +6,8 @@
  *   more, giving it back and reserving at the aligned address inside it), MEM_COMMIT (charged against the
  *   commit limit, so an impossible size is refused), MEM_DECOMMIT (the range faults until committed
  *   again), VirtualFree MEM_RELEASE of a whole reservation (Windows refuses a partial one).
- * - the heap slot: an index of our own from TlsAlloc, read without a call as gs:[0x1480 + 8*index] for
+ * - the heap slot (PORT_SLOT_TEB): an index of our own from TlsAlloc, read without a call as
+ *   gs:[0x1480 + 8*index] for
  *   an index below 64 (port.h inlines that read), and through the TEB's expansion array at gs:[0x1780]
  *   (entry index - 64, NULL until this thread has set a slot of 64 or above) otherwise. Writing goes
  *   through TlsSetValue, which also creates that array.
@@ -17,7 +18,7 @@
  *   a heap that a thread still uses; a heap whose fiber was deleted stays with its thread, and the
  *   DLL's DLL_THREAD_DETACH gives it back at that thread's exit (the static library has no such entry:
  *   there the heap stays out of use). After the hook ran, a second TLS index marks the thread as
- *   exited, and port_heap_slot_set refuses it (PORT_SLOT_EXITED): Windows runs FLS callbacks before
+ *   exited, and arming the hook is refused (PORT_SLOT_EXITED): Windows runs FLS callbacks before
  *   DLL_THREAD_DETACH and TLS callbacks, where thread-local destructors may still allocate, and would
  *   never call the callback again for a value set then.
  * - unloading: the DLL's entry frees both indexes when the DLL is unloaded (FreeLibrary) so that the
@@ -36,10 +37,10 @@
 
 enum { TEB_TLS_SLOTS = 0x1480, TEB_TLS_EXPANSION = 0x1780, TEB_TLS_SLOT_COUNT = 64 };
 
-/* Read by port.h's inline read and the assembly below; written once by port_thread_exit_hook. */
+/* Read by port.h's inline read and the assembly below; written once by thread_exit_hook. */
 uintptr_t port_win64_slot_offset;
 uintptr_t port_win64_expansion_offset; /* 8 * (index - 64): the slot's place in the expansion array */
-/* Our TLS index; TLS_OUT_OF_INDEXES until port_thread_exit_hook. Not static: the port test reads it. */
+/* Our TLS index; TLS_OUT_OF_INDEXES until thread_exit_hook. Not static: the port test reads it. */
 DWORD port_win64_tls_index = TLS_OUT_OF_INDEXES;
 static DWORD fls_index = FLS_OUT_OF_INDEXES;
 static DWORD exited_index = TLS_OUT_OF_INDEXES; /* non-NULL in a thread whose exit hook has run */
@@ -70,8 +71,6 @@ void *port_reserve(size_t size, size_t align)
     }
     return NULL;
 }
-
-size_t port_address_space_limit(void) { return SIZE_MAX; /* 128 TB of user address space; no quota on it */ }
 
 int port_commit(void *addr, size_t size)
 {
@@ -133,7 +132,7 @@ static void WINAPI fls_callback(void *heap)
     thread_exited(heap);
 }
 
-int port_thread_exit_hook(void (*fn)(void *heap))
+static int win_thread_exit_hook(void (*fn)(void *heap))
 {
     DWORD tls = TlsAlloc(), exited = TlsAlloc(), fls = FlsAlloc(fls_callback);
 #ifndef SHARD_BUILD_DLL
@@ -144,7 +143,7 @@ int port_thread_exit_hook(void (*fn)(void *heap))
     BOOL pinned = TRUE;
 #endif
     /* The slot is the TLS index, and the exited mark the second one: without them there is no slot, and
-     * port_heap_slot_set refuses. Without the FLS index (or, for the static library, the pin that keeps
+     * port_heap_slot_store refuses. Without the FLS index (or, for the static library, the pin that keeps
      * its callback's code loaded) the slot works but no thread's exit is reported. */
     if (fls != FLS_OUT_OF_INDEXES && !pinned) {
         FlsFree(fls);
@@ -170,26 +169,24 @@ int port_thread_exit_hook(void (*fn)(void *heap))
     return fls != FLS_OUT_OF_INDEXES ? 0 : -1;
 }
 
-int port_heap_slot_set(void *heap)
+int port_heap_slot_store(void *heap)
 {
     if (port_win64_tls_index == TLS_OUT_OF_INDEXES)
         return -1; /* no TLS index could be had: no slot */
-    if (TlsGetValue(exited_index) != NULL)
-        return PORT_SLOT_EXITED;
-    void *previous = TlsGetValue(port_win64_tls_index);
-    /* The slot first (port.h), then the FLS value that arms the exit callback. */
-    if (!TlsSetValue(port_win64_tls_index, heap))
-        return -1;
-    if (fls_index != FLS_OUT_OF_INDEXES && !FlsSetValue(fls_index, heap)) {
-        TlsSetValue(port_win64_tls_index, previous);
-        return -1;
-    }
-    return 0;
+    return TlsSetValue(port_win64_tls_index, heap) ? 0 : -1;
 }
 
-uint32_t port_thread_id(void) { return (uint32_t)GetCurrentThreadId(); /* multiples of 4, never 0 */ }
+/* The FLS value arms the exit callback (set after the slot, port.h). */
+static int win_thread_exit_arm(void *heap)
+{
+    if (TlsGetValue(exited_index) != NULL)
+        return PORT_SLOT_EXITED;
+    return fls_index == FLS_OUT_OF_INDEXES || FlsSetValue(fls_index, heap) ? 0 : -1;
+}
 
-int port_thread_alive(uint32_t id)
+static uint32_t win_thread_id(void) { return (uint32_t)GetCurrentThreadId(); /* multiples of 4, never 0 */ }
+
+static int win_thread_alive(uint32_t id)
 {
     /* A thread that has exited is signalled, and an id that no thread has any more cannot be opened. Ids
      * are unique system-wide among live threads, so an id of ours cannot belong to another process's
@@ -202,24 +199,11 @@ int port_thread_alive(uint32_t id)
     return alive;
 }
 
-uintptr_t port_thread_tag(void)
-{
-    uintptr_t teb; /* the TEB's own address at gs:[0x30] (NtCurrentTeb, which gcc 12 misreads with -Warray-bounds) */
-    __asm__("movq %%gs:0x30, %0" : "=r"(teb));
-    return teb;
-}
+static void win_out_of_memory(void) { SetLastError(ERROR_NOT_ENOUGH_MEMORY); }
 
-int port_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(void))
-{
-    (void)prepare, (void)parent, (void)child; /* no fork on Windows */
-    return 0;
-}
+static void win_invalid_argument(void) { SetLastError(ERROR_INVALID_PARAMETER); }
 
-void port_out_of_memory(void) { SetLastError(ERROR_NOT_ENOUGH_MEMORY); }
-
-void port_invalid_argument(void) { SetLastError(ERROR_INVALID_PARAMETER); }
-
-uint64_t port_clock_ms(void)
+static uint64_t win_clock_ms(void)
 {
     /* KUSER_SHARED_DATA.InterruptTime: x64 Windows stores it with one 8-byte write, so one aligned
      * 8-byte read is consistent. */
@@ -227,13 +211,7 @@ uint64_t port_clock_ms(void)
     return t / 10000u;
 }
 
-/* Large pages need SeLockMemoryPrivilege and cannot be decommitted: the hint is not taken here. */
-void port_hint_large_pages(void *addr, size_t size)
-{
-    (void)addr, (void)size;
-}
-
-void port_yield(void) { SwitchToThread(); }
+static void win_yield(void) { SwitchToThread(); }
 
 void port_write_error(const char *msg, size_t len)
 {
@@ -255,6 +233,20 @@ _Noreturn void port_abort(void)
     for (;;)
         ExitProcess(3);
 }
+
+/* No large pages (they need SeLockMemoryPrivilege and cannot be decommitted), no moving of pages, no
+ * quota on the 128 TB of address space, no fork. */
+port_capabilities port_caps = {
+    .flags = PORT_DECOMMIT_FAULTS,
+    .clock_ms = win_clock_ms,
+    .yield = win_yield,
+    .thread_exit_hook = win_thread_exit_hook,
+    .thread_exit_arm = win_thread_exit_arm,
+    .thread_id = win_thread_id,
+    .thread_alive = win_thread_alive,
+    .out_of_memory = win_out_of_memory,
+    .invalid_argument = win_invalid_argument,
+};
 
 #ifdef SHARD_BUILD_DLL
 /* The DLL's entry point (linked with -e, no C runtime). At a thread's exit, a heap still in its slot

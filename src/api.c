@@ -68,7 +68,7 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
 /* NULL for want of memory or an impossible size; the caller also learns it the C library's way. */
 static __attribute__((noinline, cold)) void *out_of_memory(void)
 {
-    port_out_of_memory();
+    os_out_of_memory();
     return NULL;
 }
 
@@ -88,7 +88,7 @@ static void *malloc_any(size_t size)
 {
     if (size > SHARD_MEDIUM_MAX)
         return large_any(size, 16, 0);
-    heap *h = port_heap_slot();
+    heap *h = heap_mine();
     if (unlikely(h == NULL))
         return malloc_without_heap(size);
     if (size > SHARD_SMALL_MAX)
@@ -178,7 +178,7 @@ static inline int own_small(const heap *h, const void *p)
 /* The calling thread's heap when it owns the segment of p (a small or medium block's), else NULL. */
 static inline heap *owner_heap(const void *p)
 {
-    heap *h = port_heap_slot();
+    heap *h = heap_mine();
     return h != NULL && segment_of(p)->owner == h ? h : NULL;
 }
 
@@ -371,7 +371,7 @@ static unsigned aligned_class(size_t size, size_t align)
 static void *medium_aligned(size_t size, size_t align)
 {
     int lent = 0;
-    heap *h = port_heap_slot();
+    heap *h = heap_mine();
     if (h == NULL && (h = heap_get_or_create(&lent)) == NULL)
         return NULL;
     void *p = medium_alloc_aligned(h, size, align);
@@ -454,7 +454,7 @@ int shard_posix_memalign(void **out, size_t align, size_t size)
 void *shard_memalign(size_t align, size_t size)
 {
     if (align > SIZE_MAX / 2 + 1) { /* glibc: no power of two holds it */
-        port_invalid_argument();
+        os_invalid_argument();
         return NULL;
     }
     size_t a = 16;
@@ -523,7 +523,7 @@ void shard_get_stats(shard_stats *out)
 int shard_check(void)
 {
     int problems = large_check() + heap_check_stack();
-    heap *h = port_heap_slot();
+    heap *h = heap_mine();
     return h != NULL ? problems + heap_check(h) : problems;
 }
 
@@ -534,3 +534,5 @@ void shard_collect(void)
     heap_collect();
     large_cache_release_all();
 }
+
+size_t shard_set_limit(size_t bytes) { return os_set_limit(bytes); }

@@ -81,14 +81,15 @@
 #define SHARD_SPIN_PAUSES 4000
 #endif
 
-/* Large blocks (large.c). A block's reservation is its size again as headroom, at most
- * SHARD_LARGE_HEADROOM_MAX of it, and never less than SHARD_LARGE_SPAN_MIN in all: addresses cost
- * nothing, and a buffer that grows within them never moves. */
+/* Large blocks (large.c). A block's reservation is its size and as much again as headroom, at most
+ * SHARD_LARGE_HEADROOM_MAX of it: a buffer that grows within it does not move, and one that keeps
+ * growing moves no more often than it doubles. There is no floor under it (large.c says why). */
 #ifndef SHARD_LARGE_HEADROOM_MAX
 #define SHARD_LARGE_HEADROOM_MAX ((size_t)1 << 30)
 #endif
-#ifndef SHARD_LARGE_SPAN_MIN
-#define SHARD_LARGE_SPAN_MIN ((size_t)16 << 20)
+/* A block that moved to grow reserves at least this much: it is likely to grow again. */
+#ifndef SHARD_LARGE_GROWN_SPAN_MIN
+#define SHARD_LARGE_GROWN_SPAN_MIN ((size_t)16 << 20)
 #endif
 /* Ask the OS for large pages under large blocks (port_hint_large_pages). On Linux with transparent huge
  * pages in "madvise" mode (Debian's default) one fault then maps 2 MB of a growing buffer: bench/large.py

@@ -3,17 +3,18 @@
  * and the list of all heaps (see heap.h).
  *
  * Start-up and its re-entrancy. Two things are done once per process: the fork hooks are registered
- * (port_fork_hooks) - at load time by a constructor, and again, if that did not run, by the first
+ * (port_caps.fork_hooks) - at load time by a constructor, and again, if that did not run, by the first
  * allocation of any kind, large ones included (fork safety from the first lock the allocator takes) -
- * and the thread-exit hook is asked for (port_thread_exit_hook) by the first allocation. Either may call
- * malloc again from inside: glibc's pthread_atfork mallocs to grow its list (under its own lock, hence
+ * and the thread-exit hook is asked for (port_caps.thread_exit_hook) by the first allocation. Either may
+ * call malloc again from inside: glibc's pthread_atfork mallocs to grow its list (under its own lock, hence
  * the constructor: a first malloc inside another library's pthread_atfork must not register ours), and
  * pthread_setspecific callocs a thread's key array for a key of index 32 or more. So nothing waits for
  * the fork hooks (an allocation made while they are being registered goes on without them), the exit
  * hook is asked for with a call that does not allocate (pthread_key_create), and a new thread's heap is
  * complete and in the slot before the port arms the exit hook for it: an allocation made from inside
  * the arming finds the heap and uses it. Without an exit hook (every pthread key of the process taken)
- * the slot still works; the heaps of exited threads are then found as those below.
+ * the slot still works; the heaps of exited threads are then found as those below. A platform with no
+ * hook at all (port_caps) leaves the end of a thread's use of its heap to shard_thread_done.
  *
  * Thread exit (the port's hook, or shard_thread_done) retires the heap: the blocks other threads freed
  * into it are taken in, the only page a class keeps while its thread runs is retired if empty, and the
@@ -45,8 +46,8 @@
  * of key destructors (its hook was armed too late for glibc to call it), or any thread of a process
  * without a hook. Each heap carries its owner's thread number (`owner`, with a generation against a
  * number seen twice). When a thread would make a new heap and there are already `reclaim_at` heaps,
- * every owned heap's thread is looked up (port_thread_alive); the heap of a thread that no longer lives
- * is taken (a CAS on the owner word), retired as at exit and reused. reclaim_at becomes twice the heaps
+ * every owned heap's thread is looked up (port_caps.thread_alive); the heap of a thread that no longer
+ * lives is taken (a CAS on the owner word), retired as at exit and reused. reclaim_at becomes twice the heaps
  * whose threads live, plus SHARD_RECLAIM_MIN: heaps stay bounded by twice the threads alive at once,
  * and the look-ups, a system call each, cost about one per heap made.
  *
@@ -87,11 +88,11 @@ static uint32_t reclaim_at = SHARD_RECLAIM_MIN; /* heaps_made from which a new h
 uint32_t heap_start_done;        /* heap_start has run (heap.h) */
 static uint32_t fork_hooks_state; /* 0 not registered, 1 being registered, 2 done (or refused) */
 static uint32_t exit_hook_state;  /* 0 not asked for, 1 being asked for, 2 done (with or without a hook) */
-uint64_t heap_reserve_due;       /* port_clock_ms() when the stack is due for a trim; 0: not due */
+uint64_t heap_reserve_due;       /* os_clock_ms() when the stack is due for a trim; 0: not due */
 static uint32_t trimming;        /* odd while the stacks are taken whole (trim, check): +1 at take, at put back */
 static spinlock trim_lock;       /* one trim or check of the stacks, or search for dead threads' heaps, at a time */
 static uint32_t reserves_held;   /* heaps in the warm stack (at most SHARD_RESERVE_HEAPS) */
-static uintptr_t fork_tag;       /* port_thread_tag() of the thread in the middle of fork(), or 0 */
+static uintptr_t fork_tag;       /* os_thread_tag() of the thread in the middle of fork(), or 0 */
 
 /* ---- owners ----------------------------------------------------------------------------------------- */
 
@@ -133,7 +134,7 @@ static pair128 *stack_of(const heap *h) { return &stacks[h->reserve_held ? STACK
  * by no one until a trim (see retire). */
 static int give_back(heap *h)
 {
-    h->retired_at = port_clock_ms();
+    h->retired_at = os_clock_ms();
     set_owner(h, 0);
     /* The owner word, then the queues; a foreign free pushes onto a queue, then reads the owner word:
      * one of the two sees the other (heap_foreign_queued). */
@@ -275,7 +276,7 @@ static void drop_reserve(heap *h)
 static void trim_stack(int all)
 {
     heap *first = take_stack();
-    uint64_t now = port_clock_ms(), due = 0;
+    uint64_t now = os_clock_ms(), due = 0;
     for (heap *h = first; h != NULL; h = h->next_free) {
         if (all || !h->reserve_held || (int64_t)(now - h->retired_at) >= SHARD_RESERVE_DELAY_MS) {
             drop_reserve(h);
@@ -296,7 +297,7 @@ static void trim_stack(int all)
 
 void heap_reserve_expire(uint64_t due)
 {
-    if ((int64_t)(port_clock_ms() - due) < 0)
+    if ((int64_t)(os_clock_ms() - due) < 0)
         return;
     if (!cas_acq_rel(&heap_reserve_due, &due, 0)) /* one thread trims */
         return;
@@ -313,7 +314,7 @@ void heap_foreign_queued(heap *h)
     __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the push onto h's queue, then its owner (give_back) */
     if (OWNER_THREAD(load_relaxed(&h->owner)) != 0)
         return; /* a thread has it and takes its queues in on its own slow paths */
-    arm_due(port_clock_ms() + SHARD_RESERVE_DELAY_MS);
+    arm_due(os_clock_ms() + SHARD_RESERVE_DELAY_MS);
 }
 
 /* ---- heaps of exited threads -------------------------------------------------------------------- */
@@ -334,7 +335,7 @@ static void retire(heap *h)
     if (!reserve)
         drop_reserve(h); /* nothing was left to keep: the place is another heap's */
     debug_check_heap(h, "heap inconsistent as its thread ends");
-    uint64_t now = port_clock_ms();
+    uint64_t now = os_clock_ms();
     /* After the push: a trim that takes the due from now on takes the stack after the push, so h is
      * trimmed either by the trim that consumes an earlier due or by the one this sets. */
     if (give_back(h) || reserve)
@@ -356,7 +357,7 @@ static void reclaim_dead(void)
         uint32_t thread = OWNER_THREAD(w);
         if (thread == 0)
             continue;
-        if (thread == PORT_THREAD_NONE || port_thread_alive(thread)) {
+        if (thread == PORT_THREAD_NONE || os_thread_alive(thread)) {
             live++;
             continue;
         }
@@ -373,14 +374,44 @@ void heap_retire(heap *h)
     large_cache_expire();
 }
 
-static void heap_exit_hook(void *arg) { heap_retire(arg); }
+/* ---- the slot ------------------------------------------------------------------------------------- */
+
+#if SHARD_SLOT == PORT_SLOT_TLS && !SHARD_ASM
+__thread heap *heap_slot __attribute__((tls_model("initial-exec"))) = &heap_none;
+#elif SHARD_SLOT == PORT_SLOT_GLOBAL
+heap *heap_slot = &heap_none;
+#endif
+
+/* Store h (NULL: none) in the calling thread's slot (heap.h). 0, or -1 when the platform has no slot. */
+static int slot_store(heap *h)
+{
+#if SLOT_HOLDS_HEAP_NONE
+    heap_slot = h != NULL ? h : &heap_none;
+    return 0;
+#elif SHARD_SLOT == PORT_SLOT_TEB
+    return port_heap_slot_store(h);
+#else
+    *(heap **)port_heap_slot_address() = h;
+    return 0;
+#endif
+}
+
+/* Ask for the exit hook at this thread's exit, for h (NULL: no longer). 0, -1 or PORT_SLOT_EXITED. */
+static int slot_arm(heap *h) { return port_caps.thread_exit_arm != NULL ? port_caps.thread_exit_arm(h) : 0; }
+
+static void heap_exit_hook(void *arg)
+{
+    slot_store(NULL);
+    heap_retire(arg);
+}
 
 void heap_thread_done(void)
 {
-    heap *h = port_heap_slot();
+    heap *h = heap_mine();
     if (h == NULL)
         return;
-    port_heap_slot_set(NULL); /* disarms the exit hook: the heap goes back here, once */
+    slot_store(NULL);
+    slot_arm(NULL); /* disarms the exit hook: the heap goes back here, once */
     heap_retire(h);
 }
 
@@ -397,7 +428,7 @@ static void empty_stack(void)
 
 void heap_collect(void)
 {
-    heap *h = port_heap_slot();
+    heap *h = heap_mine();
     if (h != NULL)
         trim_to(h, SHARD_KEEP_FREE_PAGES, 1, 0);
     empty_stack();
@@ -408,7 +439,7 @@ int heap_relieve(void)
     os_totals before, after;
     os_get_totals(&before);
     large_cache_release_all();
-    heap *h = port_heap_slot();
+    heap *h = heap_mine();
     if (h != NULL)
         trim_all(h, 0);
     empty_stack();
@@ -434,7 +465,7 @@ int heap_check_stack(void)
 int spin_fork_passes(void)
 {
     uintptr_t tag = load_acquire(&fork_tag);
-    return tag != 0 && tag == port_thread_tag();
+    return tag != 0 && tag == os_thread_tag();
 }
 
 static void fork_prepare(void)
@@ -443,7 +474,7 @@ static void fork_prepare(void)
     meta_lock_for_fork(1);
     large_lock_for_fork(1);
     error_lock_for_fork(1);
-    store_release(&fork_tag, port_thread_tag());
+    store_release(&fork_tag, os_thread_tag());
 }
 
 static void fork_unlock(void)
@@ -460,8 +491,8 @@ static void fork_parent(void) { fork_unlock(); }
 /* In the child: the forking thread's heap is this thread's; every other heap a thread had is no one's. */
 static void fork_child(void)
 {
-    heap *mine = port_heap_slot();
-    uint32_t me = port_thread_id();
+    heap *mine = heap_mine();
+    uint32_t me = os_thread_id();
     for (heap *h = load_acquire(&all_heaps); h != NULL; h = h->next_all) {
         uint32_t thread = OWNER_THREAD(load_relaxed(&h->owner));
         if (h == mine)
@@ -480,7 +511,8 @@ static void register_fork_hooks(void)
     uint32_t expected = 0;
     if (load_acquire(&fork_hooks_state) != 0 || !cas_acq_rel(&fork_hooks_state, &expected, 1u))
         return; /* done, or being done: nobody waits for it (see the file comment) */
-    port_fork_hooks(fork_prepare, fork_parent, fork_child); /* refused: nothing else can be done */
+    if (port_caps.fork_hooks != NULL) /* refused: nothing else can be done */
+        port_caps.fork_hooks(fork_prepare, fork_parent, fork_child);
     store_release(&fork_hooks_state, 2u);
 }
 
@@ -495,7 +527,8 @@ void heap_start(void)
     while (state != 2) {
         uint32_t expected = 0;
         if (state == 0 && cas_acq_rel(&exit_hook_state, &expected, 1u)) {
-            port_thread_exit_hook(heap_exit_hook); /* -1: no hook; reclaim_dead finds exited threads' heaps */
+            if (port_caps.thread_exit_hook != NULL) /* -1: no hook; reclaim_dead finds exited threads' heaps */
+                port_caps.thread_exit_hook(heap_exit_hook);
             store_release(&exit_hook_state, 2u);
             break;
         }
@@ -541,10 +574,10 @@ static heap *acquire(void)
     if (h == NULL) {
         h = heap_new();
         if (h != NULL)
-            set_owner(h, port_thread_id());
+            set_owner(h, os_thread_id());
         return h;
     }
-    set_owner(h, port_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
+    set_owner(h, os_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
     drop_reserve(h);                /* the reserve is this thread's now */
     trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* what was freed into it while it waited; nothing goes back */
     return h;
@@ -552,19 +585,22 @@ static heap *acquire(void)
 
 heap *heap_get_or_create(int *lent)
 {
-    heap *h = port_heap_slot();
+    heap *h = heap_mine();
     if (h != NULL)
         return h;
     heap_started();
     h = acquire();
     if (h == NULL)
         return NULL;
-    int set = port_heap_slot_set(h); /* h is complete: an allocation from inside this call may use it */
-    if (set == PORT_SLOT_EXITED) {
-        *lent = 1;
-        return h;
-    }
-    if (set != 0) {
+    /* h is complete and in the slot before the hook is armed: an allocation from inside the arming
+     * (port.h) uses it. */
+    int armed = slot_store(h) != 0 ? -1 : slot_arm(h);
+    if (armed != 0) {
+        slot_store(NULL);
+        if (armed == PORT_SLOT_EXITED) {
+            *lent = 1;
+            return h;
+        }
         give_back(h); /* the thread could not own it */
         return NULL;
     }

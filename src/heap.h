@@ -50,7 +50,7 @@ typedef struct heap {
     struct arena *empty_arenas;
     uint32_t empty_arena_count;
     uint32_t medium_ops;     /* counts medium operations: every 256th checks the empty arenas' age */
-    uint64_t retired_at;     /* port_clock_ms() when it last went onto the stack of free heaps */
+    uint64_t retired_at;     /* os_clock_ms() when it last went onto the stack of free heaps */
     uint32_t reserve_held;   /* 1 while it waits in the stack with a reserve (heap.c) */
     /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own,
      * with the owner word, which those frees read (heap.c: generation << 32 | the thread's number,
@@ -68,17 +68,49 @@ heap *heap_get_or_create(int *lent);
 
 /* The heap a thread without one sees in the fast paths: every page-per-size entry leads to the empty
  * page, it owns no segment and no class has pages, so each fast path fails over to its slow path, which
- * asks port_heap_slot() (NULL then). On Linux the slot starts with its address (no NULL test in the fast
- * paths); on Windows, whose TLS slots start NULL, fast_heap() substitutes it. */
+ * asks heap_mine() (NULL then). */
 extern heap heap_none;
+
+/* The heap slot (port.h: SHARD_SLOT says where it lives). A slot of the core's own (TLS, GLOBAL) starts
+ * as &heap_none and holds it while its thread has no heap, so the fast paths read it without a NULL
+ * test; a slot of the platform's (TEB, FUNCTION) reads NULL then, and fast_heap() substitutes heap_none.
+ * heap_slot_store (heap.c) writes it. */
+#if SHARD_SLOT == PORT_SLOT_TLS
+/* Defined in heap.c, or in asm/fast.asm where the NASM fast paths are built (NASM can reach a TLS
+ * variable only if it defines it itself). */
+extern __thread heap *heap_slot __attribute__((tls_model("initial-exec")));
+static inline heap *slot_load(void) { return heap_slot; }
+#define SLOT_HOLDS_HEAP_NONE 1
+#elif SHARD_SLOT == PORT_SLOT_GLOBAL
+extern heap *heap_slot;
+static inline heap *slot_load(void) { return heap_slot; }
+#define SLOT_HOLDS_HEAP_NONE 1
+#elif SHARD_SLOT == PORT_SLOT_TEB
+static inline heap *slot_load(void) { return port_heap_slot(); }
+#define SLOT_HOLDS_HEAP_NONE 0
+#else
+static inline heap *slot_load(void) { return *(heap **)port_heap_slot_address(); }
+#define SLOT_HOLDS_HEAP_NONE 0
+#endif
+
+/* The calling thread's heap, NULL while it has none. */
+static inline heap *heap_mine(void)
+{
+    heap *h = slot_load();
+#if SLOT_HOLDS_HEAP_NONE
+    return h != &heap_none ? h : NULL;
+#else
+    return h;
+#endif
+}
 
 /* The calling thread's heap for a fast path: its own, or heap_none. */
 static inline heap *fast_heap(void)
 {
-#if PORT_SLOT_STARTS_EMPTY_HEAP
-    return port_heap_slot_raw();
+    heap *h = slot_load();
+#if SLOT_HOLDS_HEAP_NONE
+    return h;
 #else
-    heap *h = port_heap_slot();
     return h != NULL ? h : &heap_none;
 #endif
 }
@@ -109,7 +141,7 @@ void heap_retire(heap *h);
  * its reserve and goes onto the stack; the thread takes a heap again if it allocates again. */
 void heap_thread_done(void);
 
-/* The stack's heaps are trimmed at heap_reserve_due (port_clock_ms(); 0: nothing due): the reserves of
+/* The stack's heaps are trimmed at heap_reserve_due (os_clock_ms(); 0: nothing due): the reserves of
  * exited threads expire, and blocks other threads freed into those heaps are taken in. Slow paths and
  * thread exits call heap_reserve_tick(): one load while nothing is due. */
 extern uint64_t heap_reserve_due;

@@ -9,15 +9,23 @@
  *   start + 32    the block: `size` usable bytes (start + align for an aligned block, below)
  *   ...           committed up to start + committed, then address space only up to start + span
  *
- * The span is the reservation: the request's size again as headroom (at most 1 GB of it) and never
- * less than 16 MB in all - but only while the process's address space is unlimited: under RLIMIT_AS
- * (port_address_space_limit) a block reserves what it needs, rounded to 64 KB, so that the limit holds
- * about as many blocks as it holds bytes, and so does any reservation the address space cannot hold
- * with its headroom. Growing within the committed part changes `size`; within the span it commits
- * pages in place; beyond it the block moves (api.c asks for 1/16 of headroom), so a buffer that keeps
- * growing moves no more often than it doubles. On Linux a move hands the pages over to the new
- * reservation without copying them (port_move_release); Windows has no such call and copies. Shrinking
- * to less than half of what is committed gives the tail back at once; shrinking by less leaves it.
+ * The span is the reservation: what the block needs and as much again as headroom (at most 1 GB of
+ * it), rounded to 64 KB: a 1.1 MB block reserves 2.25 MB. There is no floor under it. The seed's
+ * 16 MB floor spared a buffer that grows from 1 MB two of its moves on the way to 1 GB
+ * (bench/large.py counts them; on Linux a move copies nothing), and made every block below 8 MB hold
+ * 16 MB of address space, a 1.1 MB one fourteen times its size, which the process's size (VSZ) and
+ * any limit on it count. A block that has moved to grow has shown that it grows, and reserves at least
+ * SHARD_LARGE_GROWN_SPAN_MIN (16 MB) from then on: without that, bench/app's buffers (grown from 1 MB
+ * by realloc) moved more often and took 21,100 page faults per run instead of 18,000.
+ * The headroom holds only while the process's address space is unlimited:
+ * under RLIMIT_AS (port_caps.address_space_limit) a block reserves what it needs, rounded to 64 KB, so that
+ * the limit holds about as many blocks as it holds bytes, and so does any reservation the address
+ * space cannot hold with its headroom.
+ * Growing within the committed part changes `size`; within the span it commits pages in place; beyond
+ * it the block moves (api.c asks for 1/16 of headroom), so a buffer that keeps growing moves no more
+ * often than it doubles. On Linux a move hands the pages over to the new reservation without copying
+ * them (port_caps.move_release); Windows has no such call and copies. Shrinking to less than half of what is
+ * committed gives the tail back at once; shrinking by less leaves it.
  *
  * An aligned block (shard_malloc_aligned, align 64 B .. 2 MB) starts at start + align instead of
  * start + 32: the layout keeps log2 of the block's offset, and everything from the header up to the
@@ -56,7 +64,7 @@
  *   thread exits.
  *
  * Depends on: segment.h (OS calls with accounting, the map), medium.h (SHARD_MEDIUM_MAX), sync.h,
- * config.h, libc.h, port.h (the address-space limit).
+ * config.h, libc.h, port.h (its page and reservation sizes).
  */
 #include "large.h"
 
@@ -72,6 +80,7 @@
 #define LARGE_SIZE_MAX ((size_t)1 << 46)       /* beyond any address space we can map; no sum below wraps */
 #define LARGE_ALIGN_NEAR ((size_t)2 << 20)     /* aligned blocks up to this keep their header in their granule */
 #define MB ((size_t)1 << 20)
+#define LARGE_PAGE ((size_t)2 << 20)          /* x86-64's large page, what port_caps.hint_large_pages may give */
 
 typedef struct large_header {
     uint64_t mark;
@@ -106,14 +115,19 @@ static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
 /* The bytes from the header to the block's end, whole pages. */
 static size_t need_of(size_t size, size_t offset) { return round_up(size + offset, PORT_PAGE); }
 
-/* The span of a fresh block (see the file comment); `headroom` 0 asks for none. */
-static size_t span_for(size_t need, int headroom)
+/* How much headroom a new reservation gets (see the file comment). */
+enum headroom { HEADROOM_NONE, HEADROOM_FRESH, HEADROOM_GROWN };
+
+/* The span of a new reservation for `need` bytes. */
+static size_t span_for(size_t need, enum headroom headroom)
 {
     size_t least = round_up(need, PORT_RESERVE_ALIGN);
-    if (!headroom || port_address_space_limit() != SIZE_MAX)
+    if (headroom == HEADROOM_NONE || os_address_space_limit() != SIZE_MAX)
         return least;
     size_t extra = need < SHARD_LARGE_HEADROOM_MAX ? need : SHARD_LARGE_HEADROOM_MAX;
-    size_t span = need + extra < SHARD_LARGE_SPAN_MIN ? SHARD_LARGE_SPAN_MIN : need + extra;
+    size_t span = need + extra;
+    if (headroom == HEADROOM_GROWN && span < SHARD_LARGE_GROWN_SPAN_MIN)
+        span = SHARD_LARGE_GROWN_SPAN_MIN;
     return round_up(span, PORT_RESERVE_ALIGN);
 }
 
@@ -125,18 +139,19 @@ static size_t live_blocks; /* atomic: large blocks have no owner to count them *
  * and its map entry set to kind (with its headroom, or without when the address space cannot hold
  * that); *span_out receives the span. With commit_from 0 the header's fields but the mark are filled
  * (otherwise the header page is not committed: a move brings it). NULL out of memory. */
-static large_header *reserve_block(size_t need, size_t offset, size_t commit_from, unsigned kind, size_t *span_out)
+static large_header *reserve_block(size_t need, size_t offset, size_t commit_from, unsigned kind,
+                                   enum headroom headroom, size_t *span_out)
 {
-    size_t span = span_for(need, 1);
+    size_t span = span_for(need, headroom);
     large_header *h = os_reserve(span, SEGMENT_SIZE);
-    if (h == NULL && span > span_for(need, 0)) {
-        span = span_for(need, 0);
+    if (h == NULL && span > span_for(need, HEADROOM_NONE)) {
+        span = span_for(need, HEADROOM_NONE);
         h = os_reserve(span, SEGMENT_SIZE);
     }
     if (h == NULL)
         return NULL;
     if (SHARD_LARGE_PAGES)
-        port_hint_large_pages(h, span);
+        os_hint_large_pages(h, span);
     if (need > commit_from && os_commit((uint8_t *)h + commit_from, need - commit_from) != 0) {
         os_release(h, span, 0);
         return NULL;
@@ -160,6 +175,41 @@ static void release_block(large_header *h)
     segmap_set(granule_of(h), SEGMENT_SIZE, SEG_NONE, SEG_NONE);
     if (os_release((uint8_t *)h - lead, lead + span, committed) != 0)
         report_error("large block: the OS refused to release a reservation at", (uintptr_t)h - lead);
+}
+
+/* Moves old's committed pages to a fresh reservation for `need` bytes (header included; the rest up to
+ * need committed there) and returns its header, whose fields but the mark the caller sets; old's
+ * map entry is cleared and its reservation gone. NULL, with old as it was, out of memory or when the
+ * OS refused the move.
+ *
+ * Where the platform gives large pages, only whole ones move (LARGE_PAGE bytes from the header, which
+ * starts a 4 MB granule) and the last partial one is copied: Linux maps the moved pages apart from the
+ * new reservation's and never merges the two, so a 2 MB range that straddled them could never be a
+ * large page again, however often the block is cached and reused (bench/app's buffers: 18,000 page
+ * faults per run before, 8,900 after). */
+static large_header *move_block(large_header *old, size_t need, enum headroom headroom, size_t *span)
+{
+    size_t moved = old->committed, whole = moved;
+    if (SHARD_LARGE_PAGES && os_has_large_pages() && moved > LARGE_PAGE)
+        whole = moved & ~(LARGE_PAGE - 1);
+    /* The new entry is SEG_NONE until the pages are there (setting it now makes sure that its table
+     * exists, so that the change to SEG_LARGE below cannot fail). */
+    large_header *h = reserve_block(need, 0, whole, SEG_NONE, headroom, span);
+    if (h == NULL)
+        return NULL;
+    mem_copy((uint8_t *)h + whole, (uint8_t *)old + whole, moved - whole);
+    /* The old entry goes first: once the pages have moved, the old addresses may be anyone's. */
+    uintptr_t old_granule = granule_of(old);
+    unsigned old_kind = kind_of(old);
+    size_t old_lead = lead_of(old);
+    segmap_set(old_granule, SEGMENT_SIZE, SEG_NONE, SEG_NONE);
+    if (os_move_release((uint8_t *)old - old_lead, old_lead + span_of(old), old, whole, h, moved - whole) != 0) {
+        segmap_set(old_granule, SEGMENT_SIZE, old_kind, old_kind);
+        os_release(h, *span, need - whole);
+        return NULL;
+    }
+    segmap_set((uintptr_t)h, SEGMENT_SIZE, SEG_LARGE, SEG_LARGE);
+    return h;
 }
 
 /* ---- the cache ------------------------------------------------------------------------------------- */
@@ -225,12 +275,12 @@ static void release_all(large_header **victims, unsigned n)
 void large_cache_expire(void)
 {
     uint64_t oldest = load_relaxed(&cache.oldest_at);
-    if (oldest == UINT64_MAX || !expired(oldest, port_clock_ms()))
+    if (oldest == UINT64_MAX || !expired(oldest, os_clock_ms()))
         return;
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
     if (!spin_lock_unless_fork(&cache.lock))
         return; /* a fork holds the cache: the blocks wait for the next look */
-    unsigned n = take_oldest(expired_count(port_clock_ms()), victims);
+    unsigned n = take_oldest(expired_count(os_clock_ms()), victims);
     publish_oldest();
     spin_unlock(&cache.lock);
     release_all(victims, n);
@@ -256,7 +306,7 @@ static large_header *cache_take(size_t need, size_t *committed)
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS], *h = NULL;
     if (!spin_lock_unless_fork(&cache.lock))
         return NULL; /* a fork holds the cache: a fresh block instead */
-    unsigned n = take_oldest(expired_count(port_clock_ms()), victims);
+    unsigned n = take_oldest(expired_count(os_clock_ms()), victims);
     unsigned best = cache.count;
     for (unsigned i = 0; i < cache.count; i++) {
         const cached *c = &cache.entry[i];
@@ -295,7 +345,7 @@ static void cache_put(large_header *h)
         release_block(h); /* a fork holds the cache: the block goes back to the OS */
         return;
     }
-    uint64_t now = port_clock_ms();
+    uint64_t now = os_clock_ms();
     unsigned n = expired_count(now);
     /* Room for one more entry and its bytes: the oldest go first. */
     size_t bytes = cache.bytes;
@@ -365,7 +415,7 @@ static void *far_alloc(size_t size, size_t align)
         return NULL;
     large_header *h = (large_header *)(r + lead);
     if (SHARD_LARGE_PAGES)
-        port_hint_large_pages(r + align, body);
+        os_hint_large_pages(r + align, body);
     if (os_commit(h, need) != 0) {
         os_release(r, align + body, 0);
         return NULL;
@@ -382,13 +432,9 @@ static void *far_alloc(size_t size, size_t align)
     return r + align;
 }
 
-void *large_alloc_aligned(size_t size, size_t align, int zero)
+/* A block whose header is at its reservation's start: from the cache, else a fresh reservation. */
+static void *near_alloc(size_t size, size_t offset, int zero, enum headroom headroom)
 {
-    if (size > LARGE_SIZE_MAX)
-        return NULL;
-    if (align > LARGE_ALIGN_NEAR)
-        return far_alloc(size, align);
-    size_t offset = align > LARGE_HEADER ? align : LARGE_HEADER;
     size_t need = need_of(size, offset), committed = 0;
     large_header *h = cache_take(need, &committed);
     if (h != NULL) {
@@ -402,13 +448,22 @@ void *large_alloc_aligned(size_t size, size_t align, int zero)
             mem_zero(block_of(h), (committed < need ? committed : need) - offset);
     } else {
         size_t span;
-        h = reserve_block(need, offset, 0, SEG_LARGE, &span);
+        h = reserve_block(need, offset, 0, SEG_LARGE, headroom, &span);
         if (h == NULL)
             return NULL;
     }
     fetch_add_relaxed(&live_blocks, 1);
     store_release(&h->mark, LARGE_MARK_LIVE);
     return block_of(h);
+}
+
+void *large_alloc_aligned(size_t size, size_t align, int zero)
+{
+    if (size > LARGE_SIZE_MAX)
+        return NULL;
+    if (align > LARGE_ALIGN_NEAR)
+        return far_alloc(size, align);
+    return near_alloc(size, align > LARGE_HEADER ? align : LARGE_HEADER, zero, HEADROOM_FRESH);
 }
 
 static large_header *live_header(const void *p)
@@ -470,46 +525,33 @@ void *large_resize_in_place(void *p, size_t size)
     return p;
 }
 
-#if PORT_MOVES_PAGES
 void *large_move(void *p, size_t size)
 {
     large_header *old = live_header(p);
     if (old == NULL || size > LARGE_SIZE_MAX)
-        return NULL;
-    size_t offset = offset_of(old), need = need_of(size, offset), moved = old->committed;
-    if (need <= moved)
+        return NULL; /* not a block: the caller reports it */
+    size_t offset = offset_of(old), need = need_of(size, offset), span;
+    if (need <= old->committed)
         return NULL; /* only growth moves pages over */
-    /* The new entry is SEG_NONE until the pages are there (setting it now makes sure that its table
-     * exists, so that the change to SEG_LARGE below cannot fail). */
-    size_t span;
-    large_header *h = reserve_block(need, offset, moved, SEG_NONE, &span);
-    if (h == NULL)
-        return NULL;
-    /* The old entry goes first: once the pages have moved, the old addresses may be anyone's. */
-    uintptr_t old_granule = granule_of(old);
-    unsigned old_kind = kind_of(old);
-    size_t old_lead = lead_of(old);
-    segmap_set(old_granule, SEGMENT_SIZE, SEG_NONE, SEG_NONE);
-    if (os_move_release((uint8_t *)old - old_lead, old_lead + span_of(old), old, moved, h) != 0) {
-        segmap_set(old_granule, SEGMENT_SIZE, old_kind, old_kind); /* nothing moved: the caller copies */
-        os_release(h, span, need - moved);
-        return NULL;
+    if (!os_can_move()) {
+        /* A platform that cannot move pages: a copy, to a block with a grown one's headroom. */
+        void *q = near_alloc(size, offset, 0, HEADROOM_GROWN);
+        if (q != NULL) {
+            mem_copy(q, p, old->size);
+            large_free(p);
+        }
+        return q;
     }
+    large_header *h = move_block(old, need, HEADROOM_GROWN, &span);
+    if (h == NULL)
+        return NULL; /* nothing moved: the caller copies */
     /* The header came along with the pages, mark LIVE; only where the block lives now changes (a far
      * block becomes an ordinary one whose block starts a page in). */
     h->size = need - offset;
     h->committed = need;
     h->layout = layout_of(span, offset);
-    segmap_set((uintptr_t)h, SEGMENT_SIZE, SEG_LARGE, SEG_LARGE);
     return block_of(h);
 }
-#else
-void *large_move(void *p, size_t size)
-{
-    (void)p, (void)size;
-    return NULL; /* this OS cannot move pages: the caller copies */
-}
-#endif
 
 size_t large_live_count(void) { return load_relaxed(&live_blocks); }
 

@@ -18,8 +18,9 @@ size_t large_usable(const void *p);
 /* Resize a live block to size (> 1 MB) within its reservation: p, or NULL when it must move (or the OS
  * refuses to commit; p is then unchanged). */
 void *large_resize_in_place(void *p, size_t size);
-/* Move a live block to a new reservation for size bytes, handing its pages over without a copy: the new
- * address, or NULL when the OS cannot do that (then p is unchanged and the caller copies). */
+/* Move a live block to a new reservation for size bytes, with a grown block's headroom, handing its
+ * pages over without a copy where the OS can and copying them elsewhere: the new address, or NULL (p
+ * unchanged) when p is not a block or memory runs out. */
 void *large_move(void *p, size_t size);
 /* Give cached blocks older than the delay back to the OS; one load when the cache is empty. */
 void large_cache_expire(void);

@@ -42,7 +42,7 @@ typedef struct arena {
                              * valid_live reads it from any thread */
     uint32_t live;          /* blocks handed out and not yet freed by the owner (pending ones count) */
     uint32_t state;
-    uint64_t emptied_at;    /* port_clock_ms() when it became empty */
+    uint64_t emptied_at;    /* os_clock_ms() when it became empty */
     /* Written by other threads. */
     uintptr_t thread_free __attribute__((aligned(64))); /* chunk * | 1 while queued at the owner */
     struct arena *next_delayed;
@@ -226,7 +226,7 @@ static void trim_arenas(heap *h, uint64_t now, unsigned keep)
 static void medium_trim(heap *h)
 {
     if (h->empty_arena_count >= 2)
-        trim_arenas(h, port_clock_ms(), 1);
+        trim_arenas(h, os_clock_ms(), 1);
 }
 
 void medium_keep(heap *h, unsigned keep)
@@ -256,7 +256,7 @@ void medium_release_empty(heap *h)
 static void arena_emptied(heap *h, arena *a)
 {
     a->state = ARENA_EMPTY;
-    a->emptied_at = port_clock_ms();
+    a->emptied_at = os_clock_ms();
     a->empty_prev = NULL;
     a->empty_next = h->empty_arenas;
     if (h->empty_arenas != NULL)

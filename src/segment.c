@@ -1,4 +1,5 @@
-/* segment.c - segments, the segment map, OS accounting and the metadata allocator (see segment.h). */
+/* segment.c - segments, the segment map, the platform's calls with their accounting, limit and absent
+ * capabilities, and the metadata allocator (see segment.h). */
 #include "segment.h"
 
 #include "../port/port.h"
@@ -23,9 +24,9 @@ uint64_t sync_atomic_ops, sync_lock_acquisitions; /* sync.h */
 
 static void count_call(void) { fetch_add_relaxed(&totals.calls, 1); }
 
-static void count_commit(size_t size)
+/* The committed total has become `now`: the peak follows. */
+static void count_peak(size_t now)
 {
-    size_t now = counted(__atomic_add_fetch(&totals.committed, size, __ATOMIC_RELAXED));
     size_t peak = load_relaxed(&totals.committed_peak);
     while (now > peak && !counted(__atomic_compare_exchange_n(&totals.committed_peak, &peak, now, true,
                                                               __ATOMIC_RELAXED, __ATOMIC_RELAXED))) {
@@ -43,12 +44,28 @@ void *os_reserve(size_t size, size_t align)
     return p;
 }
 
+static size_t commit_limit = SIZE_MAX; /* shard_set_limit */
+
+size_t os_set_limit(size_t bytes) { return __atomic_exchange_n(&commit_limit, bytes, __ATOMIC_RELAXED); }
+
 int os_commit(void *addr, size_t size)
 {
     count_call();
+    /* The bytes are counted before the platform is asked, so that threads committing at the same time
+     * cannot pass the limit together; a refusal takes them back. */
+    size_t limit = load_relaxed(&commit_limit);
+    if (limit != SIZE_MAX) {
+        size_t now = counted(__atomic_add_fetch(&totals.committed, size, __ATOMIC_RELAXED));
+        if (now > limit || port_commit(addr, size) != 0) {
+            fetch_add_relaxed(&totals.committed, -size);
+            return -1;
+        }
+        count_peak(now);
+        return 0;
+    }
     if (port_commit(addr, size) != 0)
         return -1;
-    count_commit(size);
+    count_peak(counted(__atomic_add_fetch(&totals.committed, size, __ATOMIC_RELAXED)));
     return 0;
 }
 
@@ -72,17 +89,59 @@ int os_release(void *addr, size_t size, size_t committed)
     return 0;
 }
 
-#if PORT_MOVES_PAGES
-int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
+int os_can_move(void) { return port_caps.move_release != NULL; }
+int os_has_large_pages(void) { return port_caps.hint_large_pages != NULL; }
+
+int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to, size_t dropped)
 {
+    if (port_caps.move_release == NULL)
+        return -1;
     count_call();
     tsan_release(&address_space_order);
-    if (port_move_release(reservation, reservation_size, from, size, to) != 0)
+    if (port_caps.move_release(reservation, reservation_size, from, size, to) != 0)
         return -1;
     fetch_add_relaxed(&totals.reserved, -reservation_size);
+    fetch_add_relaxed(&totals.committed, -dropped);
     return 0;
 }
-#endif
+
+void os_hint_large_pages(void *addr, size_t size)
+{
+    if (port_caps.hint_large_pages != NULL)
+        port_caps.hint_large_pages(addr, size);
+}
+
+size_t os_address_space_limit(void)
+{
+    return port_caps.address_space_limit != NULL ? port_caps.address_space_limit() : SIZE_MAX;
+}
+
+static uint64_t clock_reads; /* the clock of a platform without one */
+
+uint64_t os_clock_ms(void)
+{
+    if (port_caps.clock_ms != NULL)
+        return port_caps.clock_ms();
+    return fetch_add_relaxed(&clock_reads, 1) + 1;
+}
+
+uint32_t os_thread_id(void) { return port_caps.thread_id != NULL ? port_caps.thread_id() : 1; }
+
+int os_thread_alive(uint32_t id) { return port_caps.thread_alive != NULL ? port_caps.thread_alive(id) : 1; }
+
+uintptr_t os_thread_tag(void) { return port_caps.thread_tag != NULL ? port_caps.thread_tag() : 1; }
+
+void os_out_of_memory(void)
+{
+    if (port_caps.out_of_memory != NULL)
+        port_caps.out_of_memory();
+}
+
+void os_invalid_argument(void)
+{
+    if (port_caps.invalid_argument != NULL)
+        port_caps.invalid_argument();
+}
 
 void os_get_totals(os_totals *out)
 {
@@ -257,4 +316,8 @@ void segment_walk_end(void)
 
 void segment_after_fork(void) { store_relaxed(&walkers, 0u); }
 
-void spin_wait_yield(void) { port_yield(); }
+void spin_wait_yield(void)
+{
+    if (port_caps.yield != NULL)
+        port_caps.yield();
+}

@@ -15,7 +15,7 @@
  * table from a static all-zero table rather than a pointer, so the entries of 4 GB ranges without a
  * table (zero, as the top table starts) lead to the zero table: no NULL test on the way.
  *
- * Depends on: port.h, sync.h, libc.h.
+ * Depends on: sync.h; segment.c also port.h, libc.h.
  */
 #ifndef SHARD_SEGMENT_H
 #define SHARD_SEGMENT_H
@@ -101,15 +101,32 @@ void segment_walk_end(void);
 /* In the child of a fork: the walks of the parent's other threads are not going on there. */
 void segment_after_fork(void);
 
-/* The OS calls with the process's accounting (stats). */
+/* The platform's calls with the process's accounting (stats), through port.h. os_commit also keeps the
+ * committed total within the limit that shard_set_limit set (os_set_limit; SIZE_MAX: none), refusing a
+ * commit that would pass it as the platform refuses one it cannot back. */
 void *os_reserve(size_t size, size_t align);
 int os_commit(void *addr, size_t size);
 int os_decommit(void *addr, size_t size);
 /* committed: how much of the reservation was committed (for the accounting). */
 int os_release(void *addr, size_t size, size_t committed);
+size_t os_set_limit(size_t bytes);
 
-/* port_move_release (where PORT_MOVES_PAGES): the moved pages stay committed, the source reservation goes. */
-int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to);
+/* port_caps.move_release: the moved pages stay committed, the source reservation goes, and with it
+ * `dropped` committed bytes outside [from, from + size) (for the accounting). -1 (nothing done) on a
+ * platform that cannot move pages (os_can_move() is 0). */
+int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to, size_t dropped);
+int os_can_move(void);
+int os_has_large_pages(void); /* whether port_caps.hint_large_pages is there */
+
+/* The optional capabilities of port_caps, each with what the core does without it (port.h). */
+void os_hint_large_pages(void *addr, size_t size); /* nothing */
+size_t os_address_space_limit(void);               /* SIZE_MAX */
+uint64_t os_clock_ms(void);                        /* a count of the calls, from 1 */
+uint32_t os_thread_id(void);                       /* 1, for every thread */
+int os_thread_alive(uint32_t id);                  /* 1 */
+uintptr_t os_thread_tag(void);                     /* 1 (no fork hooks without a tag) */
+void os_out_of_memory(void);                       /* nothing */
+void os_invalid_argument(void);                    /* nothing */
 
 typedef struct os_totals {
     size_t reserved, committed, committed_peak, calls;

@@ -10,6 +10,11 @@
  *   SHARD_MALLOC_NAMES=1  also define malloc, free, calloc, realloc and the rest of the malloc family
  *                         (port/malloc.c; Linux), so the program's every allocation goes to shardmm
  *   SHARD_DEBUG=1         assertions and the consistency checks after slow paths
+ *   SHARD_PORT_REGION     the region port (port/region.c, include/shardmm_region.h) instead of the OS's:
+ *                         no OS and no C library at all (give NASM the same define: the heap slot
+ *                         is then the embedder's function, port/port.h)
+ *   SHARD_SLOT=N          where the heap slot lives (port/port.h), for C and NASM alike; the default is
+ *                         the port's own choice
  * The core needs no C library; the Linux port uses pthread_key_create and pthread_atfork (hence -pthread)
  * and the Windows port kernel32. The object exports the shard_ API (and the malloc names when asked
  * for); the rest of its global names (hidden visibility, so a shared library built from it does not

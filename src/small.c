@@ -240,7 +240,7 @@ void small_release_empty(heap *h)
 static void small_trim(heap *h)
 {
     if (h->free_count > SHARD_KEEP_FREE_PAGES)
-        trim_at(h, port_clock_ms(), SHARD_KEEP_FREE_PAGES);
+        trim_at(h, os_clock_ms(), SHARD_KEEP_FREE_PAGES);
 }
 
 /* All items of pg are back: it leaves its class (and its list, if in one) for the free pages. */
@@ -255,7 +255,7 @@ static void page_retire(heap *h, page *pg, int in_list)
     pg->free = pg->local_free = NULL;
     pg->carved = 0;
     store_relaxed(&pg->carved_end, 0u);
-    uint64_t now = h->free_count >= SHARD_KEEP_FREE_PAGES ? port_clock_ms() : 0;
+    uint64_t now = h->free_count >= SHARD_KEEP_FREE_PAGES ? os_clock_ms() : 0;
     pg->freed_at = now;
     list_append(&h->free_pages, pg);
     h->free_count++;

@@ -107,11 +107,13 @@ static size_t take24(input *in)
 }
 
 /* Sizes next to the boundaries of the allocator's ranges and rules (classes, the direct table, the small,
- * medium and large limits, the large blocks' pages, granules and least reservation). */
+ * medium and large limits, the large blocks' pages, granules and reservations: the least one is 2 MB +
+ * 64 KB, 8 MB blocks reserve 16 MB). */
 static const size_t boundary_sizes[] = {
     0, 16, 32, 48, 64, 128, 1024, 2048, 2064, 4096, 8192, 10240, 14336, 16384, 16400, 32768, 65536,
     65536 - 16, 262144, MEDIUM_MAX - 4096, MEDIUM_MAX - 256, MEDIUM_MAX, MEDIUM_MAX + 4096 - LARGE_HEADER,
-    2 * MB, 4 * MB - LARGE_HEADER, 8 * MB, 16 * MB - 2 * LARGE_PAGE, 16 * MB, 24 * MB,
+    2 * MB, 2 * MB + 64 * KB - LARGE_HEADER, 4 * MB - LARGE_HEADER, 8 * MB, 16 * MB - 2 * LARGE_PAGE, 16 * MB,
+    24 * MB,
 };
 enum { BOUNDARY_SIZES = sizeof boundary_sizes / sizeof boundary_sizes[0] };
 

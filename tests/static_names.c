@@ -12,7 +12,7 @@ void *os_reserve(size_t size, size_t align) { (void)size; (void)align; static_na
 int os_commit(void *addr, size_t size) { (void)addr; (void)size; static_names_clashes++; return -1; }
 void *heap_all(void) { static_names_clashes++; return NULL; }
 void *port_reserve(size_t size, size_t align) { (void)size; (void)align; static_names_clashes++; return NULL; }
-uint32_t port_thread_id(void) { static_names_clashes++; return 0; }
+int port_commit(void *addr, size_t size) { (void)addr; (void)size; static_names_clashes++; return -1; }
 void heap_start(void) { static_names_clashes++; }
 int segmap_set(uintptr_t a, size_t s, unsigned f, unsigned r) { (void)a; (void)s; (void)f; (void)r; static_names_clashes++; return -1; }
 void *large_alloc(size_t size) { (void)size; static_names_clashes++; return NULL; }

@@ -261,7 +261,7 @@ extern uintptr_t port_win64_slot_offset;
 #endif
 
 /* The calling thread's heap, NULL without one. */
-static heap *my_heap(void) { return (heap *)port_heap_slot(); }
+static heap *my_heap(void) { return heap_mine(); }
 
 /* What the contract (src/fast.h) says a call does, from the heap state as it is: the fast path
  * (`instructions` of it) or a jump to the slow path `slow`. */
@@ -1414,8 +1414,10 @@ typedef struct no_heap {
 static void without_heap(void *arg)
 {
     no_heap *t = (no_heap *)arg;
-#ifdef __linux__
-    CHECK(port_heap_slot_raw() == (void *)&heap_none);
+#if SLOT_HOLDS_HEAP_NONE
+    CHECK(slot_load() == &heap_none);
+#else
+    CHECK(slot_load() == NULL);
 #endif
     CHECK(my_heap() == NULL);
     step_case free_null = {"free(NULL) without a heap", OP_FREE, NULL, 0, 0};

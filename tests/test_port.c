@@ -1,13 +1,15 @@
 /* test_port.c - the port contract (port/port.h), tested on its own: linked with the port's object file
  * only (port/linux.c or port/win64.c), no allocator.
  *
+ * The capabilities (port_caps): each OS port offers the optional functions it claims, and its flags tell
+ * what touching a decommitted range does (Linux: zeros; Windows: the range is reserved only).
  * Address space: reservations are aligned as asked with no slack left mapped around them, the
  * address-space limit is told, commit gives zeros and keeps contents when repeated,
  * decommit gives the memory back (zeros after the next commit; on Windows the range is no longer
- * committed), release takes a whole reservation. The heap slot: NULL in a thread until set, then what
- * was set, per thread; on Windows the inline gs read equals TlsGetValue of our index. The exit hook:
- * called once at the exit of every thread that set its slot, with its value and the slot already
- * cleared, and for no other thread. The clock: monotonic, in milliseconds, and it advances across a
+ * committed), release takes a whole reservation. The exit hook: called once at the exit of every thread
+ * that armed it, with the value it armed it for, and for no other thread. Windows' slot (the port's own,
+ * PORT_SLOT_TEB): NULL in a thread until stored, then what was stored, per thread; the inline gs read
+ * equals TlsGetValue of our index, and the slot is clear when the exit hook runs. The clock: monotonic, in milliseconds, and it advances across a
  * one-second sleep as the system's own monotonic clock does. Thread numbers: alive while the thread
  * runs, not after.
  *
@@ -21,14 +23,9 @@
 #include "../port/port.h"
 
 #ifndef _WIN32
+#include <errno.h>
 #include <sys/resource.h>
 #endif
-
-/* The core's empty heap, which the Linux slot holds while no heap is set (port.h); the port only takes
- * its address, so any object does here. */
-struct heap {
-    int unused;
-} heap_none;
 
 #ifdef _WIN32
 extern DWORD port_win64_tls_index;
@@ -49,7 +46,11 @@ static void record_exit(void *heap)
     int i = hook_calls.calls++;
     if (i < MAX_RECORDS) {
         hook_calls.values[i] = heap;
+#ifdef _WIN32
         hook_calls.slot_cleared[i] = port_heap_slot() == NULL;
+#else
+        hook_calls.slot_cleared[i] = 1; /* the slot is the core's (PORT_SLOT_TLS) */
+#endif
     }
     mutex_unlock(&hook_lock);
 }
@@ -62,21 +63,58 @@ __attribute__((constructor)) static void take_the_hook(void)
         if (TlsAlloc() == TLS_OUT_OF_INDEXES)
             break;
 #endif
-    if (port_thread_exit_hook(record_exit) != 0) {
-        fprintf(stderr, "port_thread_exit_hook failed\n");
+    if (port_caps.thread_exit_hook == NULL || port_caps.thread_exit_hook(record_exit) != 0) {
+        fprintf(stderr, "port_caps.thread_exit_hook failed\n");
         exit(1);
     }
 }
 
-/* The slot through the port's inline read, checked against the OS's own accessor on Windows. */
+#ifdef _WIN32
+#define WIN_ONLY(v) (v)
+/* Windows' slot through the port's inline read, checked against the OS's own accessor. */
 static void *slot_checked(void)
 {
     void *v = port_heap_slot();
-#ifdef _WIN32
     void *os = TlsGetValue(port_win64_tls_index);
     CHECKF(v == os, "port_heap_slot %p, TlsGetValue(%lu) %p", v, (unsigned long)port_win64_tls_index, os);
-#endif
     return v;
+}
+
+/* What the core does to take a heap: the slot, then the hook armed. */
+static int slot_set(void *value)
+{
+    if (port_heap_slot_store(value) != 0)
+        return -1;
+    return port_caps.thread_exit_arm(value);
+}
+#else
+#define WIN_ONLY(v) NULL
+/* The slot is the core's; the port only arms the hook. */
+static void *slot_checked(void) { return NULL; }
+static int slot_set(void *value) { return port_caps.thread_exit_arm(value); }
+#endif
+
+/* Each OS port offers what it claims: Linux everything, Windows all but moving pages, large pages, an
+ * address-space quota and fork. */
+TEST(the_capabilities_are_those_of_the_os)
+{
+    CHECK(port_caps.clock_ms != NULL && port_caps.yield != NULL && port_caps.thread_exit_hook != NULL &&
+          port_caps.thread_exit_arm != NULL && port_caps.thread_id != NULL && port_caps.thread_alive != NULL &&
+          port_caps.out_of_memory != NULL && port_caps.invalid_argument != NULL);
+#ifdef _WIN32
+    CHECK_EQ(port_caps.flags, PORT_DECOMMIT_FAULTS);
+    CHECK(port_caps.move_release == NULL && port_caps.hint_large_pages == NULL && port_caps.fork_hooks == NULL &&
+          port_caps.address_space_limit == NULL);
+#else
+    CHECK_EQ(port_caps.flags, PORT_DECOMMIT_KEEPS_CHARGE);
+    CHECK(port_caps.move_release != NULL && port_caps.hint_large_pages != NULL && port_caps.fork_hooks != NULL &&
+          port_caps.thread_tag != NULL && port_caps.address_space_limit != NULL);
+    errno = 0;
+    port_caps.out_of_memory();
+    CHECK_EQ(errno, ENOMEM);
+    port_caps.invalid_argument();
+    CHECK_EQ(errno, EINVAL);
+#endif
 }
 
 TEST(reserve_commit_decommit_and_release_follow_the_contract)
@@ -107,6 +145,8 @@ TEST(reserve_commit_decommit_and_release_follow_the_contract)
     CHECKF(mi.State == MEM_RESERVE && mi.RegionSize == len - 2 * PORT_PAGE,
            "after decommit: state 0x%lx, region %zu bytes", (unsigned long)mi.State, (size_t)mi.RegionSize);
 #endif
+    if (!(port_caps.flags & PORT_DECOMMIT_FAULTS)) /* what the flags promise: zeros where it does not fault */
+        CHECK_EQ(bytes_not_equal(r + off + PORT_PAGE, len - 2 * PORT_PAGE, 0), len - 2 * PORT_PAGE);
     CHECK_EQ(port_commit(r + off + PORT_PAGE, len - 2 * PORT_PAGE), 0);
     CHECK_EQ(bytes_not_equal(r + off + PORT_PAGE, len - 2 * PORT_PAGE, 0), len - 2 * PORT_PAGE);
     CHECK_EQ(r[0], 1);
@@ -193,7 +233,7 @@ TEST(aligned_reservations_hold_no_slack)
  * its slack) does. */
 TEST(the_address_space_limit_is_told_and_a_tight_aligned_reservation_fits)
 {
-    CHECK_EQ(port_address_space_limit(), SIZE_MAX);
+    CHECK_EQ(port_caps.address_space_limit(), SIZE_MAX);
     pid_t pid = fork();
     if (pid == 0) {
         FILE *f = fopen("/proc/self/statm", "r");
@@ -203,7 +243,7 @@ TEST(the_address_space_limit_is_told_and_a_tight_aligned_reservation_fits)
         fclose(f);
         size_t vsz = pages * 4096, room = (size_t)6 << 20;
         struct rlimit rl = {vsz + room, vsz + room};
-        if (setrlimit(RLIMIT_AS, &rl) != 0 || port_address_space_limit() != vsz + room)
+        if (setrlimit(RLIMIT_AS, &rl) != 0 || port_caps.address_space_limit() != vsz + room)
             _exit(3);
         void *r = port_reserve((size_t)5 << 20, (size_t)4 << 20); /* with its slack, 9 MB would not fit */
         _exit(r != NULL && (uintptr_t)r % ((size_t)4 << 20) == 0 ? 0 : 4);
@@ -217,10 +257,10 @@ TEST(the_address_space_limit_is_told_and_a_tight_aligned_reservation_fits)
 static void *thread_identity(void *arg)
 {
     uint32_t *out = arg;
-    out[0] = port_thread_id();
-    out[1] = port_thread_alive(out[0]);
-    out[2] = port_thread_tag() != port_thread_tag() || port_thread_tag() == 0;
-    uintptr_t tag = port_thread_tag();
+    out[0] = port_caps.thread_id();
+    out[1] = port_caps.thread_alive(out[0]);
+    uintptr_t tag = port_caps.thread_tag != NULL ? port_caps.thread_tag() : 1;
+    out[2] = port_caps.thread_tag != NULL && (port_caps.thread_tag() != tag || tag == 0);
     memcpy(out + 4, &tag, sizeof tag);
     return NULL;
 }
@@ -229,11 +269,11 @@ static void *thread_identity(void *arg)
  * ended; the tag differs between threads and stays the same within one. */
 TEST(thread_numbers_tell_live_threads_from_exited_ones)
 {
-    uint32_t me = port_thread_id(), seen[4][8];
+    uint32_t me = port_caps.thread_id(), seen[4][8];
     uintptr_t tags[4];
     CHECK(me != 0 && me != PORT_THREAD_NONE);
-    CHECK_EQ(port_thread_alive(me), 1);
-    CHECK_EQ(port_thread_id(), me);
+    CHECK_EQ(port_caps.thread_alive(me), 1);
+    CHECK_EQ(port_caps.thread_id(), me);
     for (int i = 0; i < 4; i++) {
         thread_t t;
         memset(seen[i], 0, sizeof seen[i]);
@@ -243,15 +283,16 @@ TEST(thread_numbers_tell_live_threads_from_exited_ones)
         CHECK(seen[i][0] != 0 && seen[i][0] != PORT_THREAD_NONE && seen[i][0] != me);
         CHECK_EQ(seen[i][1], 1);
         CHECK_EQ(seen[i][2], 0);
-        CHECK(tags[i] != port_thread_tag());
+        if (port_caps.thread_tag != NULL) /* only a port with fork has tags */
+            CHECK(tags[i] != port_caps.thread_tag());
     }
     sleep_ms(50);
     for (int i = 0; i < 4; i++)
-        CHECKF(port_thread_alive(seen[i][0]) == 0, "thread %u ended but counts as alive", seen[i][0]);
-    CHECK_EQ(port_thread_alive(me), 1);
+        CHECKF(port_caps.thread_alive(seen[i][0]) == 0, "thread %u ended but counts as alive", seen[i][0]);
+    CHECK_EQ(port_caps.thread_alive(me), 1);
 }
 
-#if PORT_MOVES_PAGES
+#ifndef _WIN32
 /* Whether any mapping of the process overlaps [lo, hi), from /proc/self/maps. */
 static int mapped_in(uintptr_t lo, uintptr_t hi)
 {
@@ -279,8 +320,8 @@ TEST(move_release_hands_pages_over_and_releases_the_rest_of_the_source)
     fill(from + off, len, 21);
     CHECK_EQ(port_commit(to + 6 * off, off), 0); /* a committed part of the target outside the move */
     fill(to + 6 * off, off, 22);
-    port_hint_large_pages(to, size); /* a hint: nothing visible changes */
-    CHECK_EQ(port_move_release(from, size, from + off, len, to), 0);
+    port_caps.hint_large_pages(to, size); /* a hint: nothing visible changes */
+    CHECK_EQ(port_caps.move_release(from, size, from + off, len, to), 0);
     CHECK(check_pattern(to, len, 21));
     CHECK(check_pattern(to + 6 * off, off, 22));
     CHECK_EQ(mapped_in((uintptr_t)from, (uintptr_t)from + size), 0);
@@ -294,10 +335,10 @@ TEST(move_release_hands_pages_over_and_releases_the_rest_of_the_source)
 static void *slot_thread(void *arg)
 {
     CHECK(slot_checked() == NULL);
-    CHECK_EQ(port_heap_slot_set(arg), 0);
-    CHECK(slot_checked() == arg);
-    CHECK_EQ(port_heap_slot_set((char *)arg + 16), 0); /* a second value replaces the first */
-    CHECK(slot_checked() == (char *)arg + 16);
+    CHECK_EQ(slot_set(arg), 0);
+    CHECK(slot_checked() == WIN_ONLY(arg));
+    CHECK_EQ(slot_set((char *)arg + 16), 0); /* a second value replaces the first */
+    CHECK(slot_checked() == WIN_ONLY((char *)arg + 16));
     return NULL;
 }
 
@@ -308,9 +349,9 @@ static void *idle_thread(void *arg)
     return NULL;
 }
 
-/* Each thread has its own slot; the exit hook runs once for each thread that set one (with its last
- * value and the slot cleared) and for none that did not. */
-TEST(the_slot_is_per_thread_and_the_exit_hook_sees_every_thread_that_set_it)
+/* The exit hook runs once for each thread that armed it (with its last value; on Windows with the slot
+ * cleared) and for none that did not; Windows' slot is per thread. */
+TEST(the_exit_hook_sees_every_thread_that_armed_it)
 {
     static char values[HOOK_THREADS][64];
     thread_t t[HOOK_THREADS], idle[2];
@@ -318,8 +359,8 @@ TEST(the_slot_is_per_thread_and_the_exit_hook_sees_every_thread_that_set_it)
     CHECKF(port_win64_tls_index >= 64, "TLS index %lu", (unsigned long)port_win64_tls_index);
 #endif
     CHECK(slot_checked() == NULL);
-    CHECK_EQ(port_heap_slot_set(values), 0);
-    CHECK(slot_checked() == values);
+    CHECK_EQ(slot_set(values), 0);
+    CHECK(slot_checked() == WIN_ONLY(values));
     for (int i = 0; i < HOOK_THREADS; i++)
         CHECK_EQ(thread_start(&t[i], slot_thread, values[i]), 0);
     for (int i = 0; i < 2; i++)
@@ -328,7 +369,7 @@ TEST(the_slot_is_per_thread_and_the_exit_hook_sees_every_thread_that_set_it)
         thread_join(t[i]);
     for (int i = 0; i < 2; i++)
         thread_join(idle[i]);
-    CHECK(slot_checked() == values); /* the main thread's slot is its own */
+    CHECK(slot_checked() == WIN_ONLY(values)); /* the main thread's slot is its own */
     mutex_lock(&hook_lock);
     CHECK_EQ(hook_calls.calls, HOOK_THREADS);
     for (int i = 0; i < HOOK_THREADS; i++) {
@@ -341,7 +382,7 @@ TEST(the_slot_is_per_thread_and_the_exit_hook_sees_every_thread_that_set_it)
         CHECKF(seen == 1, "thread %d: the exit hook saw its last value %d times", i, seen);
     }
     mutex_unlock(&hook_lock);
-    CHECK_EQ(port_heap_slot_set(NULL), 0);
+    CHECK_EQ(slot_set(NULL), 0);
     CHECK(slot_checked() == NULL);
 }
 
@@ -359,15 +400,15 @@ static uint64_t reference_ms(void)
 
 TEST(the_clock_is_monotonic_in_ms_and_advances_across_a_second)
 {
-    uint64_t t0 = port_clock_ms(), last = t0;
+    uint64_t t0 = port_caps.clock_ms(), last = t0;
     for (int i = 0; i < 100000; i++) {
-        uint64_t t = port_clock_ms();
+        uint64_t t = port_caps.clock_ms();
         CHECKF(t >= last, "the clock went back from %llu to %llu", (unsigned long long)last, (unsigned long long)t);
         last = t;
     }
     uint64_t r0 = reference_ms();
     sleep_ms(1000);
-    uint64_t t1 = port_clock_ms(), r1 = reference_ms();
+    uint64_t t1 = port_caps.clock_ms(), r1 = reference_ms();
     /* The port's clock and the system's own agree on the elapsed time to within their resolutions
      * (1-16 ms each): a wrong unit or another clock (wall time) would not. */
     long long d = (long long)(t1 - t0), dr = (long long)(r1 - r0);
@@ -378,5 +419,5 @@ TEST(the_clock_is_monotonic_in_ms_and_advances_across_a_second)
 TEST(yield_returns)
 {
     for (int i = 0; i < 100; i++)
-        port_yield();
+        port_caps.yield();
 }

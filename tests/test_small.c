@@ -21,6 +21,7 @@
 #define PLATFORM_AFTER_EXIT
 #include "platform.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -805,33 +806,77 @@ TEST(decommitted_pages_between_used_ones_do_not_multiply_mappings)
 #endif
 }
 
-/* Blocks above 1 MB give their committed memory back when freed (statistics), and sizes the OS
- * refuses to commit give NULL rather than memory that cannot be touched, after a second try with what
- * waited given back. */
 #if SHARD_RULES
-/* Whether the OS refuses a commit beyond what the machine has. Windows does. Linux does with its
- * overcommit heuristics (mode 0) or strict accounting (2); in mode 1 it grants everything, and so
- * would any malloc. Wine commits with Linux's calls, so there the Linux mode decides, read through
- * Wine's Z: drive. */
-static int commit_is_charged(void)
+#define SEGMENT_BYTES ((size_t)4 << 20) /* small-block pages come in segments of 4 MB, aligned to 4 MB ... */
+#define SEGMENT_PAGES 63                /* ... 63 pages each, the first 64 KB holding their descriptors */
+#define META_RESERVE ((size_t)4 << 20)  /* one reservation of the allocator's own tables */
+#define SEGMENT_BLOCKS 4096             /* 16 KB blocks the thread below allocates at most: 16 segments */
+
+struct new_segment {
+    void *blocks[SEGMENT_BLOCKS];
+    size_t count;
+    size_t pages_added; /* small pages the new segment brought */
+    size_t reserved;    /* address space reserved by the malloc that made it */
+};
+
+static size_t small_pages(const shard_stats *s)
 {
-    const char *mode_file = "/proc/sys/vm/overcommit_memory";
-#ifdef _WIN32
-    if (GetProcAddress(GetModuleHandleA("ntdll.dll"), "wine_get_version") == NULL)
-        return 1;
-    mode_file = "Z:\\proc\\sys\\vm\\overcommit_memory";
-#endif
-    FILE *f = fopen(mode_file, "r");
-    int mode = 1;
-    if (f) {
-        if (fscanf(f, "%d", &mode) != 1)
-            mode = 1;
-        fclose(f);
+    return s->small_pages_used + s->small_pages_free + s->small_pages_decommitted;
+}
+
+/* Allocates 16 KB blocks (four to a page) until one malloc adds a segment's pages, and records what that
+ * malloc reserved; a malloc that also took a reservation for the allocator's tables does not count, the
+ * next segment does. A fresh thread: its heap's free pages run out after a few segments at most. */
+static void *new_segment_thread(void *arg)
+{
+    struct new_segment *w = arg;
+    void *first = shard_malloc(16); /* the thread's heap, before anything is counted */
+    CHECK(first != NULL);
+    while (w->count < SEGMENT_BLOCKS) {
+        shard_stats a = stats_now();
+        void *p = shard_malloc(SMALL_MAX);
+        shard_stats b = stats_now();
+        CHECK(p != NULL);
+        if (p == NULL)
+            break;
+        fill(p, SMALL_MAX, 1500 + w->count);
+        w->blocks[w->count++] = p;
+        if (small_pages(&b) == small_pages(&a))
+            continue;
+        w->pages_added = small_pages(&b) - small_pages(&a);
+        w->reserved = b.reserved - a.reserved;
+        if (w->reserved != SEGMENT_BYTES + META_RESERVE)
+            break;
     }
-    return mode != 1;
+    shard_free(first);
+    return NULL;
 }
 #endif
 
+/* A new small-block segment reserves 4 MB of address space, its own size: the port aligns it without
+ * keeping slack (the seed reserved 8 MB to find 4 MB aligned in it). Measured in a fresh thread around
+ * the one malloc that makes the segment. */
+TEST(a_new_small_segment_reserves_4mb_of_address_space)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    static struct new_segment w;
+    memset(&w, 0, sizeof w);
+    run_thread(new_segment_thread, &w);
+    CHECKF(w.pages_added == SEGMENT_PAGES, "%zu blocks of %d bytes: a malloc added %zu small pages, expected one "
+           "segment's %d", w.count, SMALL_MAX, w.pages_added, SEGMENT_PAGES);
+    CHECKF(w.reserved == SEGMENT_BYTES, "the malloc that made a new segment reserved %zu bytes (%.2f MB), expected "
+           "4 MB", w.reserved, (double)w.reserved / (1 << 20));
+    check_and_free_blocks(w.blocks, w.count, SMALL_MAX, 1500, "16 KB block of the segment test");
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
+/* Blocks above 1 MB give their committed memory back when freed (statistics), and allocations whose
+ * commit is refused give NULL rather than memory that cannot be touched, after a second try with what
+ * waited given back. The refusal comes from a limit (shard_set_limit), so that it does not depend on
+ * the host's overcommit policy (Linux in mode 1 grants any commit). */
 TEST(committed_bytes_follow_blocks_above_16kb_and_refused_commits_give_null)
 {
 #if !SHARD_RULES
@@ -853,15 +898,15 @@ TEST(committed_bytes_follow_blocks_above_16kb_and_refused_commits_give_null)
     shard_stats s1 = stats_now();
     CHECK_EQ(s1.committed - s1.large_cached_bytes, before);
     CHECK(s1.large_cached >= 1);
-    if (commit_is_charged()) {
-        /* Refused, after giving back what waits (the large-block cache among it) for a second try. */
-        CHECK(shard_malloc((size_t)1 << 40) == NULL);
-        CHECK(shard_calloc((size_t)1 << 20, (size_t)1 << 24) == NULL);
-        CHECK(shard_realloc(NULL, (size_t)1 << 44) == NULL);
-        s1 = stats_now();
-        CHECKF(s1.committed <= before && s1.large_cached == 0, "after refused commits: committed %zu (before %zu), "
-               "%zu large blocks cached", s1.committed, before, s1.large_cached);
-    }
+    /* Refused, after giving back what waits (the large-block cache among it) for a second try. */
+    size_t old_limit = shard_set_limit(s1.committed + ((size_t)64 << 20));
+    CHECK(shard_malloc((size_t)1 << 30) == NULL);
+    CHECK(shard_calloc((size_t)1 << 10, (size_t)1 << 20) == NULL);
+    CHECK(shard_realloc(NULL, (size_t)100 << 20) == NULL);
+    CHECK_EQ(shard_set_limit(old_limit), s1.committed + ((size_t)64 << 20));
+    s1 = stats_now();
+    CHECKF(s1.committed <= before && s1.large_cached == 0, "after refused commits: committed %zu (before %zu), "
+           "%zu large blocks cached", s1.committed, before, s1.large_cached);
     void *p = shard_malloc(100);
     CHECK(p != NULL);
     shard_free(p);
@@ -1703,4 +1748,101 @@ TEST(allocations_after_the_thread_exit_hook_leave_no_heap_behind)
     CHECK_EQ(shard_check(), 0);
 #endif
     shard_free(mine);
+}
+
+#if defined(_WIN32) && SHARD_RULES
+static void *unwind_back;
+static int unwind_found, unwind_frames;
+
+/* Walks the stack with Windows' unwinder (the function tables of every module on the way) from inside
+ * the allocator, and looks for the return address into the test. */
+static void unwinding_hook(void *arg, int error, void *ptr)
+{
+    (void)arg, (void)error, (void)ptr;
+    void *frames[64];
+    unwind_frames = RtlCaptureStackBackTrace(0, 64, frames, NULL);
+    for (int i = 0; i < unwind_frames; i++)
+        unwind_found |= frames[i] == unwind_back;
+}
+
+static __attribute__((noinline)) void free_invalid_pointer_and_walk_the_stack(void)
+{
+    unwind_back = __builtin_return_address(0);
+    static char not_a_block[64];
+    shard_free(not_a_block + 16);
+}
+#endif
+
+/* An unwinder that starts in the error hook gets through the allocator's functions to the caller of
+ * shard_free: the function tables (.pdata) of the DLL and of the static library are whole. (The
+ * prelink of the static library once garbled them: ld -r moved the table entries of every object
+ * after the first.) A C++ exception thrown from the hook, a debugger's or a profiler's stack walk
+ * depend on them. */
+TEST(the_stack_unwinds_from_the_error_hook_through_the_allocator)
+{
+#if !defined(_WIN32) || !SHARD_RULES
+    SKIP_TEST();
+#else
+    shard_error_fn previous = shard_set_error_hook(unwinding_hook, NULL);
+    unwind_found = 0;
+    free_invalid_pointer_and_walk_the_stack();
+    shard_set_error_hook(previous, NULL);
+    CHECKF(unwind_frames >= 4 && unwind_found, "%d frames captured; the test's own frame %sfound", unwind_frames,
+           unwind_found ? "" : "not ");
+#endif
+}
+
+/* shard_set_limit: the committed memory stays within the limit; an allocation past it gives NULL and
+ * reports out of memory (errno ENOMEM; Windows: the thread's last error), the blocks made before keep
+ * their contents, freeing makes room again, and without the limit allocation goes on as before. */
+TEST(a_limit_bounds_committed_memory_and_nothing_else_changes)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    enum { MAX = 20000, SIZE = 3000 };
+    static void *held[MAX];
+    shard_collect();
+    size_t base = stats_now().committed, limit = base + ((size_t)8 << 20);
+    CHECK_EQ(shard_set_limit(limit), SIZE_MAX);
+    int n = 0, reported = 0;
+    for (; n < MAX; n++) {
+#ifdef _WIN32
+        SetLastError(0);
+#else
+        errno = 0;
+#endif
+        held[n] = shard_malloc(SIZE);
+        if (held[n] == NULL) {
+#ifdef _WIN32
+            reported = GetLastError() == ERROR_NOT_ENOUGH_MEMORY;
+#else
+            reported = errno == ENOMEM;
+#endif
+            break;
+        }
+        fill(held[n], SIZE, 5000 + (uint64_t)n);
+    }
+    shard_stats s = stats_now();
+    CHECKF(n > 1000 && n < MAX && reported, "%d blocks of %d bytes under a limit of 8 MB more; out of memory %sreported",
+           n, SIZE, reported ? "" : "not ");
+    CHECKF(s.committed <= limit && s.committed + ((size_t)1 << 20) > limit, "committed %zu, limit %zu", s.committed,
+           limit);
+    CHECK(shard_malloc((size_t)200 << 10) == NULL); /* medium and large blocks alike */
+    CHECK(shard_malloc((size_t)5 << 20) == NULL);
+    for (int i = 0; i < n; i += 2) /* every other block: whole pages stay in use, room comes from the rest */
+        shard_free(held[i]), held[i] = NULL;
+    void *again = shard_malloc(SIZE);
+    CHECK(again != NULL);
+    shard_free(again);
+    CHECK_EQ(shard_set_limit(SIZE_MAX), limit);
+    void *big = shard_malloc((size_t)5 << 20);
+    CHECK(big != NULL);
+    shard_free(big);
+    for (int i = 1; i < n; i += 2) {
+        CHECK_PATTERN(held[i], SIZE, 5000 + (uint64_t)i, "a block made under the limit");
+        shard_free(held[i]);
+    }
+    CHECK_EQ(shard_check(), 0);
+#endif
 }

@@ -654,7 +654,8 @@ TEST(a_free_from_a_thread_that_never_allocated_creates_no_heap)
 #define HEAVY_MEDIUM 24
 #define HEAVY_ARENAS (HEAVY_MEDIUM / 4)
 #define LARGE_CACHED_SIZE ((size_t)4 << 20)
-#define LARGE_CACHED_SPAN ((size_t)16 << 20) /* its reservation: the least a large block reserves */
+/* The large block's reservation: twice its need of 4 MB + 4 KB, rounded up to 64 KB. */
+#define LARGE_CACHED_SPAN (((size_t)8 << 20) + ((size_t)64 << 10))
 
 struct heavy {
     int with_large;   /* also allocate and free one large block (it goes into the large cache) */
