@@ -40,6 +40,8 @@ CORE = [
     "src/large.c",
     "src/libc.c",
     "src/error.c",
+    "src/walk.c",
+    "src/report.c",
 ]
 
 # The sources that read SHARD_ASM (api.c: which fast paths have the public names; heap.c: whether it

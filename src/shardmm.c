@@ -35,6 +35,8 @@
 #include "large.c"
 #include "libc.c"
 #include "medium.c"
+#include "report.c"
 #include "segment.c"
 #include "small.c"
+#include "walk.c"
 #include "../port/select.c" /* the port of the OS compiled for (and the malloc names if asked for) */
