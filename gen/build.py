@@ -334,6 +334,9 @@ TESTS = [
              "and checks them after the call."),
     Test("test-asm-tls64", "tests/test_asm.c", "win-asm", "-DSHARD_ASM=1 -DTEST_TLS_HIGH",
          doc="test-asm with the allocator's TLS index 64 or above (the NASM entries take the slow path)."),
+    Test("test-introspect", "tests/test_introspect.c", "api debug win win-debug",
+         doc="shard_visit, shard_report_leaks and shard_print_stats: walks that find exactly the blocks a test "
+             "holds, in its own heap, in exited threads' heaps and among the large blocks."),
     Test("test-aligned", "tests/test_aligned.c", "api debug win win-debug",
          doc="shard_malloc_aligned / shard_realloc_aligned and the shard_ malloc family."),
     Test("test-malloc", "tests/test_malloc.c", "dropin",

@@ -460,6 +460,20 @@ int heap_check_stack(void)
     return problems;
 }
 
+void heap_visit_stack(visitor *v)
+{
+    if (!spin_lock_unless_fork(&trim_lock))
+        return; /* a fork holds the stacks: nothing to walk now */
+    heap *first = take_stack();
+    for (heap *h = first; h != NULL && !v->stop; h = h->next_free) {
+        small_visit(h, v);
+        if (!v->stop)
+            medium_visit(h, v);
+    }
+    put_back_stack(first);
+    spin_unlock(&trim_lock);
+}
+
 /* ---- fork ---------------------------------------------------------------------------------------- */
 
 int spin_fork_passes(void)

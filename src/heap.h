@@ -173,6 +173,9 @@ int heap_relieve(void);
 int heap_check(heap *h);
 /* heap_check of every heap in the stack of free heaps (taken whole meanwhile). */
 int heap_check_stack(void);
+/* The live small and medium blocks of every heap in the stack of free heaps, to v (the stack taken whole
+ * meanwhile: a thread that starts waits for it rather than make a heap). */
+void heap_visit_stack(visitor *v);
 
 #if SHARD_DEBUG
 #define debug_check_heap(h, reason) (heap_check(h) == 0 ? (void)0 : assert_failed(__FILE__, __LINE__, reason))

@@ -169,10 +169,24 @@ static large_header *reserve_block(size_t need, size_t offset, size_t commit_fro
     return h;
 }
 
+/* large_visit reads the headers of the blocks the map marks while it holds walk_lock; a block's entry is
+ * cleared under it (map_clear), so the walk never reads a header whose memory is going back. The lock is
+ * taken only to clear an entry, never on a path that keeps a block. While a fork holds it no walk can be
+ * going on, so the entry is cleared without it. */
+static spinlock walk_lock;
+
+static void map_clear(uintptr_t granule)
+{
+    int locked = spin_lock_unless_fork(&walk_lock);
+    segmap_set(granule, SEGMENT_SIZE, SEG_NONE, SEG_NONE);
+    if (locked)
+        spin_unlock(&walk_lock);
+}
+
 static void release_block(large_header *h)
 {
     size_t lead = lead_of(h), span = span_of(h), committed = h->committed;
-    segmap_set(granule_of(h), SEGMENT_SIZE, SEG_NONE, SEG_NONE);
+    map_clear(granule_of(h));
     if (os_release((uint8_t *)h - lead, lead + span, committed) != 0)
         report_error("large block: the OS refused to release a reservation at", (uintptr_t)h - lead);
 }
@@ -202,7 +216,7 @@ static large_header *move_block(large_header *old, size_t need, enum headroom he
     uintptr_t old_granule = granule_of(old);
     unsigned old_kind = kind_of(old);
     size_t old_lead = lead_of(old);
-    segmap_set(old_granule, SEGMENT_SIZE, SEG_NONE, SEG_NONE);
+    map_clear(old_granule);
     if (os_move_release((uint8_t *)old - old_lead, old_lead + span_of(old), old, whole, h, moved - whole) != 0) {
         segmap_set(old_granule, SEGMENT_SIZE, old_kind, old_kind);
         os_release(h, *span, need - whole);
@@ -363,10 +377,37 @@ static void cache_put(large_header *h)
 
 void large_lock_for_fork(int take)
 {
-    if (take)
+    if (take) {
         spin_lock_for_fork(&cache.lock);
-    else
+        spin_lock_for_fork(&walk_lock);
+    } else {
+        spin_unlock_for_fork(&walk_lock);
         spin_unlock_for_fork(&cache.lock);
+    }
+}
+
+void large_visit(visitor *v)
+{
+    if (!spin_lock_unless_fork(&walk_lock))
+        return; /* a fork is going on: no walk now */
+    for (size_t hi = 0; hi < ((size_t)1 << SEGMAP_TOP_BITS) && !v->stop; hi++) {
+        uintptr_t top = load_relaxed(&segmap_top[hi]);
+        if (top == 0)
+            continue;
+        const uint8_t *leaf = (const uint8_t *)((uintptr_t)segmap_zero_leaf + top);
+        for (size_t i = 0; i < SEGMAP_LEAF_BYTES && !v->stop; i++) {
+            unsigned kind = load_relaxed(&leaf[i]);
+            if (kind != SEG_LARGE && kind != SEG_LARGE_FAR)
+                continue;
+            uintptr_t granule = (uintptr_t)hi << 32 | (uintptr_t)i << SEGMENT_SHIFT;
+            /* live_header's test, from the granule: a block starts at its header's offset, or a far one
+             * at the granule itself. A block being made or moved is LIVE only once it is whole. */
+            large_header *h = (large_header *)(kind == SEG_LARGE ? granule : granule - PORT_PAGE);
+            if (load_acquire(&h->mark) == LARGE_MARK_LIVE)
+                visit_block(v, block_of(h), h->size, VISIT_LARGE);
+        }
+    }
+    spin_unlock(&walk_lock);
 }
 
 void large_cache_counts(size_t *blocks, size_t *bytes)

@@ -595,6 +595,24 @@ void medium_count(heap *h, medium_counts *out)
     }
 }
 
+void medium_visit(heap *h, visitor *v)
+{
+    for (arena *a = h->arenas; a != NULL && !v->stop; a = a->next) {
+        if (a->live == 0)
+            continue;
+        uint8_t *p = (uint8_t *)a + ARENA_DATA;
+        while (p < arena_end(a)) {
+            chunk *c = (chunk *)p;
+            uint32_t s = csize(c);
+            if (s < CHUNK_MIN || (size_t)(p - (uint8_t *)a) + CHUNK_HEADER > a->committed)
+                break; /* a broken chain is shard_check's to report, not the walk's to follow */
+            if (cflags(c) == 0 && visit_block(v, p + CHUNK_HEADER, s - CHUNK_HEADER, VISIT_MEDIUM))
+                return;
+            p += s;
+        }
+    }
+}
+
 /* Walks the chunks of one arena: sizes chain to its end, prev_size agrees, no two free chunks are
  * adjacent, headers lie in committed memory, live chunks carry their check, free ones are in the bin
  * their size maps to (that bin's bitmap bits set), and the live count and the state agree. */

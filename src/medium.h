@@ -92,6 +92,10 @@ typedef struct medium_counts {
 /* Adds h's arenas to *c (statistics; any thread, reads racy counters). */
 void medium_count(struct heap *h, medium_counts *c);
 
+/* Report h's live medium blocks to v, arena by arena, chunk by chunk (one another thread is freeing is
+ * not reported). Only for the calling thread's heap or one no thread uses. */
+void medium_visit(struct heap *h, visitor *v);
+
 /* Checks every arena of h and h's bins; the number of inconsistencies (0 when all is well). */
 int medium_check(struct heap *h);
 

@@ -475,6 +475,48 @@ void small_count(heap *h, small_counts *c)
 }
 
 
+/* Marks the items of a free list in `bits` (one per item index); stops at anything that is not an item of
+ * pg (a broken list is shard_check's to report, not the walk's to follow). */
+static void mark_free(const page *pg, const block *b, const block *last, long limit, uint64_t *bits)
+{
+    const uint8_t *start = page_start(pg);
+    for (long n = 0; b != NULL && n < limit; n++) {
+        uintptr_t off = (uintptr_t)((const uint8_t *)b - start);
+        if (off >= pg->carved_end || off % pg->block_size != 0)
+            return;
+        size_t i = off / pg->block_size;
+        bits[i / 64] |= (uint64_t)1 << (i % 64);
+        if (b == last)
+            return;
+        b = b->next;
+    }
+}
+
+void small_visit(heap *h, visitor *v)
+{
+    uint64_t bits[PAGE_SIZE / 16 / 64]; /* an item index each: 16 bytes is the least class */
+    for (segment *s = h->segments; s != NULL && !v->stop; s = s->next) {
+        for (unsigned i = 1; i < SEGMENT_PAGES && !v->stop; i++) {
+            const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
+            if (pg->state != PAGE_IN_USE || pg->carved == 0)
+                continue;
+            mem_zero(bits, sizeof bits);
+            mark_free(pg, pg->free, NULL, pg->carved, bits);
+            mark_free(pg, pg->local_free, NULL, pg->carved, bits);
+            uint64_t w = load_acquire(&pg->thread_free); /* others push meanwhile: what was there now */
+            if (w != 0) {
+                uint8_t *start = page_start(pg);
+                mark_free(pg, (const block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4)),
+                          (const block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4)), pg->carved, bits);
+            }
+            uint8_t *item = page_start(pg);
+            for (unsigned k = 0; k < pg->carved; k++, item += pg->block_size)
+                if (!(bits[k / 64] >> (k % 64) & 1) && visit_block(v, item, pg->block_size, VISIT_SMALL))
+                    return;
+        }
+    }
+}
+
 /* Length of a free list whose items must lie in pg at class offsets below `carved`; -1 if not. */
 static long list_length(const page *pg, const block *b, long limit)
 {

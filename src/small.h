@@ -183,6 +183,11 @@ typedef struct small_counts {
  * racy counters, exact when no other thread allocates or frees meanwhile). */
 void small_count(struct heap *h, small_counts *c);
 
+/* Report h's live small blocks to v, page by page: the items carved but on none of the page's three free
+ * lists. Only for the calling thread's heap or one that no thread uses (the walk takes it from the stack
+ * meanwhile); other threads' frees pushed during the walk may be reported still live. */
+void small_visit(struct heap *h, visitor *v);
+
 /* Problems in one page's lists and counts (reported through report_error); 0 when it is consistent. */
 int small_check_page(const page *pg);
 
