@@ -42,6 +42,7 @@ CORE = [
     "src/error.c",
     "src/walk.c",
     "src/report.c",
+    "src/engine.c",
 ]
 
 # The sources that read SHARD_ASM (api.c: which fast paths have the public names; heap.c: whether it
@@ -334,6 +335,9 @@ TESTS = [
              "and checks them after the call."),
     Test("test-asm-tls64", "tests/test_asm.c", "win-asm", "-DSHARD_ASM=1 -DTEST_TLS_HIGH",
          doc="test-asm with the allocator's TLS index 64 or above (the NASM entries take the slow path)."),
+    Test("test-heaps", "tests/test_heaps.c", "api debug win win-debug",
+         doc="heaps an embedder owns: counts by kind, destroy and reset, the limit and its callback, realloc "
+             "within a heap, a heap handed between threads, foreign frees, many heaps made and destroyed."),
     Test("test-introspect", "tests/test_introspect.c", "api debug win win-debug",
          doc="shard_visit, shard_report_leaks and shard_print_stats: walks that find exactly the blocks a test "
              "holds, in its own heap, in exited threads' heaps and among the large blocks."),

@@ -559,11 +559,12 @@ heap heap_none = {
     .own = {[0] = 1},
 };
 
-static heap *heap_new(void)
+heap *heap_new(uint32_t thread)
 {
     heap *h = meta_alloc(sizeof(heap));
     if (h == NULL)
         return NULL;
+    set_owner(h, thread);
     for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++)
         h->direct[i] = &small_empty_page;
     h->own[0] = 1; /* no segment lies at 1: a pointer below 4 MB finds no own segment */
@@ -585,12 +586,8 @@ static heap *acquire(void)
         spin_unlock(&trim_lock);
         h = pop_free_heap();
     }
-    if (h == NULL) {
-        h = heap_new();
-        if (h != NULL)
-            set_owner(h, os_thread_id());
-        return h;
-    }
+    if (h == NULL)
+        return heap_new(os_thread_id());
     set_owner(h, os_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
     drop_reserve(h);                /* the reserve is this thread's now */
     trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* what was freed into it while it waited; nothing goes back */

@@ -11,6 +11,13 @@
 void *large_alloc(size_t size, int zero);
 /* The same at a multiple of align (any power of two; up to 32 it is large_alloc). */
 void *large_alloc_aligned(size_t size, size_t align, int zero);
+/* The same for a created heap (NULL: no heap), whose limit counts the block's committed memory. */
+struct heap;
+void *large_alloc_in(struct heap *owner, size_t size, size_t align, int zero);
+/* Release every live large block of a created heap (its destroy or reset). */
+void large_release_owned(struct heap *owner);
+/* Whether p is a live large block of that heap. */
+int large_owner_is(const void *p, struct heap *owner);
 /* Free p if it is a live large block; -1 (and nothing changes) if it is not. */
 int large_free(void *p);
 /* The usable size of a live block, or 0 if p is not one. */

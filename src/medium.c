@@ -212,6 +212,7 @@ static void trim_arenas(heap *h, uint64_t now, unsigned keep)
             size_t was = a->committed;
             store_release(&a->committed, ARENA_KEEP);
             if (was == ARENA_KEEP || os_decommit((uint8_t *)a + ARENA_KEEP, was - ARENA_KEEP) == 0) {
+                heap_uncharge(h, was - ARENA_KEEP);
                 a->state = ARENA_DECOMMITTED;
                 empty_list_remove(h, a);
             } else {
@@ -249,7 +250,20 @@ void medium_release_empty(heap *h)
         if (a->state == ARENA_EMPTY)
             empty_list_remove(h, a);
         store_release(link, a->next); /* statistics walk the list (segment_walk_begin) */
+        heap_uncharge(h, a->committed);
         segment_release(&a->seg, a->committed);
+    }
+}
+
+void medium_release_all(heap *h)
+{
+    arena *a = h->arenas;
+    store_release(&h->arenas, (arena *)NULL); /* statistics walk the list (segment_walk_begin) */
+    while (a != NULL) {
+        arena *next = a->next;
+        heap_uncharge(h, a->committed);
+        segment_release(&a->seg, a->committed);
+        a = next;
     }
 }
 
@@ -275,9 +289,13 @@ static void arena_used(heap *h, arena *a)
 
 static int arena_new(heap *h)
 {
-    arena *a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP);
-    if (a == NULL)
+    if (heap_charge(h, ARENA_KEEP) != 0)
         return -1;
+    arena *a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP);
+    if (a == NULL) {
+        heap_uncharge(h, ARENA_KEEP);
+        return -1;
+    }
     store_relaxed(&a->committed, ARENA_KEEP);
     chunk *c = chunk_at(a, ARENA_DATA);
     c->prev_size = 0;
@@ -296,8 +314,13 @@ static int ensure_committed(arena *a, size_t end)
     if (end <= a->committed)
         return 0;
     size_t to = (end + ARENA_KEEP - 1) & ~(ARENA_KEEP - 1);
-    if (os_commit((uint8_t *)a + a->committed, to - a->committed) != 0)
+    heap *h = a->seg.owner;
+    if (heap_charge(h, to - a->committed) != 0)
         return -1;
+    if (os_commit((uint8_t *)a + a->committed, to - a->committed) != 0) {
+        heap_uncharge(h, to - a->committed);
+        return -1;
+    }
     store_relaxed(&a->committed, to);
     return 0;
 }

@@ -82,6 +82,9 @@ void medium_keep(struct heap *h, unsigned keep);
 
 /* Release h's arenas that hold no block (their address space goes back too). */
 void medium_release_empty(struct heap *h);
+/* Release all of h's arenas, live blocks and all (a created heap's destroy or reset: engine.c); the
+ * caller clears h's bins and lists. */
+void medium_release_all(struct heap *h);
 
 /* Take the chunks other threads freed into h's arenas and merge them. */
 void medium_drain_delayed(struct heap *h);

@@ -197,6 +197,7 @@ static void trim_at(heap *h, uint64_t now, unsigned keep)
         } else if (now == UINT64_MAX || now - pg->freed_at >= SHARD_DECOMMIT_DELAY_MS) {
             if (os_decommit(page_start(pg), PAGE_SIZE) != 0)
                 return;
+            heap_uncharge(h, PAGE_SIZE);
             list_remove(&h->free_pages, pg);
             h->free_count--;
             pg->state = PAGE_COLD;
@@ -232,7 +233,23 @@ void small_release_empty(heap *h)
         uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
         if (h->own[slot] == (uintptr_t)s)
             h->own[slot] = 0; /* another segment may come to this address, another heap's */
+        heap_uncharge(h, SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE);
         segment_release(s, SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE);
+    }
+}
+
+void small_release_all(heap *h)
+{
+    segment *s = h->segments;
+    store_release(&h->segments, (segment *)NULL); /* statistics walk the list (segment_walk_begin) */
+    while (s != NULL) {
+        segment *next = s->next;
+        size_t committed = SEGMENT_DESC_BYTES;
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
+            committed += ((const page *)((uint8_t *)s + i * PAGE_DESC_SIZE))->state != PAGE_COLD ? PAGE_SIZE : 0;
+        heap_uncharge(h, committed);
+        segment_release(s, committed);
+        s = next;
     }
 }
 
@@ -303,9 +320,14 @@ static page *page_acquire(heap *h)
         return pg;
     }
     if (h->cold_pages.first == NULL) {
+        if (heap_charge(h, SEGMENT_DESC_BYTES + PAGE_SIZE) != 0)
+            return NULL; /* a created heap's limit: the descriptors and the page to come */
         segment *seg = segment_create(h, SEG_SMALL, SEGMENT_DESC_BYTES);
-        if (seg == NULL)
+        heap_uncharge(h, PAGE_SIZE);
+        if (seg == NULL) {
+            heap_uncharge(h, SEGMENT_DESC_BYTES);
             return NULL;
+        }
         seg->next = h->segments;
         store_release(&h->segments, seg); /* the statistics walk this list from other threads */
         heap_own_segment(h, seg);         /* the fast paths of free and realloc find it there */
@@ -316,8 +338,12 @@ static page *page_acquire(heap *h)
         }
     }
     pg = h->cold_pages.first;
-    if (os_commit(page_start(pg), PAGE_SIZE) != 0)
+    if (heap_charge(h, PAGE_SIZE) != 0)
         return NULL;
+    if (os_commit(page_start(pg), PAGE_SIZE) != 0) {
+        heap_uncharge(h, PAGE_SIZE);
+        return NULL;
+    }
     list_remove(&h->cold_pages, pg);
     return pg;
 }

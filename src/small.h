@@ -176,6 +176,9 @@ void small_drain_delayed(struct heap *h);
 void small_keep(struct heap *h, unsigned keep, int exiting);
 /* Release h's segments with no page in use (free pages and all): their address space goes back too. */
 void small_release_empty(struct heap *h);
+/* Release all of h's segments, live blocks and all (a created heap's destroy or reset: engine.c); the
+ * caller clears h's lists. */
+void small_release_all(struct heap *h);
 typedef struct small_counts {
     size_t live, used, free, decommitted, retired; /* blocks; pages in use, free, not committed; retirements */
 } small_counts;
