@@ -192,6 +192,9 @@ enum shard_visit_scope {
  * that is not a live block is. fn must not allocate or free through shardmm (it may read the blocks). */
 typedef int (*shard_visit_fn)(void *arg, void *block, size_t usable, int kind);
 SHARD_API size_t shard_visit(unsigned scope, shard_visit_fn fn, void *arg);
+/* The same for the live blocks of a created heap (shard_heap_create), small, medium and large, called by
+ * the thread that uses the heap at the time. */
+SHARD_API size_t shard_heap_visit(shard_heap *heap, shard_visit_fn fn, void *arg);
 
 /* The live blocks of SHARD_VISIT_ALL, grouped by size (small: class; medium, large: by power of two):
  * per group the count, the bytes and the first few blocks with their first 32 bytes in hex and as

@@ -442,7 +442,7 @@ void large_release_owned(heap *owner)
     } while (n == BATCH);
 }
 
-void large_visit(visitor *v)
+void large_visit(visitor *v, heap *only)
 {
     if (!spin_lock_unless_fork(&walk_lock))
         return; /* a fork is going on: no walk now */
@@ -459,7 +459,7 @@ void large_visit(visitor *v)
             /* live_header's test, from the granule: a block starts at its header's offset, or a far one
              * at the granule itself. A block being made or moved is LIVE only once it is whole. */
             large_header *h = (large_header *)(kind == SEG_LARGE ? granule : granule - PORT_PAGE);
-            if (load_acquire(&h->mark) == LARGE_MARK_LIVE)
+            if (load_acquire(&h->mark) == LARGE_MARK_LIVE && (only == NULL || owner_of(h) == only))
                 visit_block(v, block_of(h), h->size, VISIT_LARGE);
         }
     }

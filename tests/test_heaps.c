@@ -449,3 +449,53 @@ TEST(shard_heap_free_of_other_blocks_and_of_garbage)
     shard_heap_destroy(h);
     CHECK_EQ(shard_check(), 0);
 }
+
+/* shard_heap_visit reports exactly the heap's live blocks (small, medium and its large ones), and none of
+ * the thread heap's or another heap's. */
+typedef struct seen {
+    size_t count, bytes;
+    void *first_large;
+} seen;
+
+static int count_seen(void *arg, void *block, size_t usable, int kind)
+{
+    seen *s = arg;
+    CHECKF(usable == shard_usable_size(block), "%p visited with usable %zu, shard_usable_size %zu", block, usable,
+           shard_usable_size(block));
+    s->count++;
+    s->bytes += usable;
+    if (kind == SHARD_BLOCK_LARGE && s->first_large == NULL)
+        s->first_large = block;
+    return 0;
+}
+
+TEST(a_walk_of_a_heap_finds_its_blocks_and_no_others)
+{
+    shard_heap *a = shard_heap_create(NULL), *b = shard_heap_create(NULL);
+    CHECK(a != NULL && b != NULL);
+    if (a == NULL || b == NULL)
+        return;
+    size_t want = 0, bytes = 0;
+    void *big = NULL;
+    for (size_t i = 0; i < SIZE_COUNT * 3; i++) {
+        void *p = shard_heap_malloc(a, sizes[i % SIZE_COUNT]);
+        CHECK(p != NULL);
+        if (sizes[i % SIZE_COUNT] == 3 * MB && big == NULL)
+            big = p;
+        want++, bytes += shard_usable_size(p);
+        shard_heap_malloc(b, sizes[i % SIZE_COUNT]); /* the other heap's: not visited */
+    }
+    void *mine = shard_malloc(3 * MB), *mine_small = shard_malloc(64); /* the thread heap's: not visited */
+    seen s = {0, 0, NULL};
+    CHECK_EQ(shard_heap_visit(a, count_seen, &s), want);
+    CHECK_EQ(s.count, want);
+    CHECK_EQ(s.bytes, bytes);
+    shard_heap_stats st = heap_stats(a);
+    CHECK_EQ(s.bytes, st.live_small_bytes + st.live_medium_bytes + st.live_large_bytes);
+    CHECK(s.first_large != NULL && s.first_large != mine);
+    shard_free(mine);
+    shard_free(mine_small);
+    shard_heap_destroy(a);
+    shard_heap_destroy(b);
+    CHECK_EQ(shard_check(), 0);
+}
