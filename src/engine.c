@@ -23,9 +23,11 @@
  * block: time in proportion to them. The heap structure itself is never unmapped (statistics walk every
  * heap ever made, heap.h); a destroyed heap waits in a list for the next shard_heap_create.
  *
- * Depends on: shardmm.h (the API), heap.h, small.h, medium.h, large.h, segment.h, libc.h, sync.h.
+ * Depends on: shardmm.h (the API), fast.h (api_usable_or_report), heap.h, small.h, medium.h, large.h,
+ * segment.h, libc.h, sync.h.
  */
 #include "../include/shardmm.h"
+#include "fast.h"
 #include "heap.h"
 #include "large.h"
 
@@ -305,9 +307,9 @@ void *shard_heap_realloc(shard_heap *sh, void *p, size_t size)
 {
     if (p == NULL)
         return shard_heap_malloc(sh, size);
-    size_t old = shard_usable_size(p); /* 0 and the error hook: not a live block */
+    size_t old = api_usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
     if (old == 0)
-        return shard_realloc(p, size);  /* which reports it as realloc's */
+        return NULL; /* not a live block: reported, nothing changes */
     if (size == 0) {
         shard_heap_free(sh, p);
         return NULL;

@@ -443,9 +443,12 @@ TEST(shard_heap_free_of_other_blocks_and_of_garbage)
     shard_error_fn previous = shard_set_error_hook(counting_hook, NULL);
     hook_calls = 0;
     shard_heap_free(h, not_a_block + 16);
-    shard_set_error_hook(previous, NULL);
     CHECK_EQ(hook_calls, 1);
     CHECK(hook_last == not_a_block + 16);
+    CHECK(shard_heap_realloc(h, not_a_block + 32, 100) == NULL); /* reported once, as realloc's */
+    shard_set_error_hook(previous, NULL);
+    CHECK_EQ(hook_calls, 2);
+    CHECK(hook_last == not_a_block + 32);
     shard_heap_destroy(h);
     CHECK_EQ(shard_check(), 0);
 }
