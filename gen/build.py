@@ -341,6 +341,9 @@ TESTS = [
          doc="shard_malloc_aligned / shard_realloc_aligned and the shard_ malloc family."),
     Test("test-malloc", "tests/test_malloc.c", "dropin",
          doc="the C library's names exported by the drop-in libshardmm.so (glibc's semantics, errno)."),
+    Test("test-extras", "tests/test_extras.c", "dropin",
+         doc="glibc's malloc extras exported by the drop-in libshardmm.so (mallinfo2, mallinfo, malloc_trim, "
+             "malloc_stats, malloc_info, mallopt), acting on shardmm."),
     Test("test-fork", "tests/test_fork.c", "dropin",
          doc="fork from a multithreaded parent, the child using the parent's blocks."),
     Test("test-hostile", "tests/test_hostile.c", "plain", "-fno-builtin",

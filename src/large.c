@@ -131,7 +131,20 @@ static size_t span_for(size_t need, enum headroom headroom)
     return round_up(span, PORT_RESERVE_ALIGN);
 }
 
-static size_t live_blocks; /* atomic: large blocks have no owner to count them */
+/* Atomic: large blocks have no owner to count them. */
+static size_t live_blocks, live_bytes, live_committed; /* blocks; their usable sizes; their committed memory */
+
+/* The live blocks change by `blocks`, their usable bytes by `bytes` and their committed memory by
+ * `committed` (each a two's complement difference: a free passes -1 and minus its block's figures). */
+static void count_live(size_t blocks, size_t bytes, size_t committed)
+{
+    if (blocks != 0)
+        fetch_add_relaxed(&live_blocks, blocks);
+    if (bytes != 0)
+        fetch_add_relaxed(&live_bytes, bytes);
+    if (committed != 0)
+        fetch_add_relaxed(&live_committed, committed);
+}
 
 /* ---- reservations ---------------------------------------------------------------------------------- */
 
@@ -468,7 +481,7 @@ static void *far_alloc(size_t size, size_t align)
     h->size = need - PORT_PAGE;
     h->committed = need;
     h->layout = layout_of(PORT_PAGE + body, PORT_PAGE) | LAYOUT_FAR | (size_t)__builtin_ctzll(align) << LAYOUT_ALIGN_SHIFT;
-    fetch_add_relaxed(&live_blocks, 1);
+    count_live(1, h->size, h->committed);
     store_release(&h->mark, LARGE_MARK_LIVE);
     return r + align;
 }
@@ -493,7 +506,7 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
         if (h == NULL)
             return NULL;
     }
-    fetch_add_relaxed(&live_blocks, 1);
+    count_live(1, h->size, h->committed);
     store_release(&h->mark, LARGE_MARK_LIVE);
     return block_of(h);
 }
@@ -531,7 +544,7 @@ int large_free(void *p)
     uint64_t live = LARGE_MARK_LIVE;
     if (h == NULL || !cas_acq_rel(&h->mark, &live, LARGE_MARK_FREED))
         return -1;
-    fetch_add_relaxed(&live_blocks, (size_t)-1);
+    count_live((size_t)-1, -h->size, -h->committed);
     if (is_far(h))
         release_block(h); /* never cached (see the file comment) */
     else
@@ -551,7 +564,7 @@ void *large_resize_in_place(void *p, size_t size)
     if (h == NULL || size <= SHARD_MEDIUM_MAX || size > LARGE_SIZE_MAX)
         return NULL;
     large_cache_expire(); /* a cache access, as the seed counts them: the age is checked */
-    size_t offset = offset_of(h), need = need_of(size, offset), committed = h->committed;
+    size_t offset = offset_of(h), need = need_of(size, offset), committed = h->committed, was = h->size;
     if (need <= committed) {
         if (need < committed / 2 && os_decommit((uint8_t *)h + need, committed - need) == 0)
             h->committed = need; /* shrunk to less than half: the tail goes back at once */
@@ -563,6 +576,7 @@ void *large_resize_in_place(void *p, size_t size)
         return NULL;
     }
     h->size = need - offset;
+    count_live(0, h->size - was, h->committed - committed);
     return p;
 }
 
@@ -583,6 +597,7 @@ void *large_move(void *p, size_t size)
         }
         return q;
     }
+    size_t was = old->size, was_committed = old->committed; /* the header moves with the pages */
     large_header *h = move_block(old, need, HEADROOM_GROWN, &span);
     if (h == NULL)
         return NULL; /* nothing moved: the caller copies */
@@ -591,10 +606,16 @@ void *large_move(void *p, size_t size)
     h->size = need - offset;
     h->committed = need;
     h->layout = layout_of(span, offset);
+    count_live(0, h->size - was, h->committed - was_committed);
     return block_of(h);
 }
 
-size_t large_live_count(void) { return load_relaxed(&live_blocks); }
+void large_live_counts(size_t *blocks, size_t *bytes, size_t *committed)
+{
+    *blocks = load_relaxed(&live_blocks);
+    *bytes = load_relaxed(&live_bytes);
+    *committed = load_relaxed(&live_committed);
+}
 
 int large_check(void)
 {

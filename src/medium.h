@@ -88,6 +88,7 @@ void medium_drain_delayed(struct heap *h);
 
 typedef struct medium_counts {
     size_t arenas, empty, decommitted, live;
+    size_t live_bytes; /* the live blocks' usable sizes */
 } medium_counts;
 /* Adds h's arenas to *c (statistics; any thread, reads racy counters). */
 void medium_count(struct heap *h, medium_counts *c);

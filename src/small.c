@@ -463,8 +463,10 @@ void small_count(heap *h, small_counts *c)
                     used += PAGE_FULL_BIAS;
                 used -= load_relaxed(&pg->sole); /* the extra one of a class's only page */
                 uint64_t w = load_relaxed(&pg->thread_free);
+                size_t live = (size_t)used - (size_t)THREAD_FREE_COUNT(w); /* freed by others, not yet taken in */
                 c->used++;
-                c->live += (size_t)used - (size_t)THREAD_FREE_COUNT(w); /* freed by others, not yet taken in */
+                c->live += live;
+                c->live_bytes += live * load_relaxed(&pg->shared_block_size);
             } else if (state == PAGE_FREE) {
                 c->free++;
             } else {

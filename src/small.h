@@ -178,6 +178,7 @@ void small_keep(struct heap *h, unsigned keep, int exiting);
 void small_release_empty(struct heap *h);
 typedef struct small_counts {
     size_t live, used, free, decommitted, retired; /* blocks; pages in use, free, not committed; retirements */
+    size_t live_bytes;                             /* the live blocks' class sizes */
 } small_counts;
 /* Adds h's pages and blocks to *c (statistics; any thread, between segment_walk_begin and _end: reads
  * racy counters, exact when no other thread allocates or frees meanwhile). */
