@@ -42,6 +42,7 @@ CORE = [
     "src/error.c",
     "src/walk.c",
     "src/report.c",
+    "src/options.c",
 ]
 
 # The sources that read SHARD_ASM (api.c: which fast paths have the public names; heap.c: whether it
