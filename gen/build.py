@@ -42,6 +42,7 @@ CORE = [
     "src/error.c",
     "src/walk.c",
     "src/report.c",
+    "src/options.c",
 ]
 
 # The sources that read SHARD_ASM (api.c: which fast paths have the public names; heap.c: whether it
@@ -360,6 +361,10 @@ TESTS = [
     Test("test-region-bare", "tests/region_bare.c", "bare bare-single win-bare",
          doc="the region port with no OS and no C library (-nostdlib, its own entry point): blocks of every "
              "kind in a static buffer."),
+    Test("test-options", "tests/test_options.c", "api archive win win-static",
+         doc="the SHARDMM_ environment options, each in fresh processes (this program started again) with "
+             "the variable and without: on the API library, on libshardmm.a (the exit hook a destructor of the "
+             "program), the DLL (DLL_PROCESS_DETACH) and the Windows static library (no exit hook)."),
     Test("test-win64", "tests/test_win64.c", "win-plain", implicit=(WIN_DLL.api_so, "build/win64/shard-wrap.dll"),
          doc="Windows-only behaviour of shardmm.dll, which it loads with LoadLibrary: FLS callbacks, fibers, "
              "FreeLibrary with live heaps, refused reservations, the static library inside another DLL."),

@@ -48,23 +48,24 @@
  * of one block only one gets past it, and the other (like any address that is not a live block) goes to
  * the error hook without touching the cache.
  *
- * The cache: up to SHARD_LARGE_CACHE_BLOCKS blocks and SHARD_LARGE_CACHE_BYTES committed, oldest first,
- * under a spin lock of its own (pause, then yield: sync.h). Only the choice and the reordering happen
- * under the lock; the OS calls (commit, decommit, release) come after it. While a fork holds the lock,
- * other threads do without the cache: fresh reservations, frees straight back to the OS. A block is
- * shared by the process because large buffers are often allocated by one thread and freed by another.
+ * The cache: up to SHARD_LARGE_CACHE_BLOCKS blocks and a byte limit of committed memory
+ * (SHARDMM_LARGE_CACHE_MB, options.h; SHARD_LARGE_CACHE_BYTES by default), oldest first, under a spin
+ * lock of its own (pause, then yield: sync.h). Only the choice and the reordering happen under the
+ * lock; the OS calls (commit, decommit, release) come after it. While a fork holds the lock, other
+ * threads do without the cache: fresh reservations, frees straight back to the OS. A block is shared by
+ * the process because large buffers are often allocated by one thread and freed by another.
  * - Choice: among the blocks whose span fits the request, the smallest of those committed enough; else
  *   the one with the most committed memory, which commits the rest in place. Memory committed beyond
  *   the request stays with the block for growth unless it is both more than four times the request
  *   and more than 16 MB.
- * - Back to the OS: a block cached for SHARD_LARGE_CACHE_DELAY_MS, the oldest ones when slots or bytes
- *   run out, and a block committed above SHARD_LARGE_CACHE_BYTES at once, without entering; all of
- *   them when memory runs out (heap_relieve). The age is checked on every cache access and, through
- *   large_cache_expire (one load when the cache is empty), when a small page becomes free and when a
- *   thread exits.
+ * - Back to the OS: a block cached for the delay (SHARDMM_DELAY_MS; SHARD_LARGE_CACHE_DELAY_MS by
+ *   default), the oldest ones when slots or bytes run out, and a block committed above the byte limit
+ *   at once, without entering (with a limit of 0, every block); all of them when memory runs out
+ *   (heap_relieve). The age is checked on every cache access and, through large_cache_expire (one load
+ *   when the cache is empty), when a small page becomes free and when a thread exits.
  *
  * Depends on: segment.h (OS calls with accounting, the map), medium.h (SHARD_MEDIUM_MAX), sync.h,
- * config.h, libc.h, port.h (its page and reservation sizes).
+ * config.h, libc.h, options.h (the cache's delay and byte limit), port.h (its page and reservation sizes).
  */
 #include "large.h"
 
@@ -72,6 +73,7 @@
 #include "config.h"
 #include "libc.h"
 #include "medium.h"
+#include "options.h"
 #include "segment.h"
 
 #define LARGE_HEADER ((size_t)32)
@@ -276,7 +278,7 @@ static unsigned take_oldest(unsigned n, large_header **out)
 
 /* Whether a block freed at `then` has waited the delay. Signed: another thread may have read a later
  * time than `now` before it stamped its entry. */
-static int expired(uint64_t then, uint64_t now) { return (int64_t)(now - then) >= SHARD_LARGE_CACHE_DELAY_MS; }
+static int expired(uint64_t then, uint64_t now) { return (int64_t)(now - then) >= options_values.large_cache_delay_ms; }
 
 /* Under the lock: how many of the first entries have waited the delay. The clock is read under the
  * lock too, so that the entries stay in the order of their times. */
@@ -363,7 +365,7 @@ static large_header *cache_take(size_t need, size_t *committed)
 static void cache_put(large_header *h)
 {
     size_t committed = h->committed;
-    if (committed > SHARD_LARGE_CACHE_BYTES) {
+    if (committed > options_values.large_cache_bytes) {
         release_block(h);
         return;
     }
@@ -378,7 +380,8 @@ static void cache_put(large_header *h)
     size_t bytes = cache.bytes;
     for (unsigned i = 0; i < n; i++)
         bytes -= cache.entry[i].committed;
-    while (n < cache.count && (cache.count - n >= SHARD_LARGE_CACHE_BLOCKS || bytes + committed > SHARD_LARGE_CACHE_BYTES))
+    size_t limit = options_values.large_cache_bytes;
+    while (n < cache.count && (cache.count - n >= SHARD_LARGE_CACHE_BLOCKS || bytes + committed > limit))
         bytes -= cache.entry[n++].committed;
     take_oldest(n, victims);
     cache.entry[cache.count++] = (cached){h, committed, span_of(h), now};
@@ -632,7 +635,7 @@ int large_check(void)
         problems += insist(i == 0 || c->freed_at >= cache.entry[i - 1].freed_at,
                            "large: the cache is not in the order of its blocks' free times at", c->h);
     }
-    problems += insist(bytes == cache.bytes && cache.count <= SHARD_LARGE_CACHE_BLOCKS && bytes <= SHARD_LARGE_CACHE_BYTES,
+    problems += insist(bytes == cache.bytes && cache.count <= SHARD_LARGE_CACHE_BLOCKS && bytes <= options_values.large_cache_bytes,
                        "large: the cache's counts differ from its entries or its limits, bytes", bytes);
     problems += insist(cache.oldest_at == (cache.count ? cache.entry[0].freed_at : UINT64_MAX),
                        "large: the cache's published oldest time differs from its first entry's:", cache.oldest_at);

@@ -13,6 +13,7 @@
 #include "error.h"
 #include "heap.h"
 #include "libc.h"
+#include "options.h"
 
 #define CHUNK_FREE 1u
 #define CHUNK_PENDING 2u
@@ -208,7 +209,7 @@ static void trim_arenas(heap *h, uint64_t now, unsigned keep)
         a = a->empty_next;
     while (a != NULL) {
         arena *next = a->empty_next;
-        if (now == UINT64_MAX || now - a->emptied_at >= SHARD_DECOMMIT_DELAY_MS) {
+        if (now == UINT64_MAX || now - a->emptied_at >= options_values.decommit_delay_ms) {
             /* committed goes down first: another thread's test of a bogus pointer reads it before
              * the header (this narrows that window on Windows, where decommitted memory faults). */
             size_t was = a->committed;

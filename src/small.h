@@ -35,7 +35,8 @@
  * line away from it.
  *
  * Depends on: segment.h, classes.h (generated), sync.h; small.c also heap.h (the heap's lists and
- * pages), large.h (the cache's expiry when a page becomes free), error.h, libc.h, port.h.
+ * pages), large.h (the cache's expiry when a page becomes free), error.h, libc.h, options.h (the
+ * decommit delay), port.h.
  */
 #ifndef SHARD_SMALL_H
 #define SHARD_SMALL_H
