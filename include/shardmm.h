@@ -103,6 +103,13 @@ typedef struct shard_stats {
     size_t atomic_ops;         /* atomic read-modify-write operations since start, counted only in the
                                   SHARD_COUNTERS build (build/counters/libshardmm.so); 0 otherwise */
     size_t lock_acquisitions;  /* spin-lock acquisitions since start, likewise */
+    /* The usable bytes (shard_usable_size) of the live blocks counted above, per kind; exact under the
+     * same condition as the counts. */
+    size_t live_small_bytes;
+    size_t live_medium_bytes;  /* a block another thread freed counts as in live_medium */
+    size_t live_large_bytes;
+    size_t live_large_committed; /* memory the live large blocks keep committed, bytes (their headers and
+                                    what a block keeps beyond its usable size included) */
 } shard_stats;
 SHARD_API void shard_get_stats(shard_stats *out);
 
@@ -124,6 +131,44 @@ SHARD_API void shard_collect(void);
  * below what is committed now refuses growth until enough is freed. SIZE_MAX (the default) is no
  * limit. Returns the previous limit. */
 SHARD_API size_t shard_set_limit(size_t bytes);
+
+/* Introspection. Text goes to an output function, `out(arg, text, len)`, called with a line or part of
+ * one at a time (not NUL-terminated); NULL `out` writes to standard error (on Windows the process's
+ * standard error handle). The output function must not allocate or free through shardmm. */
+typedef void (*shard_output_fn)(void *arg, const char *text, size_t len);
+
+/* The kinds of block a visit reports. */
+enum shard_block_kind {
+    SHARD_BLOCK_SMALL = 1,  /* up to 16 KB: usable is its size class */
+    SHARD_BLOCK_MEDIUM = 2, /* above 16 KB up to 1 MB */
+    SHARD_BLOCK_LARGE = 3   /* above 1 MB */
+};
+/* What a visit covers; or them together. */
+enum shard_visit_scope {
+    SHARD_VISIT_THREAD = 1,  /* the calling thread's heap */
+    SHARD_VISIT_WAITING = 2, /* the heaps of exited threads, waiting for a new thread (each is taken out of
+                                the stack while it is walked, so no thread allocates from it meanwhile) */
+    SHARD_VISIT_LARGE = 4,   /* large blocks, whichever thread made them */
+    SHARD_VISIT_ALL = 7
+};
+/* Calls fn(arg, block, usable, kind) for every live block in `scope`, and returns how many it visited;
+ * fn returns 0 to go on, anything else to stop there. The heaps of other running threads are never
+ * walked (their lists change without a lock): a thread walks its own. A block another thread frees or
+ * allocates during the walk may be reported or not; every other block is reported once, and nothing
+ * that is not a live block is. fn must not allocate or free through shardmm (it may read the blocks). */
+typedef int (*shard_visit_fn)(void *arg, void *block, size_t usable, int kind);
+SHARD_API size_t shard_visit(unsigned scope, shard_visit_fn fn, void *arg);
+
+/* The live blocks of SHARD_VISIT_ALL, grouped by size (small: class; medium, large: by power of two):
+ * per group the count, the bytes and the first few blocks with their first 32 bytes in hex and as
+ * text, as FastMM's leak report shows them. Returns the number of live blocks. Meant for the end of a
+ * program, when what is left is leaked (SHARDMM_REPORT_LEAKS=1 calls it at exit). */
+SHARD_API size_t shard_report_leaks(shard_output_fn out, void *arg);
+
+/* A readable table of shard_get_stats (memory reserved, committed and its peak; blocks by kind; pages
+ * and arenas by state; the large-block cache; heaps; OS calls), with units. SHARDMM_SHOW_STATS=1 calls
+ * it at exit. */
+SHARD_API void shard_print_stats(shard_output_fn out, void *arg);
 
 /* Consistency check of the calling thread's heap (every page's lists and counts, every medium arena's
  * chunks, the bins and their bitmaps), of the heaps waiting in the stack of free heaps and of the

@@ -26,10 +26,16 @@ void *large_move(void *p, size_t size);
 void large_cache_expire(void);
 /* Give every cached block back to the OS now (shard_collect). */
 void large_cache_release_all(void);
-size_t large_live_count(void);
+/* The live blocks, their usable bytes and the memory they keep committed (headers included). */
+void large_live_counts(size_t *blocks, size_t *bytes, size_t *committed);
 /* Take (1) or give back (0) the cache's lock around a fork (heap.c's fork hooks; held as SPIN_FORK). */
 void large_lock_for_fork(int take);
 void large_cache_counts(size_t *blocks, size_t *bytes);
+/* Report every live large block to v (the visitor type is segment.h's); blocks freed or made meanwhile
+ * may be reported or not. v's function must not free a large block (the walk holds a lock their release
+ * takes). */
+struct visitor;
+void large_visit(struct visitor *v);
 /* Problems in the cache (reported through report_error); 0 when it is consistent. */
 int large_check(void);
 

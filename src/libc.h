@@ -56,6 +56,28 @@ static inline void mem_copy(void *dst, const void *src, size_t n)
     __asm__ volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
 }
 
+/* Text written in pieces through an output function (shardmm.h's shard_output_fn), or through the port's
+ * error channel when there is none: a line is gathered in the buffer and handed over at its end or
+ * when the buffer fills. No allocation (the introspection functions run in any state). */
+typedef struct text_out {
+    void (*fn)(void *arg, const char *text, size_t len);
+    void *arg;
+    size_t n;
+    char buf[240];
+} text_out;
+void out_init(text_out *o, void (*fn)(void *arg, const char *text, size_t len), void *arg);
+void out_str(text_out *o, const char *s);
+/* s, then spaces up to width characters (left-aligned in a column). */
+void out_col(text_out *o, const char *s, size_t width);
+/* v in decimal, right-aligned in width characters (0: as long as it is). */
+void out_dec(text_out *o, uint64_t v, unsigned width);
+/* v in hex with "0x", at least `digits` digits. */
+void out_hex(text_out *o, uint64_t v, unsigned digits);
+/* A byte count with a unit, 3 significant digits from KB on ("512 B", "1.50 KB", "12.3 MB", "2.00 GB"),
+ * right-aligned in width characters. */
+void out_bytes(text_out *o, uint64_t bytes, unsigned width);
+void out_flush(text_out *o);
+
 /* Write "shardmm: <what> <hex value>\n" through the port (no allocation). */
 void report_error(const char *what, uintptr_t value);
 

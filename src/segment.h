@@ -15,7 +15,7 @@
  * table from a static all-zero table rather than a pointer, so the entries of 4 GB ranges without a
  * table (zero, as the top table starts) lead to the zero table: no NULL test on the way.
  *
- * Depends on: sync.h; segment.c also port.h, libc.h.
+ * Depends on: sync.h; segment.c also port.h, libc.h, options.h (SHARDMM_VERBOSE's lines).
  */
 #ifndef SHARD_SEGMENT_H
 #define SHARD_SEGMENT_H
@@ -101,9 +101,30 @@ void segment_walk_end(void);
 /* In the child of a fork: the walks of the parent's other threads are not going on there. */
 void segment_after_fork(void);
 
+/* A walk over live blocks (shard_visit, walk.c): small.c, medium.c and large.c each report theirs through
+ * visit_block, which calls the user's function (shardmm.h's shard_visit_fn) and counts. */
+enum visit_kind { VISIT_SMALL = 1, VISIT_MEDIUM = 2, VISIT_LARGE = 3 }; /* shardmm.h's SHARD_BLOCK_* */
+
+typedef struct visitor {
+    int (*fn)(void *arg, void *block, size_t usable, int kind);
+    void *arg;
+    size_t count;
+    int stop; /* the function asked to stop */
+} visitor;
+
+/* Report one live block; 1 when the walk is to stop. */
+static inline int visit_block(visitor *v, void *block, size_t usable, int kind)
+{
+    v->count++;
+    if (v->fn(v->arg, block, usable, kind) != 0)
+        v->stop = 1;
+    return v->stop;
+}
+
 /* The platform's calls with the process's accounting (stats), through port.h. os_commit also keeps the
  * committed total within the limit that shard_set_limit set (os_set_limit; SIZE_MAX: none), refusing a
- * commit that would pass it as the platform refuses one it cannot back. */
+ * commit that would pass it as the platform refuses one it cannot back. With SHARDMM_VERBOSE a refused
+ * reservation or commit (by the platform or by the limit) is told on the error channel (options.h). */
 void *os_reserve(size_t size, size_t align);
 int os_commit(void *addr, size_t size);
 int os_decommit(void *addr, size_t size);

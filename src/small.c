@@ -12,7 +12,8 @@
  * - Foreign frees are drained lazily, when an allocation found its page dry: the heap's `delayed`
  *   list is taken with one exchange and every page on it has its thread_free word exchanged for 0.
  * - A page whose items are all back goes to the heap's free pages. Up to SHARD_KEEP_FREE_PAGES stay
- *   committed; the memory of the others goes back once they have been free for SHARD_DECOMMIT_DELAY_MS.
+ *   committed; the memory of the others goes back once they have been free for the decommit delay
+ *   (SHARDMM_DELAY_MS, options.h; SHARD_DECOMMIT_DELAY_MS by default).
  *   A segment with no page in use keeps its address space until the heap is trimmed to nothing (a
  *   waiting heap whose reserve expired, memory pressure: small_release_empty), which releases it.
  *   The clock is read only when there are more free pages than that (pages freed while there were
@@ -26,6 +27,7 @@
 #include "heap.h"
 #include "large.h"
 #include "libc.h"
+#include "options.h"
 
 page small_empty_page;
 
@@ -194,7 +196,7 @@ static void trim_at(heap *h, uint64_t now, unsigned keep)
         page *next = pg->next;
         if (pg->freed_at == 0 && now != UINT64_MAX) {
             pg->freed_at = now;
-        } else if (now == UINT64_MAX || now - pg->freed_at >= SHARD_DECOMMIT_DELAY_MS) {
+        } else if (now == UINT64_MAX || now - pg->freed_at >= options_values.decommit_delay_ms) {
             if (os_decommit(page_start(pg), PAGE_SIZE) != 0)
                 return;
             list_remove(&h->free_pages, pg);
@@ -463,8 +465,10 @@ void small_count(heap *h, small_counts *c)
                     used += PAGE_FULL_BIAS;
                 used -= load_relaxed(&pg->sole); /* the extra one of a class's only page */
                 uint64_t w = load_relaxed(&pg->thread_free);
+                size_t live = (size_t)used - (size_t)THREAD_FREE_COUNT(w); /* freed by others, not yet taken in */
                 c->used++;
-                c->live += (size_t)used - (size_t)THREAD_FREE_COUNT(w); /* freed by others, not yet taken in */
+                c->live += live;
+                c->live_bytes += live * load_relaxed(&pg->shared_block_size);
             } else if (state == PAGE_FREE) {
                 c->free++;
             } else {
@@ -474,6 +478,48 @@ void small_count(heap *h, small_counts *c)
     }
 }
 
+
+/* Marks the items of a free list in `bits` (one per item index); stops at anything that is not an item of
+ * pg (a broken list is shard_check's to report, not the walk's to follow). */
+static void mark_free(const page *pg, const block *b, const block *last, long limit, uint64_t *bits)
+{
+    const uint8_t *start = page_start(pg);
+    for (long n = 0; b != NULL && n < limit; n++) {
+        uintptr_t off = (uintptr_t)((const uint8_t *)b - start);
+        if (off >= pg->carved_end || off % pg->block_size != 0)
+            return;
+        size_t i = off / pg->block_size;
+        bits[i / 64] |= (uint64_t)1 << (i % 64);
+        if (b == last)
+            return;
+        b = b->next;
+    }
+}
+
+void small_visit(heap *h, visitor *v)
+{
+    uint64_t bits[PAGE_SIZE / 16 / 64]; /* an item index each: 16 bytes is the least class */
+    for (segment *s = h->segments; s != NULL && !v->stop; s = s->next) {
+        for (unsigned i = 1; i < SEGMENT_PAGES && !v->stop; i++) {
+            const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
+            if (pg->state != PAGE_IN_USE || pg->carved == 0)
+                continue;
+            mem_zero(bits, sizeof bits);
+            mark_free(pg, pg->free, NULL, pg->carved, bits);
+            mark_free(pg, pg->local_free, NULL, pg->carved, bits);
+            uint64_t w = load_acquire(&pg->thread_free); /* others push meanwhile: what was there now */
+            if (w != 0) {
+                uint8_t *start = page_start(pg);
+                mark_free(pg, (const block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4)),
+                          (const block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4)), pg->carved, bits);
+            }
+            uint8_t *item = page_start(pg);
+            for (unsigned k = 0; k < pg->carved; k++, item += pg->block_size)
+                if (!(bits[k / 64] >> (k % 64) & 1) && visit_block(v, item, pg->block_size, VISIT_SMALL))
+                    return;
+        }
+    }
+}
 
 /* Length of a free list whose items must lie in pg at class offsets below `carved`; -1 if not. */
 static long list_length(const page *pg, const block *b, long limit)

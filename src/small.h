@@ -35,7 +35,8 @@
  * line away from it.
  *
  * Depends on: segment.h, classes.h (generated), sync.h; small.c also heap.h (the heap's lists and
- * pages), large.h (the cache's expiry when a page becomes free), error.h, libc.h, port.h.
+ * pages), large.h (the cache's expiry when a page becomes free), error.h, libc.h, options.h (the
+ * decommit delay), port.h.
  */
 #ifndef SHARD_SMALL_H
 #define SHARD_SMALL_H
@@ -178,10 +179,16 @@ void small_keep(struct heap *h, unsigned keep, int exiting);
 void small_release_empty(struct heap *h);
 typedef struct small_counts {
     size_t live, used, free, decommitted, retired; /* blocks; pages in use, free, not committed; retirements */
+    size_t live_bytes;                             /* the live blocks' class sizes */
 } small_counts;
 /* Adds h's pages and blocks to *c (statistics; any thread, between segment_walk_begin and _end: reads
  * racy counters, exact when no other thread allocates or frees meanwhile). */
 void small_count(struct heap *h, small_counts *c);
+
+/* Report h's live small blocks to v, page by page: the items carved but on none of the page's three free
+ * lists. Only for the calling thread's heap or one that no thread uses (the walk takes it from the stack
+ * meanwhile); other threads' frees pushed during the walk may be reported still live. */
+void small_visit(struct heap *h, visitor *v);
 
 /* Problems in one page's lists and counts (reported through report_error); 0 when it is consistent. */
 int small_check_page(const page *pg);
