@@ -42,6 +42,7 @@ CORE = [
     "src/error.c",
     "src/walk.c",
     "src/report.c",
+    "src/options.c",
     "src/engine.c",
 ]
 
@@ -345,6 +346,9 @@ TESTS = [
          doc="shard_malloc_aligned / shard_realloc_aligned and the shard_ malloc family."),
     Test("test-malloc", "tests/test_malloc.c", "dropin",
          doc="the C library's names exported by the drop-in libshardmm.so (glibc's semantics, errno)."),
+    Test("test-extras", "tests/test_extras.c", "dropin",
+         doc="glibc's malloc extras exported by the drop-in libshardmm.so (mallinfo2, mallinfo, malloc_trim, "
+             "malloc_stats, malloc_info, mallopt), acting on shardmm."),
     Test("test-fork", "tests/test_fork.c", "dropin",
          doc="fork from a multithreaded parent, the child using the parent's blocks."),
     Test("test-hostile", "tests/test_hostile.c", "plain", "-fno-builtin",
@@ -361,6 +365,10 @@ TESTS = [
     Test("test-region-bare", "tests/region_bare.c", "bare bare-single win-bare",
          doc="the region port with no OS and no C library (-nostdlib, its own entry point): blocks of every "
              "kind in a static buffer."),
+    Test("test-options", "tests/test_options.c", "api archive win win-static",
+         doc="the SHARDMM_ environment options, each in fresh processes (this program started again) with "
+             "the variable and without: on the API library, on libshardmm.a (the exit hook a destructor of the "
+             "program), the DLL (DLL_PROCESS_DETACH) and the Windows static library (no exit hook)."),
     Test("test-win64", "tests/test_win64.c", "win-plain", implicit=(WIN_DLL.api_so, "build/win64/shard-wrap.dll"),
          doc="Windows-only behaviour of shardmm.dll, which it loads with LoadLibrary: FLS callbacks, fibers, "
              "FreeLibrary with live heaps, refused reservations, the static library inside another DLL."),

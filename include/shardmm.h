@@ -103,6 +103,13 @@ typedef struct shard_stats {
     size_t atomic_ops;         /* atomic read-modify-write operations since start, counted only in the
                                   SHARD_COUNTERS build (build/counters/libshardmm.so); 0 otherwise */
     size_t lock_acquisitions;  /* spin-lock acquisitions since start, likewise */
+    /* The usable bytes (shard_usable_size) of the live blocks counted above, per kind; exact under the
+     * same condition as the counts. */
+    size_t live_small_bytes;
+    size_t live_medium_bytes;  /* a block another thread freed counts as in live_medium */
+    size_t live_large_bytes;
+    size_t live_large_committed; /* memory the live large blocks keep committed, bytes (their headers and
+                                    what a block keeps beyond its usable size included) */
 } shard_stats;
 SHARD_API void shard_get_stats(shard_stats *out);
 

@@ -2,7 +2,7 @@
  *
  * Raw system calls for everything but what belongs to the C library: the thread-exit hook
  * (pthread_key_create, the only way to run code at the exit of a thread we did not create), the fork
- * hooks (pthread_atfork) and errno:
+ * hooks (pthread_atfork), errno and the environment (environ):
  * - reserve: mmap PROT_NONE (an inaccessible private mapping is not charged against the commit limit),
  *   over-sized by the alignment and trimmed at both ends, so nothing beyond the reservation stays mapped;
  *   commit: mprotect read/write, which charges it, so an impossible size is refused here as on
@@ -19,6 +19,9 @@
  *   armed after the core stored the slot (pthread_setspecific may call calloc, which must find the heap
  *   there). With every key of the process taken there is no hook: the slot works, exits go unreported.
  * - threads: gettid, and tgkill with signal 0 to learn whether a thread id still lives.
+ * - options: the C library's environ, the environment as the process has it when the allocator starts;
+ *   where that is NULL (not set yet, or cleared), /proc/self/environ, the one it started with. The exit
+ *   hook is a destructor of ours, which exit() runs after the program's atexit handlers.
  * - the clock: CLOCK_MONOTONIC_COARSE through the kernel's vDSO (a few loads, no system call), found
  *   once by reading /proc/self/auxv for the vDSO's address and its ELF symbol table for
  *   __vdso_clock_gettime; without it, the clock_gettime system call. It is read when a page is freed
@@ -295,6 +298,97 @@ static uint64_t linux_clock_ms(void)
 
 static void linux_yield(void) { sys3(SYS_sched_yield, 0, 0, 0); }
 
+/* ---- options and the process's end ----------------------------------------------------------- */
+
+extern char **environ;
+
+static size_t text_length(const char *s)
+{
+    size_t n = 0;
+    while (s[n])
+        n++;
+    return n;
+}
+
+static int has_option_prefix(const char *s)
+{
+    static const char prefix[] = PORT_OPTION_PREFIX;
+    for (size_t i = 0; i < sizeof prefix - 1; i++)
+        if (s[i] != prefix[i])
+            return 0;
+    return 1;
+}
+
+/* The environment the process started with, from /proc/self/environ (entries ended by a zero byte),
+ * read a piece at a time with raw system calls: where environ is not there (the C library has not set
+ * it yet, or clearenv emptied it). An entry is gathered only while it can still be an option's. */
+static void options_from_proc(void (*fn)(void *arg, const char *entry, size_t len), void *arg)
+{
+    static const char prefix[] = PORT_OPTION_PREFIX;
+    enum { PREFIX_LEN = sizeof prefix - 1 };
+    char piece[512], entry[PORT_OPTION_MAX];
+    size_t n = 0; /* bytes of the current entry */
+    int option = 1; /* it may be an option's: its bytes so far match the prefix */
+    long fd = sys6(SYS_openat, -100 /* AT_FDCWD */, (long)"/proc/self/environ", 0x80000 /* O_RDONLY | O_CLOEXEC */,
+                   0, 0, 0);
+    if (sys_failed(fd))
+        return;
+    for (;;) {
+        long got = sys3(SYS_read, fd, (long)piece, (long)sizeof piece);
+        if (sys_failed(got) || got == 0)
+            break;
+        for (long i = 0; i < got; i++) {
+            char c = piece[i];
+            if (c != 0) {
+                option = option && (n >= PREFIX_LEN || c == prefix[n]);
+                if (option && n < PORT_OPTION_MAX)
+                    entry[n] = c;
+                n++;
+                continue;
+            }
+            if (option && n >= PREFIX_LEN) {
+                if (n > PORT_OPTION_MAX) { /* cut, and marked so (port.h) */
+                    n = PORT_OPTION_MAX;
+                    entry[n - 1] = '?';
+                }
+                fn(arg, entry, n);
+            }
+            n = 0;
+            option = 1;
+        }
+    }
+    sys3(SYS_close, fd, 0, 0);
+}
+
+static void linux_options(void (*fn)(void *arg, const char *entry, size_t len), void *arg)
+{
+    char **env = __atomic_load_n(&environ, __ATOMIC_RELAXED);
+    if (env == NULL) {
+        options_from_proc(fn, arg);
+        return;
+    }
+    for (; *env != NULL; env++)
+        if (has_option_prefix(*env))
+            fn(arg, *env, text_length(*env));
+}
+
+static void (*exit_output)(void);
+
+static int linux_process_exit_hook(void (*fn)(void))
+{
+    __atomic_store_n(&exit_output, fn, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* exit() runs the destructors of the program and its libraries after its atexit handlers, each library
+ * after those that depend on it: in the drop-in, after the program's own exit-time code. */
+__attribute__((destructor)) static void linux_at_exit(void)
+{
+    void (*fn)(void) = __atomic_load_n(&exit_output, __ATOMIC_ACQUIRE);
+    if (fn != NULL)
+        fn();
+}
+
 void port_write_error(const char *msg, size_t len)
 {
     while (len > 0) {
@@ -330,4 +424,6 @@ port_capabilities port_caps = {
     .thread_tag = linux_thread_tag,
     .out_of_memory = linux_out_of_memory,
     .invalid_argument = linux_invalid_argument,
+    .options = linux_options,
+    .process_exit_hook = linux_process_exit_hook,
 };

@@ -8,9 +8,9 @@
  * libraries (below). errno is set by the core itself, through port_out_of_memory, on the rare path that
  * returns NULL, so malloc, free, calloc and realloc cost nothing over the shard_ entries. The core stays freestanding; this file is the only place the C library's names appear.
  *
- * Not here: malloc_trim, mallinfo, malloc_stats and mallopt (glibc's own heap's controls), and the
- * __libc_ and __posix_ aliases glibc keeps for itself; a program that calls them gets glibc's, which
- * act on glibc's (then unused) heap.
+ * glibc's extras (mallinfo2, mallinfo, malloc_trim, malloc_stats, malloc_info, mallopt) are in
+ * malloc_extras.c, included at the end. Not here: the __libc_ and __posix_ aliases glibc keeps for
+ * itself.
  */
 #include "../include/shardmm.h"
 
@@ -34,3 +34,5 @@ EXPORT void *memalign(size_t align, size_t size) { return shard_memalign(align, 
 EXPORT void *valloc(size_t size) { return shard_valloc(size); }
 EXPORT void *pvalloc(size_t size) { return shard_pvalloc(size); }
 EXPORT size_t malloc_usable_size(void *p) { return shard_usable_size(p); }
+
+#include "malloc_extras.c" /* glibc's extras, acting on shardmm */

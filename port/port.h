@@ -123,7 +123,26 @@ typedef struct port_capabilities {
      * thread's last error). Without them the NULL (or error code) is all the caller learns. */
     void (*out_of_memory)(void);
     void (*invalid_argument)(void);
+
+    /* The process's options: the variables of the environment it started with whose names begin with
+     * "SHARDMM_" (PORT_OPTION_PREFIX). options(fn, arg) calls fn(arg, entry, len) once for each, entry
+     * being "SHARDMM_NAME=value" as bytes (len of them, not NUL-terminated): what src/options.c parses.
+     * A platform whose environment is not bytes gives each character below 128 as itself and any other
+     * as '?', and may cut an entry longer than PORT_OPTION_MAX bytes there, its last byte then '?' (no
+     * valid option is that long). Called once, at start-up (heap_start): it must not allocate through
+     * shardmm. Without it every option keeps its default. */
+    void (*options)(void (*fn)(void *arg, const char *entry, size_t len), void *arg);
+
+    /* Ask for fn() once at the process's normal end (exit, a return from main; not _exit, abort or a
+     * kill), after the program's own exit-time code where the platform can order it so: the allocator's
+     * last words (SHARDMM_SHOW_STATS, SHARDMM_REPORT_LEAKS). Called at most once, at start-up; it must
+     * not allocate through shardmm. 0, or -1 when refused. fn allocates nothing. Without it nothing
+     * runs at exit. */
+    int (*process_exit_hook)(void (*fn)(void));
 } port_capabilities;
+
+#define PORT_OPTION_PREFIX "SHARDMM_"
+#define PORT_OPTION_MAX 255
 
 /* Defined by the port; read by the core only (a port with no OS fills parts of it at its own start-up). */
 extern port_capabilities port_caps;

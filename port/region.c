@@ -20,9 +20,10 @@
  *
  * Capabilities: a clock and yield if the embedder gives them, the region's size as the address-space
  * limit (so large blocks reserve what they need, without headroom), nothing else: no moving pages, no
- * large pages, no thread exit (threads call shard_thread_done), no thread numbers, no fork. The heap slot
- * is the embedder's (PORT_SLOT_FUNCTION): port_heap_slot_address asks its slot function, or gives the one
- * word of a single-threaded region; built with SHARD_SLOT=PORT_SLOT_GLOBAL the core keeps that word.
+ * large pages, no thread exit (threads call shard_thread_done), no thread numbers, no fork, no options (no
+ * environment: every SHARDMM_ option keeps its default) and no process exit. The heap slot is the
+ * embedder's (PORT_SLOT_FUNCTION): port_heap_slot_address asks its slot function, or gives the one word of
+ * a single-threaded region; built with SHARD_SLOT=PORT_SLOT_GLOBAL the core keeps that word.
  */
 #include "port.h"
 

@@ -27,6 +27,11 @@
  *   (the process then keeps that module loaded).
  * - the clock: the InterruptTime of KUSER_SHARED_DATA (0x7FFE0008), 100 ns units, read without a
  *   call; it steps every 15.6 ms or so.
+ * - options: the SHARDMM_ entries of GetEnvironmentStringsW's block. The exit hook is the DLL's
+ *   DLL_PROCESS_DETACH, at process exit (after the C runtime's atexit handlers; the other threads are
+ *   gone by then, and one that Windows ended inside the allocator's cache lock would leave the output
+ *   waiting for it: the risk of asking for output at exit) and at FreeLibrary; the static library has
+ *   none, so its exit-time options do nothing.
  * - waiting: SwitchToThread (callers spin with pause first, src/sync.h); the fatal message: WriteFile
  *   to the standard error handle; abort: TerminateProcess with exit code 3, as the C runtime's abort.
  */
@@ -213,6 +218,52 @@ static uint64_t win_clock_ms(void)
 
 static void win_yield(void) { SwitchToThread(); }
 
+/* The SHARDMM_ entries of the process's environment block (GetEnvironmentStringsW, which the process
+ * heap holds, not ours), as bytes (port.h): the name upper-cased, since Windows' names are
+ * case-insensitive, every character above 127 as '?', and an entry cut at PORT_OPTION_MAX bytes. */
+static void win_options(void (*fn)(void *arg, const char *entry, size_t len), void *arg)
+{
+    static const char prefix[] = PORT_OPTION_PREFIX;
+    WCHAR *block = GetEnvironmentStringsW();
+    if (block == NULL)
+        return;
+    for (const WCHAR *s = block; *s != 0;) {
+        size_t len = 0, k = 0;
+        while (s[len] != 0)
+            len++;
+        char entry[PORT_OPTION_MAX];
+        int in_name = 1;
+        for (k = 0; k < len && k < PORT_OPTION_MAX; k++) {
+            WCHAR c = s[k];
+            in_name = in_name && c != '=';
+            if (in_name && c >= 'a' && c <= 'z')
+                c = (WCHAR)(c - 'a' + 'A');
+            entry[k] = c < 128 ? (char)c : '?';
+            if (k < sizeof prefix - 1 && entry[k] != prefix[k])
+                break;
+        }
+        if (k >= sizeof prefix - 1) {
+            if (len > PORT_OPTION_MAX)
+                entry[PORT_OPTION_MAX - 1] = '?';
+            fn(arg, entry, k);
+        }
+        s += len + 1;
+    }
+    FreeEnvironmentStringsW(block);
+}
+
+/* The exit hook (SHARDMM_SHOW_STATS, SHARDMM_REPORT_LEAKS): the DLL's entry calls it at
+ * DLL_PROCESS_DETACH. The static library has no entry of its own to learn of the process's end. */
+#ifdef SHARD_BUILD_DLL
+static void (*exit_output)(void);
+
+static int win_process_exit_hook(void (*fn)(void))
+{
+    exit_output = fn;
+    return 0;
+}
+#endif
+
 void port_write_error(const char *msg, size_t len)
 {
     HANDLE h = GetStdHandle(STD_ERROR_HANDLE);
@@ -246,6 +297,10 @@ port_capabilities port_caps = {
     .thread_alive = win_thread_alive,
     .out_of_memory = win_out_of_memory,
     .invalid_argument = win_invalid_argument,
+    .options = win_options,
+#ifdef SHARD_BUILD_DLL
+    .process_exit_hook = win_process_exit_hook,
+#endif
 };
 
 #ifdef SHARD_BUILD_DLL
@@ -257,6 +312,8 @@ port_capabilities port_caps = {
 BOOL WINAPI shard_dll_entry(HINSTANCE instance, DWORD reason, void *reserved)
 {
     (void)instance;
+    if (reason == DLL_PROCESS_DETACH && exit_output != NULL)
+        exit_output(); /* at process exit (the C runtime's atexit handlers have run) or at FreeLibrary */
     if (port_win64_tls_index == TLS_OUT_OF_INDEXES) /* the allocator has not started */
         return TRUE;
     if (reason == DLL_THREAD_DETACH && !unloading) {

@@ -497,11 +497,11 @@ void shard_get_stats(shard_stats *out)
     out->atomic_ops = load_relaxed(&sync_atomic_ops);
     out->lock_acquisitions = load_relaxed(&sync_lock_acquisitions);
 #endif
-    out->live_large = large_live_count();
+    large_live_counts(&out->live_large, &out->live_large_bytes, &out->live_large_committed);
     large_cache_counts(&out->large_cached, &out->large_cached_bytes);
     out->heaps_free = heap_free_count();
-    medium_counts mc = {0, 0, 0, 0};
-    small_counts sc = {0, 0, 0, 0, 0};
+    medium_counts mc = {0, 0, 0, 0, 0};
+    small_counts sc = {0, 0, 0, 0, 0, 0};
     segment_walk_begin(); /* other threads may release segments and arenas meanwhile (segment.h) */
     for (heap *h = heap_all(); h != NULL; h = h->next_all) {
         out->heaps++;
@@ -510,11 +510,13 @@ void shard_get_stats(shard_stats *out)
     }
     segment_walk_end();
     out->live_small = sc.live;
+    out->live_small_bytes = sc.live_bytes;
     out->small_pages_used = sc.used;
     out->small_pages_free = sc.free;
     out->small_pages_decommitted = sc.decommitted;
     out->small_pages_retired = sc.retired;
     out->live_medium = mc.live;
+    out->live_medium_bytes = mc.live_bytes;
     out->medium_arenas = mc.arenas;
     out->medium_arenas_empty = mc.empty;
     out->medium_arenas_decommitted = mc.decommitted;

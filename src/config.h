@@ -1,5 +1,6 @@
 /* config.h - every build knob of the core, with its default and the reason for it. Test builds are
- * the same source with other defines (build.ninja). */
+ * the same source with other defines (build.ninja). The delays and the large-block cache's byte limit
+ * are the defaults of run-time options (SHARDMM_DELAY_MS, SHARDMM_LARGE_CACHE_MB: options.h). */
 #ifndef SHARD_CONFIG_H
 #define SHARD_CONFIG_H
 

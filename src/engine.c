@@ -128,15 +128,6 @@ size_t shard_heap_set_limit(shard_heap *sh, size_t limit)
     return __atomic_exchange_n(&created_heap_of(sh)->limit, limit, __ATOMIC_RELAXED);
 }
 
-static int created_add_bytes(void *arg, void *block, size_t usable, int kind)
-{
-    shard_heap_stats *s = arg;
-    (void)block;
-    *(kind == VISIT_SMALL ? &s->live_small_bytes : &s->live_medium_bytes) += usable;
-    return 0;
-}
-
-/* From the heap's user's thread (it walks the heap's lists). */
 void shard_heap_get_stats(shard_heap *sh, shard_heap_stats *out)
 {
     heap *h = created_heap_of(sh);
@@ -144,16 +135,15 @@ void shard_heap_get_stats(shard_heap *sh, shard_heap_stats *out)
     out->committed = load_relaxed(&h->charged);
     out->committed_peak = load_relaxed(&h->charged_peak);
     out->limit = load_relaxed(&h->limit);
-    small_counts sc = {0, 0, 0, 0, 0};
-    medium_counts mc = {0, 0, 0, 0};
+    small_counts sc = {0, 0, 0, 0, 0, 0};
+    medium_counts mc = {0, 0, 0, 0, 0};
     small_count(h, &sc);
     medium_count(h, &mc);
     out->live_small = sc.live;
     out->live_medium = mc.live;
     out->live_large = load_relaxed(&h->large_count);
-    visitor v = {created_add_bytes, out, 0, 0}; /* the bytes of small and medium blocks: a walk (stats are rare) */
-    small_visit(h, &v);
-    medium_visit(h, &v);
+    out->live_small_bytes = sc.live_bytes;
+    out->live_medium_bytes = mc.live_bytes;
     out->live_large_bytes = load_relaxed(&h->large_bytes);
 }
 

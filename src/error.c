@@ -1,9 +1,11 @@
-/* error.c - the error hook (see error.h). */
+/* error.c - the error hook (see error.h); with SHARDMM_VERBOSE every call of a hook the program set is
+ * told on the error channel first. */
 #include "error.h"
 
 #include "../include/shardmm.h"
 #include "../port/port.h"
 #include "libc.h"
+#include "options.h"
 #include "sync.h"
 
 /* The hook and its argument change together under a lock (setting and reporting are both rare), so a
@@ -14,12 +16,17 @@ static struct {
     void *arg;
 } error_hook;
 
-static _Noreturn void default_error(int error, void *p)
+static const char *describe(int error)
 {
     static const char *const what[] = {"invalid pointer", "invalid pointer passed to shard_free:",
                                        "invalid pointer passed to shard_realloc:",
                                        "invalid pointer passed to shard_usable_size:"};
-    report_error(what[error >= 1 && error <= 3 ? error : 0], (uintptr_t)p);
+    return what[error >= 1 && error <= 3 ? error : 0];
+}
+
+static _Noreturn void default_error(int error, void *p)
+{
+    report_error(describe(error), (uintptr_t)p);
     port_abort();
 }
 
@@ -33,6 +40,8 @@ void error_invalid_pointer(int error, void *p)
         spin_unlock(&error_hook.lock);
     if (fn == NULL)
         default_error(error, p);
+    if (options_values.verbose) /* the default says it anyway; a hook of the program's may say nothing */
+        options_say_error_hook(describe(error), p);
     fn(arg, error, p);
 }
 

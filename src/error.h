@@ -1,6 +1,6 @@
 /* error.h - the error hook: where a pointer that is not a live block of ours is reported.
  * By default a one-line message through the port, then abort; shard_set_error_hook installs another.
- * Depends on: include/shardmm.h (enum shard_error); error.c: sync.h, libc.h, port.h. */
+ * Depends on: include/shardmm.h (enum shard_error); error.c: sync.h, libc.h, options.h, port.h. */
 #ifndef SHARD_ERROR_H
 #define SHARD_ERROR_H
 

@@ -2,19 +2,22 @@
  * heaps, the reserve an exited thread leaves, the heaps of threads that exited without a hook, fork,
  * and the list of all heaps (see heap.h).
  *
- * Start-up and its re-entrancy. Two things are done once per process: the fork hooks are registered
+ * Start-up and its re-entrancy. Three things are done once per process: the fork hooks are registered
  * (port_caps.fork_hooks) - at load time by a constructor, and again, if that did not run, by the first
- * allocation of any kind, large ones included (fork safety from the first lock the allocator takes) -
- * and the thread-exit hook is asked for (port_caps.thread_exit_hook) by the first allocation. Either may
- * call malloc again from inside: glibc's pthread_atfork mallocs to grow its list (under its own lock, hence
- * the constructor: a first malloc inside another library's pthread_atfork must not register ours), and
- * pthread_setspecific callocs a thread's key array for a key of index 32 or more. So nothing waits for
- * the fork hooks (an allocation made while they are being registered goes on without them), the exit
- * hook is asked for with a call that does not allocate (pthread_key_create), and a new thread's heap is
- * complete and in the slot before the port arms the exit hook for it: an allocation made from inside
- * the arming finds the heap and uses it. Without an exit hook (every pthread key of the process taken)
- * the slot still works; the heaps of exited threads are then found as those below. A platform with no
- * hook at all (port_caps) leaves the end of a thread's use of its heap to shard_thread_done.
+ * allocation of any kind, large ones included (fork safety from the first lock the allocator takes) - and
+ * the first allocation reads the options (options_read: the port's SHARDMM_ variables, and the
+ * process-exit hook when one of them asks for output at exit) and asks for the thread-exit hook
+ * (port_caps.thread_exit_hook), in that order, before any heap or large block exists. Reading the options
+ * allocates nothing; the hooks may call malloc again from inside: glibc's pthread_atfork mallocs to grow
+ * its list (under its own lock, hence the constructor: a first malloc inside another library's
+ * pthread_atfork must not register ours), and pthread_setspecific callocs a thread's key array for a key
+ * of index 32 or more. So nothing waits for the fork hooks (an allocation made while they are being
+ * registered goes on without them), the exit hook is asked for with a call that does not allocate
+ * (pthread_key_create), and a new thread's heap is complete and in the slot before the port arms the exit
+ * hook for it: an allocation made from inside the arming finds the heap and uses it. Without an exit hook
+ * (every pthread key of the process taken) the slot still works; the heaps of exited threads are then
+ * found as those below. A platform with no hook at all (port_caps) leaves the end of a thread's use of
+ * its heap to shard_thread_done.
  *
  * Thread exit (the port's hook, or shard_thread_done) retires the heap: the blocks other threads freed
  * into it are taken in, the only page a class keeps while its thread runs is retired if empty, and the
@@ -35,12 +38,13 @@
  * taken in, then trimmed and put back) at `heap_reserve_due`, which the next slow path of any thread or
  * thread exit after it acts on. Not sooner: the next thread to take the heap takes the frees warm, and a
  * trim before that would decommit what it is about to fault in again (bench/churn.py showed it for a
- * batch trim every 64 queued pages). A heap that entered the stack less than SHARD_RESERVE_DELAY_MS ago
- * keeps its reserve; after that, and at once on shard_collect or under memory pressure, it keeps nothing
- * but its live blocks: segments without a page in use and empty arenas released, the other free pages
- * decommitted. A thread that finds the stacks empty while they are being trimmed waits for the heaps to
- * come back rather than make a new heap: `trimming` is odd while the stacks are taken, and a pop believes
- * empty tops only when `trimming` was even and unchanged around reading them.
+ * batch trim every 64 queued pages). A heap that entered the stack less than the reserve's delay ago
+ * (SHARDMM_DELAY_MS, options.h; SHARD_RESERVE_DELAY_MS by default) keeps its reserve; after that, and at
+ * once on shard_collect or under memory pressure, it keeps nothing but its live blocks: segments without
+ * a page in use and empty arenas released, the other free pages decommitted. A thread that finds the
+ * stacks empty while they are being trimmed waits for the heaps to come back rather than make a new heap:
+ * `trimming` is odd while the stacks are taken, and a pop believes empty tops only when `trimming` was
+ * even and unchanged around reading them.
  *
  * Heaps of threads that exited without the hook: a thread whose first allocation runs in the last round
  * of key destructors (its hook was armed too late for glibc to call it), or any thread of a process
@@ -77,6 +81,7 @@
 #include "error.h"
 #include "large.h"
 #include "libc.h"
+#include "options.h"
 
 /* The stacks of free heaps (ptr: heap *, count: changes): those that hold a reserve, which a new thread
  * takes first, and the others. */
@@ -278,15 +283,15 @@ static void trim_stack(int all)
     heap *first = take_stack();
     uint64_t now = os_clock_ms(), due = 0;
     for (heap *h = first; h != NULL; h = h->next_free) {
-        if (all || !h->reserve_held || (int64_t)(now - h->retired_at) >= SHARD_RESERVE_DELAY_MS) {
+        if (all || !h->reserve_held || (int64_t)(now - h->retired_at) >= options_values.reserve_delay_ms) {
             drop_reserve(h);
             trim_all(h, 1);
         } else {
             trim_to(h, SHARD_RESERVE_PAGES, SHARD_RESERVE_ARENAS, 1);
             if (!has_reserve(h))
                 drop_reserve(h);
-            else if (due == 0 || (int64_t)(h->retired_at - (due - SHARD_RESERVE_DELAY_MS)) < 0)
-                due = h->retired_at + SHARD_RESERVE_DELAY_MS;
+            else if (due == 0 || (int64_t)(h->retired_at - (due - options_values.reserve_delay_ms)) < 0)
+                due = h->retired_at + options_values.reserve_delay_ms;
         }
         debug_check_heap(h, "heap in the free stack inconsistent after trimming it");
     }
@@ -314,7 +319,7 @@ void heap_foreign_queued(heap *h)
     __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the push onto h's queue, then its owner (give_back) */
     if (OWNER_THREAD(load_relaxed(&h->owner)) != 0)
         return; /* a thread has it and takes its queues in on its own slow paths */
-    arm_due(os_clock_ms() + SHARD_RESERVE_DELAY_MS);
+    arm_due(os_clock_ms() + options_values.reserve_delay_ms);
 }
 
 /* ---- heaps of exited threads -------------------------------------------------------------------- */
@@ -339,7 +344,7 @@ static void retire(heap *h)
     /* After the push: a trim that takes the due from now on takes the stack after the push, so h is
      * trimmed either by the trim that consumes an earlier due or by the one this sets. */
     if (give_back(h) || reserve)
-        arm_due(now + SHARD_RESERVE_DELAY_MS);
+        arm_due(now + options_values.reserve_delay_ms);
 }
 
 /* Every heap whose thread no longer lives is retired onto the stack (see the file comment). Under
@@ -541,6 +546,7 @@ void heap_start(void)
     while (state != 2) {
         uint32_t expected = 0;
         if (state == 0 && cas_acq_rel(&exit_hook_state, &expected, 1u)) {
+            options_read(); /* before the first heap or large block; it allocates nothing */
             if (port_caps.thread_exit_hook != NULL) /* -1: no hook; reclaim_dead finds exited threads' heaps */
                 port_caps.thread_exit_hook(heap_exit_hook);
             store_release(&exit_hook_state, 2u);

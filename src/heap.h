@@ -8,7 +8,7 @@
  * without a hook, and fork.
  *
  * Depends on: small.h, medium.h, segment.h, sync.h, libc.h, port.h; heap.c also large.h (the cache's
- * expiry at thread exit, memory pressure) and error.h.
+ * expiry at thread exit, memory pressure), error.h and options.h (read at start-up; the reserve's delay).
  */
 #ifndef SHARD_HEAP_H
 #define SHARD_HEAP_H
@@ -150,8 +150,8 @@ static inline void heap_own_segment(heap *h, segment *seg)
         h->own[i] = (uintptr_t)seg;
 }
 
-/* Start-up, once per process (heap.c has the rule of what may run inside it): the fork hooks and the
- * thread-exit hook. The first allocation of any kind calls it; heap_started() is one load after that. */
+/* Start-up, once per process (heap.c has the rule of what may run inside it): the options, the fork
+ * hooks and the thread-exit hook. The first allocation of any kind calls it; heap_started() is one load after that. */
 void heap_start(void);
 extern uint32_t heap_start_done;
 static inline void heap_started(void)

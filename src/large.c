@@ -48,23 +48,24 @@
  * of one block only one gets past it, and the other (like any address that is not a live block) goes to
  * the error hook without touching the cache.
  *
- * The cache: up to SHARD_LARGE_CACHE_BLOCKS blocks and SHARD_LARGE_CACHE_BYTES committed, oldest first,
- * under a spin lock of its own (pause, then yield: sync.h). Only the choice and the reordering happen
- * under the lock; the OS calls (commit, decommit, release) come after it. While a fork holds the lock,
- * other threads do without the cache: fresh reservations, frees straight back to the OS. A block is
- * shared by the process because large buffers are often allocated by one thread and freed by another.
+ * The cache: up to SHARD_LARGE_CACHE_BLOCKS blocks and a byte limit of committed memory
+ * (SHARDMM_LARGE_CACHE_MB, options.h; SHARD_LARGE_CACHE_BYTES by default), oldest first, under a spin
+ * lock of its own (pause, then yield: sync.h). Only the choice and the reordering happen under the
+ * lock; the OS calls (commit, decommit, release) come after it. While a fork holds the lock, other
+ * threads do without the cache: fresh reservations, frees straight back to the OS. A block is shared by
+ * the process because large buffers are often allocated by one thread and freed by another.
  * - Choice: among the blocks whose span fits the request, the smallest of those committed enough; else
  *   the one with the most committed memory, which commits the rest in place. Memory committed beyond
  *   the request stays with the block for growth unless it is both more than four times the request
  *   and more than 16 MB.
- * - Back to the OS: a block cached for SHARD_LARGE_CACHE_DELAY_MS, the oldest ones when slots or bytes
- *   run out, and a block committed above SHARD_LARGE_CACHE_BYTES at once, without entering; all of
- *   them when memory runs out (heap_relieve). The age is checked on every cache access and, through
- *   large_cache_expire (one load when the cache is empty), when a small page becomes free and when a
- *   thread exits.
+ * - Back to the OS: a block cached for the delay (SHARDMM_DELAY_MS; SHARD_LARGE_CACHE_DELAY_MS by
+ *   default), the oldest ones when slots or bytes run out, and a block committed above the byte limit
+ *   at once, without entering (with a limit of 0, every block); all of them when memory runs out
+ *   (heap_relieve). The age is checked on every cache access and, through large_cache_expire (one load
+ *   when the cache is empty), when a small page becomes free and when a thread exits.
  *
  * Depends on: segment.h (OS calls with accounting, the map), medium.h (SHARD_MEDIUM_MAX), sync.h,
- * config.h, libc.h, port.h (its page and reservation sizes).
+ * config.h, libc.h, options.h (the cache's delay and byte limit), port.h (its page and reservation sizes).
  */
 #include "large.h"
 
@@ -73,6 +74,7 @@
 #include "heap.h"
 #include "libc.h"
 #include "medium.h"
+#include "options.h"
 #include "segment.h"
 
 #define LARGE_HEADER ((size_t)32)
@@ -148,7 +150,20 @@ static size_t span_for(size_t need, enum headroom headroom)
     return round_up(span, PORT_RESERVE_ALIGN);
 }
 
-static size_t live_blocks; /* atomic: large blocks have no owner to count them */
+/* Atomic: large blocks have no owner to count them. */
+static size_t live_blocks, live_bytes, live_committed; /* blocks; their usable sizes; their committed memory */
+
+/* The live blocks change by `blocks`, their usable bytes by `bytes` and their committed memory by
+ * `committed` (each a two's complement difference: a free passes -1 and minus its block's figures). */
+static void count_live(size_t blocks, size_t bytes, size_t committed)
+{
+    if (blocks != 0)
+        fetch_add_relaxed(&live_blocks, blocks);
+    if (bytes != 0)
+        fetch_add_relaxed(&live_bytes, bytes);
+    if (committed != 0)
+        fetch_add_relaxed(&live_committed, committed);
+}
 
 /* ---- reservations ---------------------------------------------------------------------------------- */
 
@@ -280,7 +295,7 @@ static unsigned take_oldest(unsigned n, large_header **out)
 
 /* Whether a block freed at `then` has waited the delay. Signed: another thread may have read a later
  * time than `now` before it stamped its entry. */
-static int expired(uint64_t then, uint64_t now) { return (int64_t)(now - then) >= SHARD_LARGE_CACHE_DELAY_MS; }
+static int expired(uint64_t then, uint64_t now) { return (int64_t)(now - then) >= options_values.large_cache_delay_ms; }
 
 /* Under the lock: how many of the first entries have waited the delay. The clock is read under the
  * lock too, so that the entries stay in the order of their times. */
@@ -367,7 +382,7 @@ static large_header *cache_take(size_t need, size_t *committed)
 static void cache_put(large_header *h)
 {
     size_t committed = h->committed;
-    if (committed > SHARD_LARGE_CACHE_BYTES) {
+    if (committed > options_values.large_cache_bytes) {
         release_block(h);
         return;
     }
@@ -382,7 +397,8 @@ static void cache_put(large_header *h)
     size_t bytes = cache.bytes;
     for (unsigned i = 0; i < n; i++)
         bytes -= cache.entry[i].committed;
-    while (n < cache.count && (cache.count - n >= SHARD_LARGE_CACHE_BLOCKS || bytes + committed > SHARD_LARGE_CACHE_BYTES))
+    size_t limit = options_values.large_cache_bytes;
+    while (n < cache.count && (cache.count - n >= SHARD_LARGE_CACHE_BLOCKS || bytes + committed > limit))
         bytes -= cache.entry[n++].committed;
     take_oldest(n, victims);
     cache.entry[cache.count++] = (cached){h, committed, span_of(h), now};
@@ -433,7 +449,7 @@ void large_release_owned(heap *owner)
         }
         spin_unlock(&walk_lock);
         for (unsigned k = 0; k < n; k++) {
-            fetch_add_relaxed(&live_blocks, (size_t)-1);
+            count_live((size_t)-1, -batch[k]->size, -batch[k]->committed);
             fetch_add_relaxed(&owner->large_count, (size_t)-1);
             fetch_add_relaxed(&owner->large_bytes, -batch[k]->size);
             heap_uncharge(owner, batch[k]->committed);
@@ -509,7 +525,7 @@ static void *go_live(large_header *h, heap *owner)
         fetch_add_relaxed(&owner->large_count, 1);
         fetch_add_relaxed(&owner->large_bytes, h->size);
     }
-    fetch_add_relaxed(&live_blocks, 1);
+    count_live(1, h->size, h->committed);
     store_release(&h->mark, LARGE_MARK_LIVE);
     return block_of(h);
 }
@@ -626,7 +642,7 @@ int large_free(void *p)
     uint64_t live = LARGE_MARK_LIVE;
     if (h == NULL || !cas_acq_rel(&h->mark, &live, LARGE_MARK_FREED))
         return -1;
-    fetch_add_relaxed(&live_blocks, (size_t)-1);
+    count_live((size_t)-1, -h->size, -h->committed);
     heap *owner = owner_of(h);
     if (owner != NULL) {
         fetch_add_relaxed(&owner->large_count, (size_t)-1);
@@ -652,7 +668,7 @@ void *large_resize_in_place(void *p, size_t size)
     if (h == NULL || size <= SHARD_MEDIUM_MAX || size > LARGE_SIZE_MAX)
         return NULL;
     large_cache_expire(); /* a cache access, as the seed counts them: the age is checked */
-    size_t offset = offset_of(h), need = need_of(size, offset), committed = h->committed;
+    size_t offset = offset_of(h), need = need_of(size, offset), committed = h->committed, was = h->size;
     heap *owner = owner_of(h);
     if (need <= committed) {
         if (need < committed / 2 && os_decommit((uint8_t *)h + need, committed - need) == 0) {
@@ -675,6 +691,7 @@ void *large_resize_in_place(void *p, size_t size)
     if (owner != NULL)
         fetch_add_relaxed(&owner->large_bytes, (need - offset) - h->size);
     h->size = need - offset;
+    count_live(0, h->size - was, h->committed - committed);
     return p;
 }
 
@@ -699,6 +716,7 @@ void *large_move(void *p, size_t size)
     size_t old_committed = old->committed, old_size = old->size;
     if (owner != NULL && heap_charge(owner, need - old_committed) != 0)
         return NULL;
+    size_t was = old_size, was_committed = old_committed; /* the header moves with the pages */
     large_header *h = move_block(old, need, HEADROOM_GROWN, &span);
     if (h == NULL) {
         if (owner != NULL)
@@ -712,10 +730,16 @@ void *large_move(void *p, size_t size)
     h->size = need - offset;
     h->committed = need;
     h->layout = layout_of(span, offset);
+    count_live(0, h->size - was, h->committed - was_committed);
     return block_of(h);
 }
 
-size_t large_live_count(void) { return load_relaxed(&live_blocks); }
+void large_live_counts(size_t *blocks, size_t *bytes, size_t *committed)
+{
+    *blocks = load_relaxed(&live_blocks);
+    *bytes = load_relaxed(&live_bytes);
+    *committed = load_relaxed(&live_committed);
+}
 
 int large_check(void)
 {
@@ -732,7 +756,7 @@ int large_check(void)
         problems += insist(i == 0 || c->freed_at >= cache.entry[i - 1].freed_at,
                            "large: the cache is not in the order of its blocks' free times at", c->h);
     }
-    problems += insist(bytes == cache.bytes && cache.count <= SHARD_LARGE_CACHE_BLOCKS && bytes <= SHARD_LARGE_CACHE_BYTES,
+    problems += insist(bytes == cache.bytes && cache.count <= SHARD_LARGE_CACHE_BLOCKS && bytes <= options_values.large_cache_bytes,
                        "large: the cache's counts differ from its entries or its limits, bytes", bytes);
     problems += insist(cache.oldest_at == (cache.count ? cache.entry[0].freed_at : UINT64_MAX),
                        "large: the cache's published oldest time differs from its first entry's:", cache.oldest_at);

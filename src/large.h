@@ -33,7 +33,8 @@ void *large_move(void *p, size_t size);
 void large_cache_expire(void);
 /* Give every cached block back to the OS now (shard_collect). */
 void large_cache_release_all(void);
-size_t large_live_count(void);
+/* The live blocks, their usable bytes and the memory they keep committed (headers included). */
+void large_live_counts(size_t *blocks, size_t *bytes, size_t *committed);
 /* Take (1) or give back (0) the cache's lock around a fork (heap.c's fork hooks; held as SPIN_FORK). */
 void large_lock_for_fork(int take);
 void large_cache_counts(size_t *blocks, size_t *bytes);

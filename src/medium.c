@@ -13,6 +13,7 @@
 #include "error.h"
 #include "heap.h"
 #include "libc.h"
+#include "options.h"
 
 #define CHUNK_FREE 1u
 #define CHUNK_PENDING 2u
@@ -41,6 +42,8 @@ typedef struct arena {
     size_t committed;       /* bytes committed from the arena's start; stored as an atomic, since
                              * valid_live reads it from any thread */
     uint32_t live;          /* blocks handed out and not yet freed by the owner (pending ones count) */
+    uint32_t live_bytes;    /* their usable sizes (chunks less headers); written by the owner alone, read
+                             * by the statistics from any thread, so stored as an atomic */
     uint32_t state;
     uint64_t emptied_at;    /* os_clock_ms() when it became empty */
     /* Written by other threads. */
@@ -206,7 +209,7 @@ static void trim_arenas(heap *h, uint64_t now, unsigned keep)
         a = a->empty_next;
     while (a != NULL) {
         arena *next = a->empty_next;
-        if (now == UINT64_MAX || now - a->emptied_at >= SHARD_DECOMMIT_DELAY_MS) {
+        if (now == UINT64_MAX || now - a->emptied_at >= options_values.decommit_delay_ms) {
             /* committed goes down first: another thread's test of a bogus pointer reads it before
              * the header (this narrows that window on Windows, where decommitted memory faults). */
             size_t was = a->committed;
@@ -327,6 +330,16 @@ static int ensure_committed(arena *a, size_t end)
 
 /* ---- chunks -------------------------------------------------------------------------------------- */
 
+/* a's live bytes (usable sizes) gain `add` and lose `sub`: a live chunk that changes from one size to
+ * another changes them by the difference (its header stays). */
+static inline void live_bytes_change(arena *a, uint32_t add, uint32_t sub)
+{
+    store_relaxed(&a->live_bytes, a->live_bytes + add - sub);
+}
+/* A chunk of `size` bytes becomes live, or stops being live: its usable size, its header not. */
+static inline void chunk_in(arena *a, uint32_t size) { live_bytes_change(a, size - CHUNK_HEADER, 0); }
+static inline void chunk_out(arena *a, uint32_t size) { live_bytes_change(a, 0, size - CHUNK_HEADER); }
+
 /* Sets the prev_size of the chunk after c (size bytes long), if there is one. */
 static inline void set_next_prev(const arena *a, chunk *c, uint32_t size)
 {
@@ -367,6 +380,7 @@ static void make_free(heap *h, arena *a, chunk *c, uint32_t size, int with_prev)
 /* Returns the live chunk c (flags already cleared of the caller's claim) to the arena. */
 static void release_chunk(heap *h, arena *a, chunk *c)
 {
+    chunk_out(a, csize(c));
     make_free(h, a, c, csize(c), 1);
     if (--a->live == 0)
         arena_emptied(h, a);
@@ -448,7 +462,7 @@ static void *take(heap *h, arena *a, chunk *c, uint32_t have, uint32_t need)
         bin_insert(&h->medium, c, have);
         return NULL;
     }
-    keep_front(h, a, c, need, have);
+    chunk_in(a, keep_front(h, a, c, need, have));
     if (a->live++ == 0)
         arena_used(h, a);
     debug_check_arena(h, a, "arena inconsistent after an allocation");
@@ -514,7 +528,7 @@ void *medium_alloc_aligned(heap *h, size_t size, size_t align)
         make_free(h, a, c, front, 0); /* sets d's prev_size; c's neighbour before it is not free: c was */
         have -= front;
     }
-    keep_front(h, a, d, need, have);
+    chunk_in(a, keep_front(h, a, d, need, have));
     if (a->live++ == 0)
         arena_used(h, a);
     debug_check_arena(h, a, "arena inconsistent after an aligned allocation");
@@ -588,6 +602,7 @@ void *medium_resize_in_place(heap *h, void *p, size_t size)
             tail->prev_size = need;
             store_relaxed(&c->size_flags, need);
             c->check = check_of(c, need);
+            live_bytes_change(a, 0, have - need);
             make_free(h, a, tail, have - need, 0);
             debug_check_arena(h, a, "arena inconsistent after shrinking a block");
         }
@@ -600,7 +615,7 @@ void *medium_resize_in_place(heap *h, void *p, size_t size)
     if (commit_for(a, c, need, total) != 0)
         return NULL;
     bin_remove(&h->medium, next, csize(next));
-    keep_front(h, a, c, need, total);
+    live_bytes_change(a, keep_front(h, a, c, need, total), have);
     debug_check_arena(h, a, "arena inconsistent after growing a block");
     return p;
 }
@@ -613,6 +628,7 @@ void medium_count(heap *h, medium_counts *out)
         uint32_t state = load_relaxed(&a->state), live = load_relaxed(&a->live);
         out->arenas++;
         out->live += live;
+        out->live_bytes += load_relaxed(&a->live_bytes);
         out->empty += live == 0;
         out->decommitted += state == ARENA_DECOMMITTED;
     }
@@ -638,11 +654,11 @@ void medium_visit(heap *h, visitor *v)
 
 /* Walks the chunks of one arena: sizes chain to its end, prev_size agrees, no two free chunks are
  * adjacent, headers lie in committed memory, live chunks carry their check, free ones are in the bin
- * their size maps to (that bin's bitmap bits set), and the live count and the state agree. */
+ * their size maps to (that bin's bitmap bits set), and the live count, the live bytes and the state agree. */
 static int check_arena(const heap *h, const arena *a)
 {
     int bad = 0;
-    uint32_t prev_size = 0, live = 0, prev_free = 0;
+    uint32_t prev_size = 0, live = 0, live_bytes = 0, prev_free = 0;
     const uint8_t *p = (const uint8_t *)a + ARENA_DATA;
     while (p < arena_end(a)) {
         const chunk *c = (const chunk *)p;
@@ -668,7 +684,10 @@ static int check_arena(const heap *h, const arena *a)
         } else {
             bad += insist(f == 0 || f == CHUNK_PENDING, "medium: a chunk has unknown flags at", c);
             bad += insist(c->check == check_of(c, s), "medium: a live chunk's check word is wrong at", c);
-            live += f == 0 || f == CHUNK_PENDING;
+            if (f == 0 || f == CHUNK_PENDING) {
+                live++;
+                live_bytes += s - CHUNK_HEADER;
+            }
             prev_free = 0;
         }
         prev_size = s;
@@ -676,6 +695,8 @@ static int check_arena(const heap *h, const arena *a)
     }
     bad += insist(p == arena_end(a), "medium: the chunks do not end at the arena's end:", a);
     bad += insist(live == a->live, "medium: the live count differs from the live chunks in arena", a);
+    bad += insist(live_bytes == load_relaxed(&a->live_bytes),
+                  "medium: the live bytes differ from the live chunks' in arena", a);
     bad += insist((live == 0) == (a->state != ARENA_USED), "medium: an arena's state differs from its live count:", a);
     return bad;
 }

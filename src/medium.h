@@ -23,13 +23,13 @@
  * An arena whose blocks are all free is one free chunk again and stays in the bins, in the last bin
  * behind the remainders of 3.75 MB and more that share it (and in front of arenas emptied earlier), so
  * TLSF reaches it only when nothing else fits, that is, when a new arena would be needed. The most recently emptied arena stays
- * committed; the others give back all but their first 64 KB once empty for SHARD_DECOMMIT_DELAY_MS,
+ * committed; the others give back all but their first 64 KB once empty for the decommit delay (options.h),
  * keeping their addresses (checked when an arena empties, when a new one is needed, and every 256th
  * medium operation while there are such arenas). A heap trimmed to nothing (a waiting heap whose reserve
  * expired, memory pressure) releases its empty arenas whole (medium_release_empty).
  *
  * Depends on: segment.h, sync.h; medium.c also heap.h (the heap's bins and arenas), error.h, config.h,
- * libc.h, port.h.
+ * libc.h, options.h (the decommit delay), port.h.
  */
 #ifndef SHARD_MEDIUM_H
 #define SHARD_MEDIUM_H
@@ -91,6 +91,7 @@ void medium_drain_delayed(struct heap *h);
 
 typedef struct medium_counts {
     size_t arenas, empty, decommitted, live;
+    size_t live_bytes; /* the live blocks' usable sizes */
 } medium_counts;
 /* Adds h's arenas to *c (statistics; any thread, reads racy counters). */
 void medium_count(struct heap *h, medium_counts *c);

@@ -37,6 +37,15 @@ static void row_count(text_out *o, const char *what, size_t count, const char *n
     out_str(o, "\n");
 }
 
+/* A count of blocks, then their usable bytes. */
+static void row_blocks(text_out *o, const char *what, size_t count, size_t bytes)
+{
+    out_col(o, what, 34);
+    out_dec(o, count, 10);
+    out_bytes(o, bytes, 12);
+    out_str(o, " usable\n");
+}
+
 void shard_print_stats(shard_output_fn out, void *arg)
 {
     shard_stats s;
@@ -49,9 +58,9 @@ void shard_print_stats(shard_output_fn out, void *arg)
     row_bytes(&o, "  committed", s.committed, "readable and writable now");
     row_bytes(&o, "  committed, peak", s.committed_peak, "");
     out_str(&o, "live blocks\n");
-    row_count(&o, "  small (up to 16 KB)", s.live_small, "");
-    row_count(&o, "  medium (up to 1 MB)", s.live_medium, "");
-    row_count(&o, "  large (above 1 MB)", s.live_large, "");
+    row_blocks(&o, "  small (up to 16 KB)", s.live_small, s.live_small_bytes);
+    row_blocks(&o, "  medium (up to 1 MB)", s.live_medium, s.live_medium_bytes);
+    row_blocks(&o, "  large (above 1 MB)", s.live_large, s.live_large_bytes);
     out_str(&o, "small-block pages (64 KB)\n");
     row_count(&o, "  serving a size class", s.small_pages_used, "");
     row_count(&o, "  free, committed", s.small_pages_free, "");

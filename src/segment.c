@@ -1,9 +1,10 @@
-/* segment.c - segments, the segment map, the platform's calls with their accounting, limit and absent
- * capabilities, and the metadata allocator (see segment.h). */
+/* segment.c - segments, the segment map, the platform's calls with their accounting, limit, refusals
+ * told (SHARDMM_VERBOSE) and absent capabilities, and the metadata allocator (see segment.h). */
 #include "segment.h"
 
 #include "../port/port.h"
 #include "libc.h"
+#include "options.h"
 
 uintptr_t segmap_top[(size_t)1 << SEGMAP_TOP_BITS];
 const uint8_t segmap_zero_leaf[SEGMAP_LEAF_BYTES];
@@ -40,6 +41,8 @@ void *os_reserve(size_t size, size_t align)
     if (p) {
         tsan_acquire(&address_space_order);
         fetch_add_relaxed(&totals.reserved, size);
+    } else if (options_values.verbose) {
+        options_say_refused("reserve", size);
     }
     return p;
 }
@@ -56,15 +59,21 @@ int os_commit(void *addr, size_t size)
     size_t limit = load_relaxed(&commit_limit);
     if (limit != SIZE_MAX) {
         size_t now = counted(__atomic_add_fetch(&totals.committed, size, __ATOMIC_RELAXED));
-        if (now > limit || port_commit(addr, size) != 0) {
+        int past = now > limit;
+        if (past || port_commit(addr, size) != 0) {
             fetch_add_relaxed(&totals.committed, -size);
+            if (options_values.verbose)
+                past ? options_say_limit(size, limit) : options_say_refused("commit", size);
             return -1;
         }
         count_peak(now);
         return 0;
     }
-    if (port_commit(addr, size) != 0)
+    if (port_commit(addr, size) != 0) {
+        if (options_values.verbose)
+            options_say_refused("commit", size);
         return -1;
+    }
     count_peak(counted(__atomic_add_fetch(&totals.committed, size, __ATOMIC_RELAXED)));
     return 0;
 }

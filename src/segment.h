@@ -15,7 +15,7 @@
  * table from a static all-zero table rather than a pointer, so the entries of 4 GB ranges without a
  * table (zero, as the top table starts) lead to the zero table: no NULL test on the way.
  *
- * Depends on: sync.h; segment.c also port.h, libc.h.
+ * Depends on: sync.h; segment.c also port.h, libc.h, options.h (SHARDMM_VERBOSE's lines).
  */
 #ifndef SHARD_SEGMENT_H
 #define SHARD_SEGMENT_H
@@ -123,7 +123,8 @@ static inline int visit_block(visitor *v, void *block, size_t usable, int kind)
 
 /* The platform's calls with the process's accounting (stats), through port.h. os_commit also keeps the
  * committed total within the limit that shard_set_limit set (os_set_limit; SIZE_MAX: none), refusing a
- * commit that would pass it as the platform refuses one it cannot back. */
+ * commit that would pass it as the platform refuses one it cannot back. With SHARDMM_VERBOSE a refused
+ * reservation or commit (by the platform or by the limit) is told on the error channel (options.h). */
 void *os_reserve(size_t size, size_t align);
 int os_commit(void *addr, size_t size);
 int os_decommit(void *addr, size_t size);

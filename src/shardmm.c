@@ -16,11 +16,12 @@
  *   SHARD_SLOT=N          where the heap slot lives (port/port.h), for C and NASM alike; the default is
  *                         the port's own choice
  * The core needs no C library; the Linux port uses pthread_key_create and pthread_atfork (hence -pthread)
- * and the Windows port kernel32. The object exports the shard_ API (and the malloc names when asked
- * for); the rest of its global names (hidden visibility, so a shared library built from it does not
- * export them, but a static link sees them) begin with heap_, small_, medium_, large_, segment_, segmap_,
- * os_, meta_, port_, error_, shard_ or spin_, plus report_error and assert_failed: an embedder with
- * names of its own like these links libshardmm.a instead, whose object has all of them made local.
+ * and the C library's environ, and the Windows port kernel32. The object exports the shard_ API (and the
+ * malloc names when asked for); the rest of its global names (hidden visibility, so a shared library
+ * built from it does not export them, but a static link sees them) begin with heap_, small_, medium_,
+ * large_, segment_, segmap_, os_, meta_, port_, error_, options_, out_, shard_ or spin_, plus report_error
+ * and assert_failed: an embedder with names of its own like these links libshardmm.a instead, whose
+ * object has all of them made local.
  */
 #ifndef SHARD_ASM
 #define SHARD_ASM 1
@@ -36,6 +37,7 @@
 #include "large.c"
 #include "libc.c"
 #include "medium.c"
+#include "options.c"
 #include "report.c"
 #include "segment.c"
 #include "small.c"

@@ -12,7 +12,8 @@
  * - Foreign frees are drained lazily, when an allocation found its page dry: the heap's `delayed`
  *   list is taken with one exchange and every page on it has its thread_free word exchanged for 0.
  * - A page whose items are all back goes to the heap's free pages. Up to SHARD_KEEP_FREE_PAGES stay
- *   committed; the memory of the others goes back once they have been free for SHARD_DECOMMIT_DELAY_MS.
+ *   committed; the memory of the others goes back once they have been free for the decommit delay
+ *   (SHARDMM_DELAY_MS, options.h; SHARD_DECOMMIT_DELAY_MS by default).
  *   A segment with no page in use keeps its address space until the heap is trimmed to nothing (a
  *   waiting heap whose reserve expired, memory pressure: small_release_empty), which releases it.
  *   The clock is read only when there are more free pages than that (pages freed while there were
@@ -26,6 +27,7 @@
 #include "heap.h"
 #include "large.h"
 #include "libc.h"
+#include "options.h"
 
 page small_empty_page;
 
@@ -194,7 +196,7 @@ static void trim_at(heap *h, uint64_t now, unsigned keep)
         page *next = pg->next;
         if (pg->freed_at == 0 && now != UINT64_MAX) {
             pg->freed_at = now;
-        } else if (now == UINT64_MAX || now - pg->freed_at >= SHARD_DECOMMIT_DELAY_MS) {
+        } else if (now == UINT64_MAX || now - pg->freed_at >= options_values.decommit_delay_ms) {
             if (os_decommit(page_start(pg), PAGE_SIZE) != 0)
                 return;
             heap_uncharge(h, PAGE_SIZE);
@@ -489,8 +491,10 @@ void small_count(heap *h, small_counts *c)
                     used += PAGE_FULL_BIAS;
                 used -= load_relaxed(&pg->sole); /* the extra one of a class's only page */
                 uint64_t w = load_relaxed(&pg->thread_free);
+                size_t live = (size_t)used - (size_t)THREAD_FREE_COUNT(w); /* freed by others, not yet taken in */
                 c->used++;
-                c->live += (size_t)used - (size_t)THREAD_FREE_COUNT(w); /* freed by others, not yet taken in */
+                c->live += live;
+                c->live_bytes += live * load_relaxed(&pg->shared_block_size);
             } else if (state == PAGE_FREE) {
                 c->free++;
             } else {

@@ -35,7 +35,8 @@
  * line away from it.
  *
  * Depends on: segment.h, classes.h (generated), sync.h; small.c also heap.h (the heap's lists and
- * pages), large.h (the cache's expiry when a page becomes free), error.h, libc.h, port.h.
+ * pages), large.h (the cache's expiry when a page becomes free), error.h, libc.h, options.h (the
+ * decommit delay), port.h.
  */
 #ifndef SHARD_SMALL_H
 #define SHARD_SMALL_H
@@ -181,6 +182,7 @@ void small_release_empty(struct heap *h);
 void small_release_all(struct heap *h);
 typedef struct small_counts {
     size_t live, used, free, decommitted, retired; /* blocks; pages in use, free, not committed; retirements */
+    size_t live_bytes;                             /* the live blocks' class sizes */
 } small_counts;
 /* Adds h's pages and blocks to *c (statistics; any thread, between segment_walk_begin and _end: reads
  * racy counters, exact when no other thread allocates or frees meanwhile). */

@@ -822,7 +822,7 @@ static void *taker_main(void *unused)
 }
 
 /* After every block is freed: each waiting heap is taken (and with it the frees made into it), so the
- * live counts are exact and back where they were at the start; the takers make no heap. Then
+ * live counts and bytes are exact and back where they were at the start; the takers make no heap. Then
  * shard_check and shard_collect from this thread. */
 static void final_checks(const shard_stats *start)
 {
@@ -854,6 +854,15 @@ static void final_checks(const shard_stats *start)
                      "%zu/%zu/%zu at the start",
                      s.live_small, s.live_medium, s.live_large, start->live_small, start->live_medium,
                      start->live_large);
+    if (started == k && (s.live_small_bytes != start->live_small_bytes ||
+                         s.live_medium_bytes != start->live_medium_bytes ||
+                         s.live_large_bytes != start->live_large_bytes ||
+                         s.live_large_committed != start->live_large_committed))
+        stress_error("live bytes at the end, every block freed and every heap taken: small/medium/large %zu/%zu/%zu "
+                     "(large committed %zu), %zu/%zu/%zu (%zu) at the start",
+                     s.live_small_bytes, s.live_medium_bytes, s.live_large_bytes, s.live_large_committed,
+                     start->live_small_bytes, start->live_medium_bytes, start->live_large_bytes,
+                     start->live_large_committed);
     store_int(&takers.release, 1);
     for (size_t i = 0; i < started; i++)
         thread_join(t[i]);

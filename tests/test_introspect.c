@@ -399,6 +399,10 @@ TEST(the_statistics_table_shows_the_numbers_of_shard_get_stats)
         CHECKF(strstr(t.buf, row) != NULL, "no row \"%s\" in:\n%s", row, t.buf);
     }
     CHECK(s.live_small >= 37 && s.live_medium >= 1 && s.live_large >= 1);
+    snprintf(row, sizeof row, "  small (up to 16 KB)%*zu", (int)(34 - 21 + 10), s.live_small);
+    const char *at = strstr(t.buf, row);
+    CHECKF(at != NULL && strncmp(at + strlen(row), "     ", 5) == 0 && strstr(at, " usable\n") != NULL,
+           "no usable bytes after the small blocks' count:\n%s", t.buf);
     const char *rows[] = {"reserved (address space)", "committed, peak", "medium (up to 1 MB)", "serving a size class",
                           "decommitted", "arenas", "large-block cache", "calls since start"};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)

@@ -1126,6 +1126,165 @@ TEST(shrinking_below_half_of_the_committed_size_decommits_the_tail_and_less_keep
     check_allocator("after shrinking large blocks");
 }
 
+/* live_large_bytes and live_large_committed: the usable sizes of the live large blocks and the memory
+ * they keep committed (headers included). On a drained cache they move by exactly what the rules give
+ * each block (track_alloc, track_realloc): fresh blocks, aligned ones (2 MB: the block 2 MB into its
+ * granule; 4 MB: a far block, its header page below it), growth in place, a shrink that keeps its
+ * memory and one that gives the tail back, a move beyond the reservation, a move to a medium block
+ * (then in live_medium_bytes), and frees by the thread that made a block and by another one. Every
+ * fresh commit is in the process's committed bytes too. */
+struct held_block {
+    unsigned char *p;
+    size_t n;
+    uint64_t seed;
+};
+
+static void *check_and_free_held(void *arg)
+{
+    struct held_block *b = arg;
+    CHECK_BLOCK(b->p, b->n, b->seed, "large block freed by another thread");
+    shard_free(b->p);
+    return NULL;
+}
+
+#if SHARD_RULES
+/* The statistics hold `bytes` usable and `committed` committed bytes of live large blocks beyond s0's. */
+#define CHECK_LARGE_BYTES(s0, bytes, committed, ...)                                                     \
+    do {                                                                                                 \
+        shard_stats s_ = stats_now();                                                                    \
+        size_t b_ = (s0).live_large_bytes + (bytes), c_ = (s0).live_large_committed + (committed);       \
+        if (s_.live_large_bytes != b_ || s_.live_large_committed != c_) {                                \
+            char what_[200];                                                                             \
+            snprintf(what_, sizeof what_, __VA_ARGS__);                                                  \
+            harness_fail(__FILE__, __LINE__, "%s: live_large_bytes %zu, live_large_committed %zu; expected "  \
+                         "%zu, %zu", what_, s_.live_large_bytes, s_.live_large_committed, b_, c_);        \
+        }                                                                                                \
+    } while (0)
+#endif
+
+TEST(live_large_bytes_and_committed_follow_allocation_resize_move_and_free)
+{
+    enum { TRACKED = 2 };
+    static const size_t first[TRACKED] = { LARGE_MIN, 8 * MB };
+    static const size_t steps[TRACKED][3] = { { 2 * MB, MB, 0 }, { 6 * MB, 2 * MB, 20 * MB } };
+    struct tracked b[TRACKED];
+    size_t bytes = 0, committed = 0;
+    drained d;
+    cache_drain(&d);
+    size_t drained_at_start = d.count;
+#if SHARD_RULES
+    shard_stats s0 = stats_now();
+#endif
+    for (size_t i = 0; i < TRACKED; i++) {
+        if (!track_alloc(&b[i], first[i], first[i], 0x4e00 + 16 * i)) {
+            b[i].p = NULL;
+            continue;
+        }
+        bytes += fresh_usable(first[i]);
+        committed += need(first[i]);
+#if SHARD_RULES
+        CHECK_LARGE_BYTES(s0, bytes, committed, "fresh block of %zu bytes", first[i]);
+#endif
+    }
+    /* Aligned blocks, fresh: 2 MB aligned starts 2 MB into its granule and commits from the header to its
+     * end; 4 MB aligned commits its header page and itself. */
+    static const size_t aligned_size[2] = { 2 * MB + 1, LARGE_MIN }, align[2] = { 2 * MB, 4 * MB };
+    unsigned char *aligned[2] = { NULL, NULL };
+#if SHARD_RULES
+    for (size_t i = 0; i < 2; i++) {
+        shard_stats a = stats_now();
+        aligned[i] = shard_malloc_aligned(aligned_size[i], align[i]);
+        CHECKF(aligned[i] != NULL && (uintptr_t)aligned[i] % align[i] == 0, "shard_malloc_aligned(%zu, %zu) = %p",
+               aligned_size[i], align[i], (void *)aligned[i]);
+        if (!aligned[i])
+            continue;
+        size_t u = round_up(aligned_size[i], LARGE_PAGE), c = (i == 0 ? align[i] : LARGE_PAGE) + u;
+        CHECK_EQ(shard_usable_size(aligned[i]), u);
+        fill64(aligned[i], u, 0x4e80 + i);
+        bytes += u;
+        committed += c;
+        CHECK_LARGE_BYTES(s0, bytes, committed, "block of %zu bytes aligned to %zu", aligned_size[i], align[i]);
+        CHECK_COMMITTED(a.committed, stats_now().committed, (long long)c, 1, "aligned block of %zu bytes",
+                        aligned_size[i]);
+    }
+#endif
+    /* The tracked blocks through their steps (track_realloc checks usable sizes and committed bytes). */
+    for (size_t k = 0; k < 3; k++)
+        for (size_t i = 0; i < TRACKED; i++) {
+            if (!b[i].p || !steps[i][k])
+                continue;
+            size_t was_usable = shard_usable_size(b[i].p), was_committed = b[i].c;
+#if SHARD_RULES
+            shard_stats a = stats_now();
+#endif
+            size_t drained_before = d.count;
+            if (!track_realloc(&b[i], steps[i][k], &d)) {
+                b[i].p = NULL; /* lost to the test; the failure is reported */
+                continue;
+            }
+            size_t m = steps[i][k];
+            bytes -= was_usable;
+            committed -= was_committed;
+            if (m > MEDIUM_MAX) {
+                bytes += shard_usable_size(b[i].p);
+                committed += b[i].c;
+            }
+            /* A move that left the old block in the cache: track_realloc drained it, a live block of
+             * 1 MB + 1 bytes again, which keeps the old block's memory (far below the excess it trims). */
+            CHECKF(d.count - drained_before <= 1, "realloc to %zu: %zu blocks drained from the cache", m,
+                   d.count - drained_before);
+            if (d.count - drained_before == 1) {
+                bytes += fresh_usable(LARGE_MIN);
+                committed += was_committed;
+            }
+#if SHARD_RULES
+            CHECK_LARGE_BYTES(s0, bytes, committed, "realloc of a block of usable size %zu to %zu", was_usable, m);
+            if (m <= MEDIUM_MAX) {
+                shard_stats s = stats_now();
+                CHECKF(s.live_medium_bytes == a.live_medium_bytes + shard_usable_size(b[i].p),
+                       "realloc to %zu: live_medium_bytes %zu -> %zu, the medium block's usable size %zu", m,
+                       a.live_medium_bytes, s.live_medium_bytes, shard_usable_size(b[i].p));
+            }
+#else
+            (void)was_committed;
+#endif
+            if (m > MEDIUM_MAX)
+                continue;
+            /* A medium block now: freed here, out of the way of the large bytes. */
+            CHECK_BLOCK(b[i].p, b[i].valid, b[i].seed, "block moved to medium");
+            shard_free(b[i].p);
+            b[i].p = NULL;
+        }
+    /* Another thread frees the 2 MB aligned block: large blocks have no owner, out at once. */
+    if (aligned[0]) {
+        struct held_block h = { aligned[0], round_up(aligned_size[0], LARGE_PAGE), 0x4e80 };
+        run_thread(check_and_free_held, &h);
+        bytes -= h.n;
+        committed -= align[0] + h.n;
+#if SHARD_RULES
+        CHECK_LARGE_BYTES(s0, bytes, committed, "after another thread freed the 2 MB-aligned block");
+#endif
+    }
+    if (aligned[1]) {
+        size_t u = round_up(aligned_size[1], LARGE_PAGE);
+        CHECK_BLOCK(aligned[1], u, 0x4e81, "4 MB-aligned block");
+        shard_free(aligned[1]);
+    }
+    for (size_t i = 0; i < TRACKED; i++)
+        if (b[i].p) {
+            CHECK_BLOCK(b[i].p, b[i].valid, b[i].seed, "tracked block %zu", i);
+            shard_free(b[i].p);
+        }
+    /* The old blocks drained back: their frees end the count where it began. */
+    for (; d.count > drained_at_start; d.count--)
+        shard_free(d.blocks[d.count - 1]);
+#if SHARD_RULES
+    CHECK_LARGE_BYTES(s0, 0, 0, "after every block was freed");
+#endif
+    cache_undrain(&d);
+    check_allocator("after the large byte counts");
+}
+
 /* ---- calloc ---- */
 
 /* calloc of a large size is zero over the whole usable size when it takes a dirty cached block: of the

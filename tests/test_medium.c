@@ -1262,6 +1262,111 @@ TEST(chunks_freed_by_another_thread_merge_after_the_owners_next_medium_operation
     run_on_fresh_heap(foreign_merge_body, NULL);
 }
 
+/* live_medium_bytes on a heap of its own: the usable sizes of the live medium blocks. It moves by
+ * exactly the usable size of each block allocated (aligned ones too), by the change of it when the
+ * owner shrinks a block in place and grows it back into the freed tail, not at all when another thread
+ * frees blocks (they count until the owner's next medium operation, as in live_medium) and by their
+ * usable sizes at that operation; the other kinds' bytes stay. */
+static void *live_bytes_body(void *unused)
+{
+    (void)unused;
+    enum { N = 8, ALIGNED = N - 1 };
+    static const size_t sizes[N] = { 16385, 20000, 65536 + 7, 100000, 262144, 300000 + 1, MEDIUM_MAX, 40000 };
+    unsigned char *b[N];
+    size_t u[N], n[N], total = 0;
+    uint64_t seeds[N];
+#if SHARD_RULES
+    shard_stats s0 = stats_now(), s;
+#endif
+    for (size_t i = 0; i < N; i++) {
+        n[i] = sizes[i];
+        seeds[i] = 0x6b00 + i;
+#if SHARD_RULES
+        b[i] = i == ALIGNED ? shard_malloc_aligned(n[i], 4096) : shard_malloc(n[i]);
+#else
+        b[i] = shard_malloc(n[i]);
+#endif
+        CHECKF(b[i] != NULL, "shard_malloc(%zu)", n[i]);
+        u[i] = b[i] ? shard_usable_size(b[i]) : 0;
+        if (b[i])
+            fill(b[i], n[i], seeds[i]);
+        total += u[i];
+#if SHARD_RULES
+        CHECKF(medium_usable_ok(u[i], n[i]), "block of %zu bytes: usable size %zu", n[i], u[i]);
+        s = stats_now();
+        CHECKF(s.live_medium_bytes == s0.live_medium_bytes + total,
+               "live_medium_bytes %zu -> %zu after blocks of %zu usable bytes (the last of %zu bytes)",
+               s0.live_medium_bytes, s.live_medium_bytes, total, n[i]);
+#endif
+    }
+#if SHARD_RULES
+    CHECK_EQ(s.live_medium, s0.live_medium + N);
+    CHECK_EQ(s.live_small_bytes, s0.live_small_bytes);
+    CHECK_EQ(s.live_large_bytes, s0.live_large_bytes);
+#endif
+    /* The 262144-byte block shrinks in place to 100000 (its tail goes back, usable r16(100000)) and
+     * grows back in place to 150000 over the freed tail. */
+    const size_t r = 4, to[2] = { 100000, 150000 };
+    for (size_t k = 0; k < 2 && b[r]; k++) {
+        unsigned char *p = shard_realloc(b[r], to[k]);
+        CHECKF(p == b[r], "realloc of the %zu-byte block to %zu moved it", n[r], to[k]);
+        if (!p)
+            break;
+        CHECK_PATTERN(p, min_size(n[r], to[k]), seeds[r], "block resized in place");
+        size_t was = u[r];
+        b[r] = p;
+        n[r] = to[k];
+        u[r] = shard_usable_size(p);
+        fill(p, n[r], seeds[r]);
+        total = total - was + u[r];
+#if SHARD_RULES
+        if (k == 0)
+            CHECK_EQ(u[r], shrink_expected(was, to[k]));
+        else
+            CHECKF(medium_usable_ok(u[r], to[k]), "grown to %zu bytes: usable size %zu", to[k], u[r]);
+        s = stats_now();
+        CHECKF(s.live_medium_bytes == s0.live_medium_bytes + total,
+               "live_medium_bytes %zu, expected %zu after realloc in place from %zu to %zu usable bytes",
+               s.live_medium_bytes, s0.live_medium_bytes + total, was, u[r]);
+#endif
+    }
+    /* Another thread frees the first three blocks. */
+    size_t handed_bytes = u[0] + u[1] + u[2];
+    struct handover h = { b, n, seeds, 3 };
+    run_thread(check_and_free_handed, &h);
+#if SHARD_RULES
+    s = stats_now();
+    CHECKF(s.live_medium_bytes == s0.live_medium_bytes + total,
+           "live_medium_bytes %zu, expected %zu on foreign frees alone", s.live_medium_bytes,
+           s0.live_medium_bytes + total);
+#endif
+    medium_op();
+    total -= handed_bytes;
+#if SHARD_RULES
+    s = stats_now();
+    CHECKF(s.live_medium_bytes == s0.live_medium_bytes + total,
+           "live_medium_bytes %zu, expected %zu after the owner's next medium operation", s.live_medium_bytes,
+           s0.live_medium_bytes + total);
+#endif
+    for (size_t i = 3; i < N; i++)
+        if (b[i]) {
+            CHECK_PATTERN(b[i], n[i], seeds[i], "block freed by its owner");
+            shard_free(b[i]);
+        }
+#if SHARD_RULES
+    s = stats_now();
+    CHECK_EQ(s.live_medium_bytes, s0.live_medium_bytes);
+    CHECK_EQ(s.live_medium, s0.live_medium);
+#endif
+    check_allocator("after the medium blocks of the byte count were freed");
+    return NULL;
+}
+
+TEST(live_medium_bytes_move_by_the_usable_sizes_of_the_blocks_allocated_resized_and_freed)
+{
+    run_on_fresh_heap(live_bytes_body, NULL);
+}
+
 /* ---- delayed decommit ---- */
 
 static void *decommit_body(void *unused)

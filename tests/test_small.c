@@ -1341,6 +1341,165 @@ TEST(page_emptied_by_another_thread_becomes_free_exactly_once)
     run_thread(foreign_retire_owner, NULL);
 }
 
+/* live_small_bytes: the class sizes of the live small blocks. Allocating blocks of every class (the
+ * smallest and the largest request of each), an aligned one, a realloc within its class and one that
+ * moves, frees by another thread (counted out at once, as in live_small) and by the owner move it by
+ * exactly the usable sizes of those blocks; the other kinds' bytes stay. */
+#define REQUESTS_PER_CLASS 2 /* the smallest and the largest request of each class */
+struct sized_handover {
+    void **blocks;
+    const size_t *sizes;
+    const uint64_t *seeds;
+    size_t count;
+};
+
+static void *check_and_free_sized_blocks(void *arg)
+{
+    struct sized_handover *h = arg;
+    for (size_t i = 0; i < h->count; i++) {
+        CHECK_PATTERN(h->blocks[i], h->sizes[i], h->seeds[i], "block handed to another thread");
+        shard_free(h->blocks[i]);
+    }
+    return NULL;
+}
+
+TEST(live_small_bytes_move_by_the_class_sizes_of_the_blocks_allocated_and_freed)
+{
+    enum { COUNT = CLASS_COUNT * REQUESTS_PER_CLASS, HANDED = COUNT / 2 };
+    static void *blocks[COUNT], *handed[HANDED];
+    static size_t sizes[COUNT], handed_sizes[HANDED];
+    static uint64_t seeds[COUNT], handed_seeds[HANDED];
+    size_t i, total = 0;
+#if SHARD_RULES
+    shard_stats s0 = stats_now(), s;
+#endif
+    for (i = 0; i < COUNT; i++) {
+        size_t c = i / REQUESTS_PER_CLASS;
+        sizes[i] = i % REQUESTS_PER_CLASS ? test_classes[c] : c ? test_classes[c - 1] + 1 : 1;
+        seeds[i] = 0x5b00 + i;
+        blocks[i] = shard_malloc(sizes[i]);
+        CHECKF(blocks[i] != NULL, "shard_malloc(%zu)", sizes[i]);
+        if (!blocks[i])
+            continue;
+        check_usable(blocks[i], sizes[i], "block of a class");
+        fill(blocks[i], sizes[i], seeds[i]);
+        total += expected_class(sizes[i]);
+    }
+#if SHARD_RULES
+    s = stats_now();
+    CHECKF(s.live_small_bytes == s0.live_small_bytes + total,
+           "live_small_bytes %zu -> %zu after blocks of %zu usable bytes", s0.live_small_bytes, s.live_small_bytes,
+           total);
+    CHECK_EQ(s.live_small, s0.live_small + COUNT);
+    CHECK_EQ(s.live_medium_bytes, s0.live_medium_bytes);
+    CHECK_EQ(s.live_large_bytes, s0.live_large_bytes);
+    /* An aligned block takes a class that is a multiple of its alignment: 100 bytes at 4096, class 4096. */
+    void *aligned = shard_malloc_aligned(100, 4096);
+    CHECK(aligned != NULL);
+    if (aligned)
+        fill(aligned, 100, 0x5bff);
+    s = stats_now();
+    CHECKF(s.live_small_bytes == s0.live_small_bytes + total + 4096,
+           "live_small_bytes %zu -> %zu after a 4096-aligned block of 100 bytes", s0.live_small_bytes,
+           s.live_small_bytes);
+    if (aligned) {
+        CHECK_PATTERN(aligned, 100, 0x5bff, "aligned block");
+        shard_free(aligned);
+    }
+#endif
+    /* The largest block of class 1024 shrinks within its class (in place) and then grows past it (a move
+     * to the class of realloc_target): the bytes follow the class. */
+    size_t r = 0;
+    while (r < COUNT && sizes[r] != 1024)
+        r++;
+    CHECK(r < COUNT);
+    if (r < COUNT && blocks[r]) {
+        void *p = shard_realloc(blocks[r], 900);
+        CHECK(p == blocks[r]);
+        if (p) {
+            blocks[r] = p;
+            sizes[r] = 900;
+        }
+#if SHARD_RULES
+        s = stats_now();
+        CHECKF(s.live_small_bytes == s0.live_small_bytes + total,
+               "live_small_bytes %zu, expected %zu after a realloc within the class", s.live_small_bytes,
+               s0.live_small_bytes + total);
+#endif
+        CHECK_PATTERN(blocks[r], sizes[r], seeds[r], "block shrunk within its class");
+        p = shard_realloc(blocks[r], 2000);
+        CHECK(p != NULL);
+        if (p) {
+            CHECK_PATTERN(p, sizes[r], seeds[r], "block moved to grow");
+            blocks[r] = p;
+            sizes[r] = 2000;
+            fill(p, sizes[r], seeds[r]);
+            total += expected_class(realloc_target(1024, 2000)) - 1024;
+        }
+#if SHARD_RULES
+        s = stats_now();
+        CHECKF(s.live_small_bytes == s0.live_small_bytes + total,
+               "live_small_bytes %zu, expected %zu after a realloc from class 1024 to %zu", s.live_small_bytes,
+               s0.live_small_bytes + total, expected_class(realloc_target(1024, 2000)));
+#endif
+    }
+    /* Every other block goes to another thread, which checks and frees it: out of the count at once. */
+    size_t n = 0, freed = 0;
+    for (i = 0; i < COUNT; i += 2) {
+        if (!blocks[i])
+            continue;
+        handed[n] = blocks[i];
+        handed_sizes[n] = sizes[i];
+        handed_seeds[n++] = seeds[i];
+        freed += expected_class(sizes[i]);
+        blocks[i] = NULL;
+    }
+    struct sized_handover h = { handed, handed_sizes, handed_seeds, n };
+    run_thread(check_and_free_sized_blocks, &h);
+    total -= freed;
+#if SHARD_RULES
+    s = stats_now();
+    CHECKF(s.live_small_bytes == s0.live_small_bytes + total,
+           "live_small_bytes %zu, expected %zu after another thread freed blocks of %zu bytes", s.live_small_bytes,
+           s0.live_small_bytes + total, freed);
+#endif
+    /* Five blocks of 16 KB (four to a page) pass the slow path, which takes those frees into their pages
+     * (so that no page is left with frees waiting in it, which a later test needs): they count as any. */
+    enum { DRAIN = 5 };
+    void *drain[DRAIN];
+    for (i = 0; i < DRAIN; i++) {
+        drain[i] = shard_malloc(SMALL_MAX);
+        CHECK(drain[i] != NULL);
+        if (drain[i]) {
+            fill(drain[i], SMALL_MAX, 0x5c00 + i);
+            total += SMALL_MAX;
+        }
+    }
+#if SHARD_RULES
+    s = stats_now();
+    CHECKF(s.live_small_bytes == s0.live_small_bytes + total,
+           "live_small_bytes %zu, expected %zu after the owner's slow path took the other thread's frees",
+           s.live_small_bytes, s0.live_small_bytes + total);
+#endif
+    for (i = 0; i < DRAIN; i++)
+        if (drain[i]) {
+            CHECK_PATTERN(drain[i], SMALL_MAX, 0x5c00 + i, "block of 16 KB");
+            shard_free(drain[i]);
+        }
+    for (i = 0; i < COUNT; i++)
+        if (blocks[i]) {
+            CHECK_PATTERN(blocks[i], sizes[i], seeds[i], "block freed by its owner");
+            shard_free(blocks[i]);
+            blocks[i] = NULL;
+        }
+#if SHARD_RULES
+    s = stats_now();
+    CHECK_EQ(s.live_small_bytes, s0.live_small_bytes);
+    CHECK_EQ(s.live_small, s0.live_small);
+#endif
+    check_allocator("after the blocks of every class were freed");
+}
+
 /* ---- threads ---- */
 
 #define OUTLIVE_BLOCKS 300

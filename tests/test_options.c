@@ -1,0 +1,562 @@
+/* test_options.c - the SHARDMM_ environment options (README.md's table), each checked in fresh
+ * processes, with the variable set and without it.
+ *
+ * The options are read once, at the allocator's first allocation, so every case runs in a process of its
+ * own: this program started again (fork and exec on Linux, CreateProcess on Windows) with
+ * SHARD_OPTIONS_CHILD=<scenario> and the case's SHARDMM_ variables in its environment, and every other
+ * SHARDMM_ variable removed. The child runs the scenario from a constructor, before main, and ends with
+ * exit(0) (so that the exit-time options run: a destructor of the library on Linux, DLL_PROCESS_DETACH
+ * on Windows); the parent reads what it wrote to stderr through a pipe and checks that the option changed
+ * what the allocator says or does. A scenario writes its own findings as "child: ..." lines.
+ *
+ * Builds: build/test-options (the API library), build/test-options-static (libshardmm.a: the exit hook
+ * is then a destructor of the program itself), build/win64/test-options.exe (the DLL, under Wine). The
+ * Windows static library has no exit hook: there the exit-time options say so with SHARDMM_VERBOSE and
+ * do nothing (TEST_NO_EXIT_HOOK).
+ *
+ * The leak report's list of blocks comes from shard_visit: report_leaks_lists_the_leaked_blocks_text
+ * passes once src/walk.c walks the heaps.
+ */
+#define HARNESS_MAIN
+#include "harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _WIN32
+#define WIN32_LEAN_AND_MEAN
+#include <windows.h>
+#else
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+extern char **environ;
+#endif
+
+#include "shardmm.h"
+
+#if defined(_WIN32) && !defined(SHARD_USE_DLL)
+#define TEST_NO_EXIT_HOOK 1 /* the Windows static library (port/win64.c) */
+#else
+#define TEST_NO_EXIT_HOOK 0
+#endif
+
+#define KB ((size_t)1 << 10)
+#define MB ((size_t)1 << 20)
+#define CHILD_VARIABLE "SHARD_OPTIONS_CHILD"
+#define LEAKED_TEXT "leaked-by-test-options"
+
+/* ---- the scenarios (in the child) -------------------------------------------------------------------- */
+
+static size_t cached_blocks(void)
+{
+    shard_stats s;
+    shard_get_stats(&s);
+    return s.large_cached;
+}
+
+/* Small blocks and a 3 MB one, kept; the child's own figure of committed memory last. */
+void *test_options_kept[101]; /* global: the compiler cannot drop the blocks */
+
+static void scenario_stats(void)
+{
+    for (int i = 0; i < 100; i++)
+        test_options_kept[i] = shard_malloc(100);
+    test_options_kept[100] = shard_malloc(3 * MB);
+    memset(test_options_kept[100], 1, 3 * MB);
+    shard_stats s;
+    shard_get_stats(&s);
+    fprintf(stderr, "child: committed %zu\n", s.committed);
+}
+
+/* A block with a text anyone can recognise, never freed. */
+static void scenario_leak(void)
+{
+    char *p = shard_malloc(64);
+    strcpy(p, LEAKED_TEXT);
+    fprintf(stderr, "child: leaked %p\n", (void *)p);
+}
+
+/* A commit past shard_set_limit. */
+static void scenario_limit(void)
+{
+    void *first = shard_malloc(100);
+    shard_stats s;
+    shard_get_stats(&s);
+    shard_set_limit(s.committed + 64 * KB);
+    void *big = shard_malloc(8 * MB);
+    shard_set_limit(SIZE_MAX);
+    fprintf(stderr, "child: limited malloc %s\n", big == NULL ? "NULL" : "a block");
+    shard_free(big);
+    shard_free(first);
+}
+
+/* The OS refuses: a commit no machine can back (16 TB: the reservation may pass, its commit not); on
+ * Linux also a reservation past RLIMIT_AS. */
+static void scenario_os_refusal(void)
+{
+    void *first = shard_malloc(100);
+    void *huge = shard_malloc((size_t)16 << 40);
+    fprintf(stderr, "child: 16 TB malloc %s\n", huge == NULL ? "NULL" : "a block");
+#ifndef _WIN32
+    struct rlimit lim;
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long pages = 0;
+    if (f != NULL && fscanf(f, "%lu", &pages) == 1) {
+        lim.rlim_cur = lim.rlim_max = (rlim_t)pages * 4096 + 256 * MB;
+        setrlimit(RLIMIT_AS, &lim);
+        void *big = shard_malloc(1024 * MB);
+        fprintf(stderr, "child: 1 GB malloc under RLIMIT_AS %s\n", big == NULL ? "NULL" : "a block");
+    }
+    if (f != NULL)
+        fclose(f);
+#endif
+    shard_free(first);
+}
+
+static int hook_calls;
+static void counting_hook(void *arg, int error, void *p)
+{
+    (void)arg, (void)error, (void)p;
+    hook_calls++;
+}
+
+/* An invalid free, with an error hook that returns. */
+static void scenario_invalid_free(void)
+{
+    static char not_ours[64];
+    void *first = shard_malloc(100);
+    shard_set_error_hook(counting_hook, NULL);
+    shard_free(not_ours + 16);
+    fprintf(stderr, "child: hook calls %d\n", hook_calls);
+    shard_free(first);
+}
+
+/* A block freed into the large-block cache, then a large request that does not fit it. */
+static void scenario_cache_delay(void)
+{
+    void *a = shard_malloc(8 * MB);
+    shard_free(a);
+    size_t after_free = cached_blocks();
+    void *b = shard_malloc(64 * MB);
+    fprintf(stderr, "child: cached %zu %zu\n", after_free, cached_blocks());
+    shard_free(b);
+}
+
+/* An 8 MB block freed, then a 2 MB one: how many the cache holds after each. */
+static void scenario_cache_size(void)
+{
+    void *a = shard_malloc(8 * MB);
+    memset(a, 1, 8 * MB);
+    shard_free(a);
+    size_t after_8 = cached_blocks();
+    void *b = shard_malloc(2 * MB);
+    memset(b, 1, 2 * MB);
+    shard_free(b);
+    fprintf(stderr, "child: cached %zu %zu\n", after_8, cached_blocks());
+}
+
+#ifndef _WIN32
+/* The C library's environ emptied before the allocator starts: the port reads /proc/self/environ. */
+static void scenario_environ_cleared(void)
+{
+    clearenv();
+    scenario_cache_size();
+}
+#endif
+
+static const struct {
+    const char *name;
+    void (*run)(void);
+} scenarios[] = {
+    {"stats", scenario_stats},
+    {"leak", scenario_leak},
+    {"limit", scenario_limit},
+    {"os-refusal", scenario_os_refusal},
+    {"invalid-free", scenario_invalid_free},
+    {"cache-delay", scenario_cache_delay},
+    {"cache-size", scenario_cache_size},
+#ifndef _WIN32
+    {"environ-cleared", scenario_environ_cleared},
+#endif
+};
+
+__attribute__((constructor)) static void options_child(void)
+{
+    const char *name = getenv(CHILD_VARIABLE);
+    if (name == NULL)
+        return;
+    for (size_t i = 0; i < sizeof scenarios / sizeof *scenarios; i++) {
+        if (strcmp(scenarios[i].name, name) == 0) {
+            scenarios[i].run();
+            fflush(stderr);
+            exit(0); /* a normal exit: the exit-time options run */
+        }
+    }
+    fprintf(stderr, "child: no scenario %s\n", name);
+    exit(2);
+}
+
+/* ---- running a child (in the parent) ------------------------------------------------------------------ */
+
+typedef struct child {
+    int ran;        /* it started and exited 0 */
+    char err[32768]; /* what it wrote to stderr, NUL-terminated */
+} child;
+
+static size_t add_option_name(char *buf, size_t cap, size_t n, const char *entry)
+{
+    const char *eq = strchr(entry, '=');
+    size_t len = eq != NULL ? (size_t)(eq - entry) : strlen(entry);
+    if (strncmp(entry, "SHARDMM_", 8) != 0 || n + len + 1 > cap)
+        return n;
+    memcpy(buf + n, entry, len);
+    buf[n + len] = 0;
+    return n + len + 1;
+}
+
+/* The names of the SHARDMM_ variables in the environment, each ended by a zero byte, into buf. */
+static size_t option_names(char *buf, size_t cap)
+{
+    size_t n = 0;
+#ifdef _WIN32
+    char *block = GetEnvironmentStringsA();
+    for (const char *e = block; e != NULL && *e != 0; e += strlen(e) + 1)
+        n = add_option_name(buf, cap, n, e);
+    if (block != NULL)
+        FreeEnvironmentStringsA(block);
+#else
+    for (char **env = environ; env != NULL && *env != NULL; env++)
+        n = add_option_name(buf, cap, n, *env);
+#endif
+    return n;
+}
+
+static void set_variable(const char *name, const char *value)
+{
+#ifdef _WIN32
+    SetEnvironmentVariableA(name, value);
+#else
+    if (value != NULL)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+#endif
+}
+
+/* Set (value) or remove (NULL) the variables of "NAME=value" assignments. */
+static void assign(const char *const *vars, int set)
+{
+    for (; vars != NULL && *vars != NULL; vars++) {
+        char name[128];
+        const char *eq = strchr(*vars, '=');
+        size_t len = (size_t)(eq - *vars);
+        memcpy(name, *vars, len);
+        name[len] = 0;
+        set_variable(name, set ? eq + 1 : NULL);
+    }
+}
+
+/* The environment of a child: the scenario, the variables given, no other SHARDMM_ one. On Windows
+ * the parent's own environment is changed for the CreateProcess and put back after it (Windows copies
+ * it into the child); on Linux the forked child changes its own before exec. */
+static void child_environment(const char *scenario, const char *const *vars, int set)
+{
+    char names[4096];
+    size_t n = set ? option_names(names, sizeof names) : 0;
+    for (size_t at = 0; at < n; at += strlen(names + at) + 1)
+        set_variable(names + at, NULL);
+    set_variable(CHILD_VARIABLE, set ? scenario : NULL);
+    assign(vars, set);
+}
+
+#ifdef _WIN32
+static void run_child(const char *scenario, const char *const *vars, child *c)
+{
+    char exe[MAX_PATH];
+    SECURITY_ATTRIBUTES sa = {sizeof sa, NULL, TRUE};
+    HANDLE rd = NULL, wr = NULL;
+    STARTUPINFOA si;
+    PROCESS_INFORMATION pi;
+    DWORD n, code = 1;
+    size_t got = 0;
+    c->ran = 0;
+    c->err[0] = 0;
+    if (GetModuleFileNameA(NULL, exe, sizeof exe) == 0 || !CreatePipe(&rd, &wr, &sa, 0))
+        return;
+    SetHandleInformation(rd, HANDLE_FLAG_INHERIT, 0);
+    memset(&si, 0, sizeof si);
+    si.cb = sizeof si;
+    si.dwFlags = STARTF_USESTDHANDLES;
+    si.hStdInput = GetStdHandle(STD_INPUT_HANDLE);
+    si.hStdOutput = wr;
+    si.hStdError = wr;
+    char saved[4096]; /* the parent's own SHARDMM_ variables would go to the child: none are expected */
+    CHECKF(option_names(saved, sizeof saved) == 0, "the test's environment holds SHARDMM_ variables");
+    child_environment(scenario, vars, 1);
+    BOOL ok = CreateProcessA(exe, NULL, NULL, NULL, TRUE, 0, NULL, NULL, &si, &pi);
+    child_environment(scenario, vars, 0);
+    CloseHandle(wr);
+    if (!ok) {
+        CloseHandle(rd);
+        return;
+    }
+    while (got + 1 < sizeof c->err && ReadFile(rd, c->err + got, (DWORD)(sizeof c->err - 1 - got), &n, NULL) && n > 0)
+        got += n;
+    c->err[got] = 0;
+    CloseHandle(rd);
+    WaitForSingleObject(pi.hProcess, INFINITE);
+    GetExitCodeProcess(pi.hProcess, &code);
+    CloseHandle(pi.hProcess);
+    CloseHandle(pi.hThread);
+    c->ran = code == 0;
+}
+#else
+static void run_child(const char *scenario, const char *const *vars, child *c)
+{
+    char self[4096];
+    int fds[2], status = 0;
+    size_t got = 0;
+    ssize_t n;
+    c->ran = 0;
+    c->err[0] = 0;
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0 || pipe(fds) != 0)
+        return;
+    self[len] = 0;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        child_environment(scenario, vars, 1);
+        dup2(fds[1], 1);
+        dup2(fds[1], 2);
+        close(fds[0]);
+        close(fds[1]);
+        alarm(60);
+        execl(self, self, (char *)NULL);
+        _exit(95);
+    }
+    close(fds[1]);
+    while (got + 1 < sizeof c->err && (n = read(fds[0], c->err + got, sizeof c->err - 1 - got)) > 0)
+        got += (size_t)n;
+    c->err[got] = 0;
+    close(fds[0]);
+    if (pid > 0 && waitpid(pid, &status, 0) == pid)
+        c->ran = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+#endif
+
+/* Runs the scenario with the variables; a child that did not run or exit 0 is a failure. */
+static child *run(const char *scenario, const char *const *vars)
+{
+    static child c;
+    run_child(scenario, vars, &c);
+    CHECKF(c.ran, "%s: the child did not run or exit 0; it wrote:\n%s", scenario, c.err);
+    return &c;
+}
+
+#define VARS(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define NO_VARS ((const char *const *)NULL)
+
+/* The text is (or is not) in what the child wrote; the message shows all of it. */
+#define CHECK_SAYS(c, text) CHECKF(strstr((c)->err, (text)) != NULL, "expected \"%s\" in:\n%s", (text), (c)->err)
+#define CHECK_SILENT(c, text) CHECKF(strstr((c)->err, (text)) == NULL, "did not expect \"%s\" in:\n%s", (text), (c)->err)
+
+/* The child's "child: cached A B" line. */
+static void cached_counts(const child *c, int *a, int *b)
+{
+    const char *line = strstr(c->err, "child: cached ");
+    *a = *b = -1;
+    if (line == NULL || sscanf(line, "child: cached %d %d", a, b) != 2)
+        *a = *b = -1;
+}
+
+/* Bytes of a figure of the statistics table ("512 B", "1.50 KB", "12.3 MB"). */
+static double table_bytes(const char *text)
+{
+    double v = 0;
+    char unit[4] = "";
+    if (sscanf(text, " %lf %3s", &v, unit) != 2)
+        return -1;
+    double scale = strcmp(unit, "B") == 0 ? 1 : strcmp(unit, "KB") == 0 ? KB : strcmp(unit, "MB") == 0 ? MB
+                 : strcmp(unit, "GB") == 0 ? 1024.0 * MB : -1;
+    return v * scale;
+}
+
+/* ---- the tests ----------------------------------------------------------------------------------------- */
+
+TEST(show_stats_prints_the_table_at_exit)
+{
+    child *c = run("stats", VARS("SHARDMM_SHOW_STATS=1"));
+    if (TEST_NO_EXIT_HOOK) {
+        CHECK_SILENT(c, "shardmm statistics");
+        c = run("stats", VARS("SHARDMM_SHOW_STATS=1", "SHARDMM_VERBOSE=1"));
+        CHECK_SAYS(c, "no exit hook here");
+        return;
+    }
+    CHECK_SAYS(c, "shardmm statistics");
+    CHECK_SAYS(c, "live blocks\n");
+    CHECK_SAYS(c, "large-block cache\n");
+    CHECK_SAYS(c, "operating system\n");
+    size_t own = 0;
+    const char *mine = strstr(c->err, "child: committed ");
+    const char *table = strstr(c->err, "shardmm statistics");
+    const char *row = table != NULL ? strstr(table, "\n  committed ") : NULL;
+    CHECKF(mine != NULL && sscanf(mine, "child: committed %zu", &own) == 1, "no committed figure of the child:\n%s",
+           c->err);
+    CHECKF(row != NULL, "no committed row in:\n%s", c->err);
+    if (row != NULL && own != 0) {
+        double shown = table_bytes(row + strlen("\n  committed "));
+        /* The child keeps a 3 MB block; at exit the figure is the child's own give or take what a
+         * thread's exit gives back (Windows retires the main thread's heap before DLL_PROCESS_DETACH). */
+        CHECKF(shown >= 3.0 * MB && shown <= 2.0 * own + MB, "committed at exit %.0f bytes, the child's own %zu",
+               shown, own);
+    }
+    c = run("stats", NO_VARS);
+    CHECK_SILENT(c, "shardmm statistics");
+}
+
+TEST(show_stats_with_an_invalid_value_stays_off)
+{
+    child *c = run("stats", VARS("SHARDMM_SHOW_STATS=yes"));
+    CHECK_SILENT(c, "shardmm statistics");
+    CHECK_SILENT(c, "SHARDMM_SHOW_STATS"); /* no warning without SHARDMM_VERBOSE */
+    c = run("stats", VARS("SHARDMM_SHOW_STATS=yes", "SHARDMM_VERBOSE=1"));
+    CHECK_SILENT(c, "shardmm statistics");
+    CHECK_SAYS(c, "shardmm: SHARDMM_SHOW_STATS=yes: expected 0 or 1; the default stays\n");
+}
+
+TEST(report_leaks_writes_the_report_at_exit)
+{
+    child *c = run("leak", VARS("SHARDMM_REPORT_LEAKS=1"));
+    if (TEST_NO_EXIT_HOOK) {
+        CHECK_SILENT(c, " live block");
+        c = run("leak", VARS("SHARDMM_REPORT_LEAKS=1", "SHARDMM_VERBOSE=1"));
+        CHECK_SAYS(c, "no exit hook here");
+        return;
+    }
+    CHECK_SAYS(c, "shardmm: ");
+    CHECK_SAYS(c, " live block");
+    c = run("leak", NO_VARS);
+    CHECK_SILENT(c, " live block");
+}
+
+TEST(report_leaks_lists_the_leaked_blocks_text)
+{
+    if (TEST_NO_EXIT_HOOK)
+        SKIP_TEST();
+    child *c = run("leak", VARS("SHARDMM_REPORT_LEAKS=1"));
+    CHECK_SAYS(c, "|" LEAKED_TEXT);
+    CHECK_SAYS(c, "small blocks of 64 B: 1 block");
+}
+
+TEST(verbose_tells_a_commit_refused_by_the_limit)
+{
+    child *c = run("limit", VARS("SHARDMM_VERBOSE=1"));
+    CHECK_SAYS(c, "child: limited malloc NULL");
+    CHECK_SAYS(c, "shardmm: a commit of ");
+    CHECK_SAYS(c, "(shard_set_limit)\n");
+    c = run("limit", NO_VARS);
+    CHECK_SAYS(c, "child: limited malloc NULL");
+    CHECK_SILENT(c, "shardmm:");
+}
+
+TEST(verbose_tells_refusals_of_the_os)
+{
+    child *c = run("os-refusal", VARS("SHARDMM_VERBOSE=1"));
+    CHECK_SAYS(c, "child: 16 TB malloc NULL");
+    CHECK_SAYS(c, "shardmm: the OS refused to commit ");
+#ifndef _WIN32
+    CHECK_SAYS(c, "child: 1 GB malloc under RLIMIT_AS NULL");
+    CHECK_SAYS(c, "shardmm: the OS refused to reserve ");
+#endif
+    c = run("os-refusal", NO_VARS);
+    CHECK_SAYS(c, "child: 16 TB malloc NULL");
+    CHECK_SILENT(c, "shardmm:");
+}
+
+TEST(verbose_tells_error_hook_calls)
+{
+    child *c = run("invalid-free", VARS("SHARDMM_VERBOSE=1"));
+    CHECK_SAYS(c, "child: hook calls 1");
+    CHECK_SAYS(c, "shardmm: invalid pointer passed to shard_free: 0x");
+    CHECK_SAYS(c, "(to the error hook)\n");
+    c = run("invalid-free", NO_VARS);
+    CHECK_SAYS(c, "child: hook calls 1");
+    CHECK_SILENT(c, "shardmm:");
+}
+
+TEST(verbose_warns_about_unknown_names_and_is_quiet_otherwise)
+{
+    child *c = run("cache-size", VARS("SHARDMM_VERBOSE=1", "SHARDMM_BOGUS=1"));
+    CHECK_SAYS(c, "shardmm: unknown option SHARDMM_BOGUS, ignored\n");
+    c = run("cache-size", VARS("SHARDMM_BOGUS=1"));
+    CHECK_SILENT(c, "shardmm:");
+    c = run("cache-delay", VARS("SHARDMM_VERBOSE=1")); /* nothing refused, no error, no unknown name */
+    CHECK_SILENT(c, "shardmm:");
+    CHECK_SAYS(c, "child: cached ");
+}
+
+TEST(delay_ms_0_empties_the_cache_at_the_next_large_block_call)
+{
+    int a, b;
+    cached_counts(run("cache-delay", NO_VARS), &a, &b);
+    CHECKF(a == 1 && b == 1, "by default the block stays cached for a second: %d, then %d", a, b);
+    cached_counts(run("cache-delay", VARS("SHARDMM_DELAY_MS=0")), &a, &b);
+    CHECKF(a == 1 && b == 0, "with no delay the block leaves at the next large-block call: %d, then %d", a, b);
+    cached_counts(run("cache-delay", VARS("SHARDMM_DELAY_MS=60000")), &a, &b);
+    CHECKF(a == 1 && b == 1, "with a minute the block stays: %d, then %d", a, b);
+}
+
+TEST(delay_ms_invalid_keeps_the_default)
+{
+    static const char *const invalid[] = {"SHARDMM_DELAY_MS=abc", "SHARDMM_DELAY_MS=", "SHARDMM_DELAY_MS=-1",
+                                          "SHARDMM_DELAY_MS=1e3", "SHARDMM_DELAY_MS=4294967296"};
+    for (size_t i = 0; i < sizeof invalid / sizeof *invalid; i++) {
+        int a, b;
+        child *c = run("cache-delay", VARS(invalid[i]));
+        cached_counts(c, &a, &b);
+        CHECKF(a == 1 && b == 1, "%s: the default delay keeps the block: %d, then %d", invalid[i], a, b);
+        CHECK_SILENT(c, "shardmm:");
+        c = run("cache-delay", VARS(invalid[i], "SHARDMM_VERBOSE=1"));
+        char warning[128];
+        snprintf(warning, sizeof warning, "shardmm: %s: expected a decimal number of milliseconds", invalid[i]);
+        CHECK_SAYS(c, warning);
+    }
+}
+
+TEST(large_cache_mb_sets_the_caches_limit)
+{
+    int a, b;
+    cached_counts(run("cache-size", NO_VARS), &a, &b);
+    CHECKF(a == 1 && b == 1, "by default both blocks are cached: %d, %d", a, b);
+    cached_counts(run("cache-size", VARS("SHARDMM_LARGE_CACHE_MB=0")), &a, &b);
+    CHECKF(a == 0 && b == 0, "with 0 MB nothing is cached: %d, %d", a, b);
+    cached_counts(run("cache-size", VARS("SHARDMM_LARGE_CACHE_MB=4")), &a, &b);
+    CHECKF(a == 0 && b == 1, "with 4 MB the 8 MB block is not cached, the 2 MB one is: %d, %d", a, b);
+}
+
+TEST(large_cache_mb_invalid_keeps_the_default)
+{
+    int a, b;
+    child *c = run("cache-size", VARS("SHARDMM_LARGE_CACHE_MB=none", "SHARDMM_VERBOSE=1"));
+    cached_counts(c, &a, &b);
+    CHECKF(a == 1 && b == 1, "the default limit caches both blocks: %d, %d", a, b);
+    CHECK_SAYS(c, "shardmm: SHARDMM_LARGE_CACHE_MB=none: expected a decimal number of megabytes");
+    cached_counts(run("cache-size", VARS("SHARDMM_LARGE_CACHE_MB=99999999999")), &a, &b);
+    CHECKF(a == 1 && b == 1, "a limit too large for the address space keeps the default: %d, %d", a, b);
+}
+
+#ifndef _WIN32
+TEST(options_come_from_proc_when_environ_is_cleared)
+{
+    int a, b;
+    cached_counts(run("environ-cleared", VARS("SHARDMM_LARGE_CACHE_MB=0")), &a, &b);
+    CHECKF(a == 0 && b == 0, "SHARDMM_LARGE_CACHE_MB=0 read from /proc/self/environ: %d, %d", a, b);
+    cached_counts(run("environ-cleared", NO_VARS), &a, &b);
+    CHECKF(a == 1 && b == 1, "by default both blocks are cached: %d, %d", a, b);
+}
+#endif
