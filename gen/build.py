@@ -194,6 +194,11 @@ HEAP_SOURCES = [
 ]
 HEAP_OBJS = tuple(f"build/tests/{os.path.splitext(os.path.basename(src))[0]}.o" for src, _ in HEAP_SOURCES)
 
+# The scripting engines of tests/engine.h, from Debian 12's liblua5.4-dev, duktape-dev and libmruby-dev
+# (libmruby.a, which needs libm).
+ENGINE_FLAGS = "-I/usr/include/lua5.4"
+ENGINE_LIBS = "-llua5.4 -lduktape -lmruby -lm"
+
 
 class Edge(NamedTuple):
     out: str
@@ -318,6 +323,7 @@ class Test(NamedTuple):
     flags: str = ""        # after the toolchain's test flags, before the build's
     implicit: tuple = ()   # built files it needs at run time
     libs: str = ""
+    inputs: tuple = ()     # objects linked after the test's source
     doc: str = ""
 
 
@@ -370,6 +376,10 @@ TESTS = [
     Test("test-region-bare", "tests/region_bare.c", "bare bare-single win-bare",
          doc="the region port with no OS and no C library (-nostdlib, its own entry point): blocks of every "
              "kind in a static buffer."),
+    Test("test-engines", "tests/test_engines.c", "api debug", ENGINE_FLAGS, libs=ENGINE_LIBS, inputs=HEAP_OBJS,
+         doc="heaps under Lua 5.4, Duktape and mruby through their allocator hooks (tests/engine.h, the scripts in "
+             "tests/engines/): the same output as on malloc, their own out-of-memory errors under a limit, engines "
+             "dropped without closing, 1000 engines moved between 4 threads."),
     Test("test-win64", "tests/test_win64.c", "win-plain", implicit=(WIN_DLL.api_so, "build/win64/shard-wrap.dll"),
          doc="Windows-only behaviour of shardmm.dll, which it loads with LoadLibrary: FLS callbacks, fibers, "
              "FreeLibrary with live heaps, refused reservations, the static library inside another DLL."),
@@ -693,7 +703,7 @@ def test_edges(t):
         out = b.out.format(t.name)
         for src in b.sources:  # only the last C source's headers reach the depfile (rule link)
             assert not quoted_includes(src), f"{src} includes a header of ours; it cannot precede {t.source}"
-        inputs = b.sources + (t.source,) + b.inputs
+        inputs = b.sources + (t.source,) + t.inputs + b.inputs
         implicit = t.implicit
         libs = [t.libs, b.libs]
         if b.so:
