@@ -392,6 +392,10 @@ class Bench(NamedTuple):
     shard: tuple = ()      # variants whose drop-in library it is also linked with: NAME-shard-VARIANT
     defines: bool = True   # -DALLOC_<ALLOCATOR> and bench/allocator.h; without, the library linked decides
     win: bool = False      # also for Windows (bench/micro.py --wine): NAME-shard.exe, NAME-system.exe
+    heap: bool = False     # instead of a binary per peer: NAME-system (-DALLOC_SYSTEM), which the runner runs
+                           # with each peer preloaded, and NAME-heap (-DALLOC_SHARD), linked with the API
+                           # library and HEAP_OBJS, which puts the work on shardmm's heaps
+    libs: str = ""         # linked into each of its Linux binaries
     doc: str = ""
 
 
@@ -416,6 +420,10 @@ BENCHMARKS = [
               "the allocator is chosen by what the program is linked with: shardmm's drop-in library, or a "
               "peer's, which replaces malloc when linked as well; -system is glibc's. -shard-counters: the "
               "SHARD_COUNTERS build."),
+    Bench("engines", f"-Itests {ENGINE_FLAGS}", heap=True, libs=ENGINE_LIBS,
+          doc="engines: the scripts of tests/engines/ in Lua, Duktape and mruby (bench/engines.py runs it): "
+              "engines-system on the C library's malloc, which the runner also runs with each peer and "
+              "shardmm's drop-in preloaded; engines-heap on shardmm's heaps through the engines' hooks."),
 ]
 
 
@@ -720,16 +728,23 @@ def test_edges(t):
 def bench_edges(bm):
     edges = []
     src = (f"bench/{bm.name}.c",)
+    if bm.heap:
+        heap_out, so = f"build/bench/{bm.name}-heap", RELEASE.api_so
+        return [Edge(f"build/bench/{bm.name}-system", "link", src, join("$bench_flags", bm.flags, "-DALLOC_SYSTEM"),
+                     bm.libs, phony="bench"),
+                Edge(heap_out, "link", src + HEAP_OBJS, join("$bench_flags", bm.flags, "-DALLOC_SHARD"),
+                     join(rpath(so, heap_out), bm.libs), (so,), phony="bench")]
     for alloc, lib in PEERS:
         for variant in ((None,) + bm.shard if alloc == "shard" else (None,)):
             define = f"-DALLOC_{alloc.upper()}" if bm.defines else ""
             out = f"build/bench/{bm.name}-{alloc}" + (f"-{variant}" if variant else "")
             if alloc == "shard":
                 so = VARIANT[variant or "release"].so
-                edges.append(Edge(out, "link", src, join("$bench_flags", bm.flags, define), rpath(so, out), (so,),
-                                  phony="bench"))
+                edges.append(Edge(out, "link", src, join("$bench_flags", bm.flags, define),
+                                  join(rpath(so, out), bm.libs), (so,), phony="bench"))
             else:
-                edges.append(Edge(out, "link", src, join("$bench_flags", bm.flags, define), lib, phony="bench"))
+                edges.append(Edge(out, "link", src, join("$bench_flags", bm.flags, define), join(lib, bm.libs),
+                                  phony="bench"))
     if bm.win:
         dll = WIN_DLL.api_so
         edges.append(Edge(f"build/win64/{bm.name}-shard.exe", "wlink",
