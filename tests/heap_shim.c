@@ -1,6 +1,6 @@
 /* heap_shim.c - a stand-in for the core's heaps (shard_heap_*, include/shardmm.h) while the core does not
  * implement them yet: TEST-ONLY, compiled only when -DHEAP_SHIM is given (without it this file is empty),
- * and to be deleted when the core lands, with the one line of gen/build.py that names it (HEAP_SHIM).
+ * and to be deleted when the core lands, with the one line of gen/build.py that names it (in HEAP_SOURCES).
  * The programs that use heaps (tests/test_engines.c, bench/engines.c) link it besides the library.
  *
  * How: every block of a heap is a shard_malloc block with a 48-byte header in front, on a doubly linked

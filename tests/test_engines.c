@@ -16,7 +16,7 @@
  *   the right output; the resident memory and the number of heaps do not grow from the first 500 to the
  *   next 500, and shard_check() finds nothing wrong.
  *
- * Until the core implements the heaps the program links tests/heap_shim.c (gen/build.py: HEAP_SHIM), which
+ * Until the core implements the heaps the program links tests/heap_shim.c (gen/build.py: HEAP_SOURCES), which
  * gives the same answers through shard_malloc; these tests are the same for both.
  *
  * The scripts are read from tests/engines/, so run it from the repository's root (tests/run does).
