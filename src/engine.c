@@ -285,7 +285,7 @@ static void *created_resize_here(heap *h, void *p, size_t size, size_t old)
 {
     unsigned kind = segmap_kind((uintptr_t)p);
     if (kind == SEG_SMALL && created_owns_small(h, p))
-        return size <= old && size > old / 4 ? p : NULL;
+        return size <= old && size >= old / 4 ? p : NULL;
     if (kind == SEG_MEDIUM && segment_of(p)->owner == h && size > SHARD_SMALL_MAX && size <= SHARD_MEDIUM_MAX)
         return medium_resize_in_place(h, p, size);
     if ((kind == SEG_LARGE || kind == SEG_LARGE_FAR) && size > SHARD_MEDIUM_MAX)
@@ -295,6 +295,12 @@ static void *created_resize_here(heap *h, void *p, size_t size, size_t old)
 
 void *shard_heap_realloc(shard_heap *sh, void *p, size_t size)
 {
+    heap *h = created_heap_of(sh);
+    if (likely(created_owns_small(h, p))) { /* the thread heap's realloc fast path (fast.h), for this heap */
+        const page *pg = page_of(p);
+        if (likely(page_has_item(pg, p) && size <= pg->block_size && size >= pg->block_size / 4 && size != 0))
+            return p;
+    }
     if (p == NULL)
         return shard_heap_malloc(sh, size);
     size_t old = api_usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
@@ -304,7 +310,6 @@ void *shard_heap_realloc(shard_heap *sh, void *p, size_t size)
         shard_heap_free(sh, p);
         return NULL;
     }
-    heap *h = created_heap_of(sh);
     void *q = created_resize_here(h, p, size, old);
     if (q != NULL)
         return q;

@@ -300,6 +300,17 @@ TEST(realloc_keeps_blocks_in_the_heap_and_within_its_limit)
         CHECKF(s.live_small + s.live_medium + s.live_large == 1, "after realloc to %zu: %zu blocks in the heap",
                steps[i], s.live_small + s.live_medium + s.live_large);
     }
+    unsigned char *s = shard_heap_malloc(h, 100); /* class 112: in place from 28 to 112 bytes, as shard_realloc */
+    fill(s, 100, 31);
+    CHECK(shard_heap_realloc(h, s, 112) == s);
+    CHECK(shard_heap_realloc(h, s, 28) == s);
+    CHECK_PATTERN(s, 28, 31, "a small block resized in its class");
+    unsigned char *t = shard_heap_realloc(h, s, 27);
+    CHECK(t != NULL && t != s);
+    if (t != NULL) {
+        CHECK_PATTERN(t, 27, 31, "a small block moved to a smaller class");
+        shard_heap_free(h, t);
+    }
     unsigned char *big = shard_heap_malloc(h, 20 * MB);
     CHECK(big != NULL);
     if (big) {
