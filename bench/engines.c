@@ -1,23 +1,26 @@
 /* bench/engines.c - scripting engines on shardmm's heaps against the same engines on a malloc: the scripts of
- * tests/engines/ through Lua 5.4, Duktape 2 and mruby 3 (tests/engine.h), two binaries.
+ * tests/engines/ through Lua 5.4, Duktape 2 and mruby 3 (tests/engine.h).
  *
  * What it measures: the time an embedder spends per script with a fresh engine for each: make the engine,
  * run the script, close the engine (every object freed one by one). The scripts are the engine test's
  * (engine_scripts in tests/engine.h: a table of 100k entries, string concatenation, a JSON encoder,
  * recursive trees, closures), each at its N there, so they are allocation-heavy in the way of a runtime.
- *   engines-system (-DALLOC_SYSTEM)  the engine's hooks call realloc and free: glibc's, or whatever the
- *                                    runner preloads (a peer's malloc, shardmm's drop-in libshardmm.so)
- *   engines-heap   (-DALLOC_SHARD)   each engine has a shard_heap of its own, made before the engine and
- *                                    destroyed after it is closed (both timed), its hooks calling
- *                                    shard_heap_realloc / shard_heap_free; linked with build/api/libshardmm.so,
- *                                    so the C library's malloc (the host's) stays glibc's
- * Everything else is the same code: the hooks of both are plain functions of tests/engine.h, one call each.
+ *   engines-heap ...          each engine has a shard_heap of its own, made before the engine and
+ *                             destroyed after it is closed (both timed), its hooks calling
+ *                             shard_heap_realloc / shard_heap_free; linked with build/api/libshardmm.so, so
+ *                             the C library's malloc (the host's) stays glibc's
+ *   engines-heap ... -malloc  the engine's hooks call realloc and free: glibc's, or whatever the runner
+ *                             preloads (a peer's malloc, shardmm's drop-in libshardmm.so)
+ * One binary for both, so that the interpreters' code lies at the same addresses: two builds of the
+ * statically linked mruby differed by 9 % in time at the same instruction count (callgrind) and the same
+ * cache misses (cachegrind), which was the layout of its interpreter loop, not the allocator.
+ * (engines-system, built with -DALLOC_SYSTEM, runs malloc alone.)
  *
  * Checking: each run's output (what the script printed) is hashed (FNV-1a, 64 bits); every run of the
  * process must give the same hash, and the runner checks that every allocator gives the same one. A script
  * that fails, or a hash that differs between runs, makes the exit code 1.
  *
- * Usage: engines-<system|heap> ENGINE SCRIPT [-runs R]
+ * Usage: engines-<system|heap> ENGINE SCRIPT [-runs R] [-malloc]
  *   ENGINE: lua, duktape or mruby; SCRIPT: a name of engine_scripts (table strings json trees closures).
  *   Runs the script R times (default 1), each in a fresh engine, from the repository's root (the scripts
  *   are read from tests/engines/, untimed). Prints one line on stdout,
@@ -56,12 +59,13 @@ static uint64_t fnv1a(const char *s, size_t len)
 
 /* One run: engine made, script run, engine closed (and its heap made and destroyed). 0 and the output's
  * hash in *hash, or 1 with a message. */
+static int use_malloc = !ENGINE_HEAPS; /* -malloc */
+
 static int run_once(int kind, const char *name, const char *src, size_t len, long n, uint64_t *hash)
 {
     shard_heap *heap = NULL;
 #if ENGINE_HEAPS
-    heap = shard_heap_create(NULL);
-    if (heap == NULL) {
+    if (!use_malloc && (heap = shard_heap_create(NULL)) == NULL) {
         fprintf(stderr, "engines: shard_heap_create failed\n");
         return 1;
     }
@@ -75,7 +79,8 @@ static int run_once(int kind, const char *name, const char *src, size_t len, lon
     *hash = fnv1a(e.out, e.out_len);
     engine_close(&e);
 #if ENGINE_HEAPS
-    shard_heap_destroy(heap);
+    if (heap != NULL)
+        shard_heap_destroy(heap);
 #endif
     return rc != 0;
 }
@@ -100,7 +105,7 @@ static double peak_rss_mb(void)
 
 static void usage(FILE *to)
 {
-    fprintf(to, "usage: engines ENGINE SCRIPT [-runs R]\n  engines:");
+    fprintf(to, "usage: engines ENGINE SCRIPT [-runs R] [-malloc]\n  engines:");
     for (int k = 0; k < ENGINE_KINDS; k++)
         fprintf(to, " %s", engine_name[k]);
     fprintf(to, "\n  scripts:");
@@ -116,6 +121,10 @@ int main(int argc, char **argv)
         const char *value = option_value(argc, argv, &a, "-runs");
         if (value != NULL) {
             runs = option_count("-runs", value, 1, MAX_RUNS);
+            continue;
+        }
+        if (strcmp(argv[a], "-malloc") == 0) {
+            use_malloc = 1;
             continue;
         }
         if (option_help(argv[a])) {

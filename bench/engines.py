@@ -5,16 +5,16 @@ against the same engines on shardmm's drop-in malloc and on its peers.
 A cell is an (engine, script) pair: Lua, Duktape and mruby, each with the scripts of tests/engines/ that
 engine_scripts in tests/engine.h names. For every (run, cell, allocator) the runner starts one process,
 
-    <build-dir>/bench/engines-<binary> ENGINE SCRIPT -runs R
+    <build-dir>/bench/engines-heap ENGINE SCRIPT -runs R [-malloc]
 
 which runs the script R times, each in a fresh engine, and prints "ENGINE SCRIPT ms_per_run peak_rss_mb
 hash". The allocators (columns):
 
     heap      engines-heap: each engine on a shard_heap of its own, through the engine's hook (the baseline)
-    shard     engines-system with build/libshardmm.so preloaded: shardmm as the process's malloc
+    shard     engines-heap -malloc with build/libshardmm.so preloaded: shardmm as the process's malloc
     mimalloc, jemalloc, tcmalloc
-              engines-system with Debian 12's library preloaded
-    system    engines-system as it is: glibc's malloc
+              engines-heap -malloc with Debian 12's library preloaded
+    system    engines-heap -malloc as it is: glibc's malloc
 
 R is chosen per cell so that a process runs for about TARGET_MS at --scale 1 (ROUGH_MS), the same R for
 every allocator of the cell. The hash of the output must be the same for every allocator of a cell.
@@ -58,9 +58,9 @@ def runs_in_process(engine, script, scale):
     return max(1, round(scale * TARGET_MS / ROUGH_MS[engine][script]))
 
 
-def run_one(binary, engine, script, repeat, env=None):
+def run_one(binary, engine, script, repeat, env=None, on_malloc=False):
     """One process; returns (ms_per_run, peak_mb, hash), or stops the runner with an error."""
-    command = [binary, engine, script, "-runs", str(repeat)]
+    command = [binary, engine, script, "-runs", str(repeat)] + (["-malloc"] if on_malloc else [])
     fields, shown, _ = runner.run_line(command, TIMEOUT_S, env, runner.preload_shown(command, env))
     if len(fields) != 5 or fields[:2] != [engine, script]:
         runner.fail(f"{shown} printed {' '.join(fields)!r}, expected '{engine} {script} <ms> <peak_rss_mb> <hash>'")
@@ -90,9 +90,9 @@ def parse_args():
 def main():
     args = parse_args()
     started = runner.started_at()
-    allocs = args.allocs + list(args.env)  # the --variant columns: engines-system with their library
-    binaries = runner.existing({a: runner.binary_path(args.build_dir, "engines", HEAP if a == HEAP else "system")
-                                for a in allocs})
+    allocs = args.allocs + list(args.env)  # the --variant columns: -malloc with their library
+    # One binary for every column (bench/engines.c says why): the heaps, or -malloc with a library preloaded.
+    binaries = runner.existing({a: runner.binary_path(args.build_dir, "engines", HEAP) for a in allocs})
     env = dict(args.env)
     for alloc in args.allocs:
         library = os.path.join(args.build_dir, "libshardmm.so") if alloc == "shard" else PRELOADS.get(alloc)
@@ -113,7 +113,7 @@ def main():
         engine, script = cell
         repeat = runs_in_process(engine, script, args.scale)
         for alloc in runner.rotated(allocs, run + index):
-            ms, mb, digest = run_one(binaries[alloc], engine, script, repeat, env.get(alloc))
+            ms, mb, digest = run_one(binaries[alloc], engine, script, repeat, env.get(alloc), alloc != HEAP)
             samples[(cell, alloc)].append((ms, mb))
             if hashes.setdefault(cell, (alloc, digest))[1] != digest:
                 runner.fail(f"{engine} {script}: {alloc} printed hash {digest}, {hashes[cell][0]} "
