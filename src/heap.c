@@ -312,7 +312,12 @@ void heap_reserve_expire(uint64_t due)
     }
     trim_stack(0);
     spin_unlock(&trim_lock);
+    uint64_t created_due = created_reserve_expire(os_clock_ms());
+    if (created_due != 0)
+        arm_due(created_due);
 }
+
+void heap_arm_reserve_due(uint64_t due) { arm_due(due); }
 
 void heap_foreign_queued(heap *h)
 {
@@ -437,6 +442,7 @@ void heap_collect(void)
     if (h != NULL)
         trim_to(h, SHARD_KEEP_FREE_PAGES, 1, 0);
     empty_stack();
+    created_reserve_expire(UINT64_MAX);
 }
 
 int heap_relieve(void)
@@ -448,6 +454,7 @@ int heap_relieve(void)
     if (h != NULL)
         trim_all(h, 0);
     empty_stack();
+    created_reserve_expire(UINT64_MAX);
     os_get_totals(&after);
     return after.reserved < before.reserved || after.committed < before.committed;
 }

@@ -185,6 +185,12 @@ static inline void heap_reserve_tick(void)
  * may never come: this arranges for the stack to be trimmed soon. */
 void heap_foreign_queued(heap *h);
 
+/* Arm the trim of the stack (and of destroyed created heaps' reserves, engine.c) for `due`. */
+void heap_arm_reserve_due(uint64_t due);
+/* engine.c: destroyed created heaps give back the reserve they kept once it has waited the delay (all
+ * of them with now UINT64_MAX); returns when the next one is due, 0 for none. */
+uint64_t created_reserve_expire(uint64_t now);
+
 /* shard_collect's part: the calling thread's free pages and empty arenas beyond what it keeps, and
  * everything the heaps in the stack hold but live blocks, go back now. */
 void heap_collect(void);

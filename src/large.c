@@ -453,7 +453,10 @@ void large_release_owned(heap *owner)
             fetch_add_relaxed(&owner->large_count, (size_t)-1);
             fetch_add_relaxed(&owner->large_bytes, -batch[k]->size);
             heap_uncharge(owner, batch[k]->committed);
-            release_block(batch[k]);
+            if (is_far(batch[k]))
+                release_block(batch[k]);
+            else
+                cache_put(batch[k]); /* as a free: the next engine's large blocks may come from it */
         }
     } while (n == BATCH);
 }
@@ -577,13 +580,17 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
                 heap_uncharge(owner, need);
             return NULL;
         }
-        /* A created heap's block holds what it needs and no more: its limit counts that. */
-        if (owner != NULL && h->committed > need && os_decommit((uint8_t *)h + need, h->committed - need) == 0)
-            h->committed = need;
+        /* A created heap's limit counts what the block keeps committed beyond its need (growth into it
+         * is free); when the limit has no room for that, the block gives it back. */
         if (owner != NULL && h->committed > need && heap_charge(owner, h->committed - need) != 0) {
-            cache_put(h);
-            heap_uncharge(owner, need);
-            return NULL;
+            store_relaxed(&owner->limit_hit, 0u); /* not this allocation's failure */
+            if (os_decommit((uint8_t *)h + need, h->committed - need) == 0) {
+                h->committed = need;
+            } else {
+                cache_put(h);
+                heap_uncharge(owner, need);
+                return NULL;
+            }
         }
         h->size = need - offset;
         h->layout = layout_of(span_of(h), offset);

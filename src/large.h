@@ -14,7 +14,7 @@ void *large_alloc_aligned(size_t size, size_t align, int zero);
 /* The same for a created heap (NULL: no heap), whose limit counts the block's committed memory. */
 struct heap;
 void *large_alloc_in(struct heap *owner, size_t size, size_t align, int zero);
-/* Release every live large block of a created heap (its destroy or reset). */
+/* Free every live large block of a created heap, as large_free would (its destroy or reset). */
 void large_release_owned(struct heap *owner);
 /* Whether p is a live large block of that heap. */
 int large_owner_is(const void *p, struct heap *owner);

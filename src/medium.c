@@ -270,6 +270,51 @@ void medium_release_all(heap *h)
     }
 }
 
+static void arena_emptied(heap *h, arena *a);
+
+void medium_empty_keep(heap *h, unsigned keep)
+{
+    uint64_t now = os_clock_ms();
+    mem_zero(&h->medium, sizeof h->medium);
+    h->empty_arenas = NULL;
+    h->empty_arena_count = 0;
+    store_relaxed(&h->delayed_arenas, (arena *)NULL);
+    /* Each arena one free chunk again, the first listed the most recently emptied one. */
+    for (arena *a = h->arenas; a != NULL; a = a->next) {
+        chunk *c = chunk_at(a, ARENA_DATA);
+        c->prev_size = 0;
+        c->size_flags = ARENA_FIRST_SIZE | CHUNK_FREE;
+        c->check = 0;
+        bin_insert(&h->medium, c, ARENA_FIRST_SIZE);
+        store_relaxed(&a->live, 0u);
+        store_relaxed(&a->live_bytes, 0u);
+        store_relaxed(&a->thread_free, (uintptr_t)0);
+        a->next_delayed = NULL;
+        if (a->state == ARENA_DECOMMITTED)
+            continue;
+        a->state = ARENA_EMPTY;
+        a->emptied_at = now; /* the delay counts from here, as for an arena its last block left */
+        a->empty_prev = NULL;
+        a->empty_next = h->empty_arenas;
+        if (h->empty_arenas != NULL)
+            h->empty_arenas->empty_prev = a;
+        h->empty_arenas = a;
+        h->empty_arena_count++;
+    }
+    medium_keep(h, keep);
+    arena **link = &h->arenas; /* the decommitted ones go whole */
+    for (arena *a = *link; a != NULL; a = *link) {
+        if (a->state != ARENA_DECOMMITTED) {
+            link = &a->next;
+            continue;
+        }
+        bin_remove(&h->medium, chunk_at(a, ARENA_DATA), ARENA_FIRST_SIZE);
+        store_release(link, a->next);
+        heap_uncharge(h, a->committed);
+        segment_release(&a->seg, a->committed);
+    }
+}
+
 static void arena_emptied(heap *h, arena *a)
 {
     a->state = ARENA_EMPTY;

@@ -4,9 +4,9 @@
  * - shard_heap_malloc/calloc/realloc/malloc_aligned give blocks of the heap (small, medium and large
  *   alike); shard_heap_free and shard_free free them, from any thread; shard_usable_size takes them.
  * - shard_heap_get_stats counts the heap's live blocks and their usable bytes by kind, exactly, and
- *   what it holds committed; destroy and reset give all of it back: the process's committed bytes return
- *   to where they were before the heap's first block, and its blocks are gone (a free of one reaches
- *   the error hook).
+ *   what it holds committed; destroy and reset end every block (a free of one reaches the error hook)
+ *   and give back all but a reserve of pages and arenas for the next blocks, which shard_collect gives
+ *   back too: the process's committed bytes return to where they were before the heap's first block.
  * - A limit bounds what the heap holds committed: past it an allocation gives NULL (errno ENOMEM;
  *   Windows: the thread's last error), after the heap's own free memory went back and the on_limit
  *   callback was asked; a callback that frees blocks or raises the limit gets the allocation a second
@@ -134,9 +134,13 @@ TEST(destroy_and_reset_give_back_everything_at_once)
         CHECK(stats_now().committed > base + 2 * MB);
         CHECK_EQ(stats_now().live_large, live_large + 30);
         if (round < 2) {
+            size_t held = heap_stats(h).committed;
             shard_heap_reset(h);
             shard_heap_stats s = heap_stats(h);
-            CHECK_EQ(s.committed, (size_t)0);
+            /* It keeps a reserve for its next blocks (its pages and arenas, not the large blocks'), and
+             * shard_collect gives that back (checked after the destroy below). */
+            CHECKF(s.committed < held - 30 * 2 * MB, "after reset the heap keeps %zu bytes committed of %zu", s.committed,
+                   held);
             CHECK_EQ(s.live_small + s.live_medium + s.live_large, (size_t)0);
             void *q = shard_heap_malloc(h, 100); /* works as a new heap */
             CHECK(q != NULL);
@@ -511,5 +515,37 @@ TEST(a_walk_of_a_heap_finds_its_blocks_and_no_others)
     shard_free(mine_small);
     shard_heap_destroy(a);
     shard_heap_destroy(b);
+    CHECK_EQ(shard_check(), 0);
+}
+
+/* A destroyed heap's reserve waits a second for the next heap (which then starts warm), then goes back
+ * on its own at the next slow path of any thread. */
+TEST(a_destroyed_heaps_reserve_goes_back_after_the_delay)
+{
+    shard_collect();
+    size_t base = stats_now().committed;
+    shard_heap *h = shard_heap_create(NULL);
+    CHECK(h != NULL);
+    if (h == NULL)
+        return;
+    for (int i = 0; i < 4000; i++)
+        shard_heap_malloc(h, 2000);
+    shard_heap_destroy(h);
+    size_t kept = stats_now().committed;
+    CHECKF(kept > base + 4 * MB, "a destroyed heap kept %zu bytes over %zu", kept - base, base);
+    shard_heap *again = shard_heap_create(NULL); /* takes the reserve: no new commit for the same blocks */
+    for (int i = 0; i < 4000; i++)
+        shard_heap_malloc(again, 2000);
+    CHECKF(stats_now().committed <= kept, "a heap made after a destroy committed %zu more",
+           stats_now().committed - kept);
+    shard_heap_destroy(again);
+    sleep_ms(1200);
+    void *p[64];
+    for (int i = 0; i < 64; i++) /* slow paths: new pages of a class this thread had not used */
+        p[i] = shard_malloc(12000);
+    for (int i = 0; i < 64; i++)
+        shard_free(p[i]);
+    CHECKF(stats_now().committed < base + 2 * MB, "%zu bytes over %zu still committed a second after the destroy",
+           stats_now().committed - base, base);
     CHECK_EQ(shard_check(), 0);
 }
