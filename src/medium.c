@@ -270,7 +270,18 @@ void medium_release_all(heap *h)
     }
 }
 
-static void arena_emptied(heap *h, arena *a);
+/* a is empty since `now`: the most recently emptied of h's empty arenas. */
+static void empty_list_push(heap *h, arena *a, uint64_t now)
+{
+    a->state = ARENA_EMPTY;
+    a->emptied_at = now;
+    a->empty_prev = NULL;
+    a->empty_next = h->empty_arenas;
+    if (h->empty_arenas != NULL)
+        h->empty_arenas->empty_prev = a;
+    h->empty_arenas = a;
+    h->empty_arena_count++;
+}
 
 void medium_empty_keep(heap *h, unsigned keep)
 {
@@ -292,14 +303,7 @@ void medium_empty_keep(heap *h, unsigned keep)
         a->next_delayed = NULL;
         if (a->state == ARENA_DECOMMITTED)
             continue;
-        a->state = ARENA_EMPTY;
-        a->emptied_at = now; /* the delay counts from here, as for an arena its last block left */
-        a->empty_prev = NULL;
-        a->empty_next = h->empty_arenas;
-        if (h->empty_arenas != NULL)
-            h->empty_arenas->empty_prev = a;
-        h->empty_arenas = a;
-        h->empty_arena_count++;
+        empty_list_push(h, a, now); /* the delay counts from here, as for an arena its last block left */
     }
     medium_keep(h, keep);
     arena **link = &h->arenas; /* the decommitted ones go whole */
@@ -317,14 +321,7 @@ void medium_empty_keep(heap *h, unsigned keep)
 
 static void arena_emptied(heap *h, arena *a)
 {
-    a->state = ARENA_EMPTY;
-    a->emptied_at = os_clock_ms();
-    a->empty_prev = NULL;
-    a->empty_next = h->empty_arenas;
-    if (h->empty_arenas != NULL)
-        h->empty_arenas->empty_prev = a;
-    h->empty_arenas = a;
-    h->empty_arena_count++;
+    empty_list_push(h, a, os_clock_ms());
     medium_trim(h);
 }
 
