@@ -43,6 +43,7 @@ CORE = [
     "src/walk.c",
     "src/report.c",
     "src/options.c",
+    "src/engine.c",
 ]
 
 # The sources that read SHARD_ASM (api.c: which fast paths have the public names; heap.c: whether it
@@ -187,6 +188,12 @@ SINGLE_REGION_OBJS = ("build/tests/shardmm-single-region.o", "build/tests/fast-s
 TSAN_OBJ = "build/tsan/shardmm.o"
 
 
+# The scripting engines of tests/engine.h, from Debian 12's liblua5.4-dev, duktape-dev and libmruby-dev
+# (libmruby.a, which needs libm).
+ENGINE_FLAGS = "-I/usr/include/lua5.4"
+ENGINE_LIBS = "-llua5.4 -lduktape -lmruby -lm"
+
+
 class Edge(NamedTuple):
     out: str
     rule: str
@@ -306,6 +313,7 @@ class Test(NamedTuple):
     flags: str = ""        # after the toolchain's test flags, before the build's
     implicit: tuple = ()   # built files it needs at run time
     libs: str = ""
+    inputs: tuple = ()     # objects linked after the test's source
     doc: str = ""
 
 
@@ -335,6 +343,9 @@ TESTS = [
              "and checks them after the call."),
     Test("test-asm-tls64", "tests/test_asm.c", "win-asm", "-DSHARD_ASM=1 -DTEST_TLS_HIGH",
          doc="test-asm with the allocator's TLS index 64 or above (the NASM entries take the slow path)."),
+    Test("test-heaps", "tests/test_heaps.c", "api debug win win-debug",
+         doc="heaps an embedder owns: counts by kind, destroy and reset, the limit and its callback, realloc "
+             "within a heap, a heap handed between threads, foreign frees, many heaps made and destroyed."),
     Test("test-introspect", "tests/test_introspect.c", "api debug win win-debug",
          doc="shard_visit, shard_report_leaks and shard_print_stats: walks that find exactly the blocks a test "
              "holds, in its own heap, in exited threads' heaps and among the large blocks."),
@@ -365,6 +376,10 @@ TESTS = [
          doc="the SHARDMM_ environment options, each in fresh processes (this program started again) with "
              "the variable and without: on the API library, on libshardmm.a (the exit hook a destructor of the "
              "program), the DLL (DLL_PROCESS_DETACH) and the Windows static library (no exit hook)."),
+    Test("test-engines", "tests/test_engines.c", "api debug", ENGINE_FLAGS, libs=ENGINE_LIBS,
+         doc="heaps under Lua 5.4, Duktape and mruby through their allocator hooks (tests/engine.h, the scripts in "
+             "tests/engines/): the same output as on malloc, their own out-of-memory errors under a limit, engines "
+             "dropped without closing, 1000 engines moved between 4 threads."),
     Test("test-win64", "tests/test_win64.c", "win-plain", implicit=(WIN_DLL.api_so, "build/win64/shard-wrap.dll"),
          doc="Windows-only behaviour of shardmm.dll, which it loads with LoadLibrary: FLS callbacks, fibers, "
              "FreeLibrary with live heaps, refused reservations, the static library inside another DLL."),
@@ -377,6 +392,10 @@ class Bench(NamedTuple):
     shard: tuple = ()      # variants whose drop-in library it is also linked with: NAME-shard-VARIANT
     defines: bool = True   # -DALLOC_<ALLOCATOR> and bench/allocator.h; without, the library linked decides
     win: bool = False      # also for Windows (bench/micro.py --wine): NAME-shard.exe, NAME-system.exe
+    heap: bool = False     # instead of a binary per peer: NAME-system (-DALLOC_SYSTEM), which the runner runs
+                           # with each peer preloaded, and NAME-heap (-DALLOC_SHARD), linked with the API
+                           # library, which puts the work on shardmm's heaps
+    libs: str = ""         # linked into each of its Linux binaries
     doc: str = ""
 
 
@@ -401,6 +420,10 @@ BENCHMARKS = [
               "the allocator is chosen by what the program is linked with: shardmm's drop-in library, or a "
               "peer's, which replaces malloc when linked as well; -system is glibc's. -shard-counters: the "
               "SHARD_COUNTERS build."),
+    Bench("engines", f"-Itests {ENGINE_FLAGS}", heap=True, libs=ENGINE_LIBS,
+          doc="engines: the scripts of tests/engines/ in Lua, Duktape and mruby (bench/engines.py runs it): "
+              "engines-system on the C library's malloc, which the runner also runs with each peer and "
+              "shardmm's drop-in preloaded; engines-heap on shardmm's heaps through the engines' hooks."),
 ]
 
 
@@ -688,7 +711,7 @@ def test_edges(t):
         out = b.out.format(t.name)
         for src in b.sources:  # only the last C source's headers reach the depfile (rule link)
             assert not quoted_includes(src), f"{src} includes a header of ours; it cannot precede {t.source}"
-        inputs = b.sources + (t.source,) + b.inputs
+        inputs = b.sources + (t.source,) + t.inputs + b.inputs
         implicit = t.implicit
         libs = [t.libs, b.libs]
         if b.so:
@@ -705,16 +728,23 @@ def test_edges(t):
 def bench_edges(bm):
     edges = []
     src = (f"bench/{bm.name}.c",)
+    if bm.heap:
+        heap_out, so = f"build/bench/{bm.name}-heap", RELEASE.api_so
+        return [Edge(f"build/bench/{bm.name}-system", "link", src, join("$bench_flags", bm.flags, "-DALLOC_SYSTEM"),
+                     bm.libs, phony="bench"),
+                Edge(heap_out, "link", src, join("$bench_flags", bm.flags, "-DALLOC_SHARD"),
+                     join(rpath(so, heap_out), bm.libs), (so,), phony="bench")]
     for alloc, lib in PEERS:
         for variant in ((None,) + bm.shard if alloc == "shard" else (None,)):
             define = f"-DALLOC_{alloc.upper()}" if bm.defines else ""
             out = f"build/bench/{bm.name}-{alloc}" + (f"-{variant}" if variant else "")
             if alloc == "shard":
                 so = VARIANT[variant or "release"].so
-                edges.append(Edge(out, "link", src, join("$bench_flags", bm.flags, define), rpath(so, out), (so,),
-                                  phony="bench"))
+                edges.append(Edge(out, "link", src, join("$bench_flags", bm.flags, define),
+                                  join(rpath(so, out), bm.libs), (so,), phony="bench"))
             else:
-                edges.append(Edge(out, "link", src, join("$bench_flags", bm.flags, define), lib, phony="bench"))
+                edges.append(Edge(out, "link", src, join("$bench_flags", bm.flags, define), join(lib, bm.libs),
+                                  phony="bench"))
     if bm.win:
         dll = WIN_DLL.api_so
         edges.append(Edge(f"build/win64/{bm.name}-shard.exe", "wlink",

@@ -132,6 +132,47 @@ SHARD_API void shard_collect(void);
  * limit. Returns the previous limit. */
 SHARD_API size_t shard_set_limit(size_t bytes);
 
+/* Heaps an embedder owns (a scripting engine's instance, a request, a sandbox): blocks of one heap come
+ * from its own pages and arenas, within an optional limit, and all of them go at once when the heap is
+ * destroyed or reset. A heap is used by one thread at a time - the caller serializes, as Lua, Duktape
+ * and mruby do - and may move between threads; shard_heap_* take the thread heap's fast paths (no
+ * atomic operation, no lock). Blocks of a heap may also be freed with shard_free and resized with
+ * shard_realloc from any thread (as another thread's block would be), and shard_usable_size takes them;
+ * shard_heap_free(h, p) of a block of another heap or of a thread heap frees it the same way. */
+typedef struct shard_heap shard_heap;
+typedef struct shard_heap_options {
+    size_t limit; /* the most memory the heap may hold committed (its pages, arenas and large blocks),
+                     bytes; 0: no limit */
+    /* Called, if set, when an allocation would pass the limit, with the size asked for: it may free
+     * blocks of the heap or raise the limit (shard_heap_set_limit), and returns non-zero to have the
+     * allocation tried once more (which then fails for good if it would still pass). */
+    int (*on_limit)(void *arg, shard_heap *heap, size_t size);
+    void *arg;
+} shard_heap_options;
+/* A new heap (opt NULL: no limit); NULL out of memory. */
+SHARD_API shard_heap *shard_heap_create(const shard_heap_options *opt);
+/* Every block of the heap is gone and its memory returned, in time proportional to its segments, arenas
+ * and large blocks, not its blocks; the heap itself too. */
+SHARD_API void shard_heap_destroy(shard_heap *heap);
+/* The same, keeping the heap (empty, with its options) for reuse. */
+SHARD_API void shard_heap_reset(shard_heap *heap);
+SHARD_API void *shard_heap_malloc(shard_heap *heap, size_t size);
+SHARD_API void *shard_heap_calloc(shard_heap *heap, size_t count, size_t size);
+/* As shard_realloc, the block (if it moves) staying in or coming into the heap. */
+SHARD_API void *shard_heap_realloc(shard_heap *heap, void *p, size_t size);
+SHARD_API void *shard_heap_malloc_aligned(shard_heap *heap, size_t size, size_t align);
+SHARD_API void shard_heap_free(shard_heap *heap, void *p);
+/* Set the limit (0: none); returns the previous one. */
+SHARD_API size_t shard_heap_set_limit(shard_heap *heap, size_t limit);
+typedef struct shard_heap_stats {
+    size_t committed;      /* memory the heap holds committed now, bytes: what the limit bounds */
+    size_t committed_peak; /* the most it held since it was created or reset */
+    size_t limit;          /* 0: none */
+    size_t live_small, live_medium, live_large;                   /* live blocks by kind */
+    size_t live_small_bytes, live_medium_bytes, live_large_bytes; /* their usable bytes */
+} shard_heap_stats;
+SHARD_API void shard_heap_get_stats(shard_heap *heap, shard_heap_stats *out);
+
 /* Introspection. Text goes to an output function, `out(arg, text, len)`, called with a line or part of
  * one at a time (not NUL-terminated); NULL `out` writes to standard error (on Windows the process's
  * standard error handle). The output function must not allocate or free through shardmm. */
@@ -158,6 +199,9 @@ enum shard_visit_scope {
  * that is not a live block is. fn must not allocate or free through shardmm (it may read the blocks). */
 typedef int (*shard_visit_fn)(void *arg, void *block, size_t usable, int kind);
 SHARD_API size_t shard_visit(unsigned scope, shard_visit_fn fn, void *arg);
+/* The same for the live blocks of a created heap (shard_heap_create), small, medium and large, called by
+ * the thread that uses the heap at the time. */
+SHARD_API size_t shard_heap_visit(shard_heap *heap, shard_visit_fn fn, void *arg);
 
 /* The live blocks of SHARD_VISIT_ALL, grouped by size (small: class; medium, large: by power of two):
  * per group the count, the bytes and the first few blocks with their first 32 bytes in hex and as

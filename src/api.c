@@ -243,7 +243,7 @@ void FAST_PATH(free)(void *p)
 /* ---- realloc ------------------------------------------------------------------------------------- */
 
 /* The usable size of a live block; 0 (after the hook) if p is not one. */
-static size_t usable_or_report(const void *p, int error)
+size_t api_usable_or_report(const void *p, int error)
 {
     unsigned kind = segmap_kind((uintptr_t)p);
     if (kind == SEG_SMALL && page_has_item_any_thread(page_of(p), p))
@@ -293,7 +293,7 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
 {
     if (p == NULL)
         return shard_malloc(size);
-    size_t old = usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
+    size_t old = api_usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
     if (old == 0)
         return NULL;
     unsigned kind = segmap_kind((uintptr_t)p);
@@ -410,7 +410,7 @@ void *shard_realloc_aligned(void *p, size_t size, size_t align)
         return NULL;
     if (align <= 16)
         return shard_realloc(p, size);
-    size_t old = usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
+    size_t old = api_usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
     if (old == 0)
         return NULL;
     if (size == 0) {
@@ -479,7 +479,7 @@ size_t shard_usable_size(const void *p)
 {
     if (p == NULL)
         return 0;
-    return usable_or_report(p, SHARD_ERROR_INVALID_SIZE_QUERY);
+    return api_usable_or_report(p, SHARD_ERROR_INVALID_SIZE_QUERY);
 }
 
 /* ---- statistics and checks ----------------------------------------------------------------------- */

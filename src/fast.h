@@ -38,6 +38,9 @@
 void *api_malloc_slow(size_t size);
 void api_free_slow(void *p);
 void *api_realloc_slow(void *p, size_t size);
+/* The usable size of a live block of any kind and thread; 0, after the error hook with `error`, if p is
+ * not one (engine.c's realloc reports as shard_realloc does). */
+size_t api_usable_or_report(const void *p, int error);
 
 #if SHARD_ASM
 void *api_malloc_c(size_t size);

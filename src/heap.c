@@ -312,7 +312,12 @@ void heap_reserve_expire(uint64_t due)
     }
     trim_stack(0);
     spin_unlock(&trim_lock);
+    uint64_t created_due = created_reserve_expire(os_clock_ms());
+    if (created_due != 0)
+        arm_due(created_due);
 }
+
+void heap_arm_reserve_due(uint64_t due) { arm_due(due); }
 
 void heap_foreign_queued(heap *h)
 {
@@ -437,6 +442,7 @@ void heap_collect(void)
     if (h != NULL)
         trim_to(h, SHARD_KEEP_FREE_PAGES, 1, 0);
     empty_stack();
+    created_reserve_expire(UINT64_MAX);
 }
 
 int heap_relieve(void)
@@ -448,6 +454,7 @@ int heap_relieve(void)
     if (h != NULL)
         trim_all(h, 0);
     empty_stack();
+    created_reserve_expire(UINT64_MAX);
     os_get_totals(&after);
     return after.reserved < before.reserved || after.committed < before.committed;
 }
@@ -565,11 +572,12 @@ heap heap_none = {
     .own = {[0] = 1},
 };
 
-static heap *heap_new(void)
+heap *heap_new(uint32_t thread)
 {
     heap *h = meta_alloc(sizeof(heap));
     if (h == NULL)
         return NULL;
+    set_owner(h, thread);
     for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++)
         h->direct[i] = &small_empty_page;
     h->own[0] = 1; /* no segment lies at 1: a pointer below 4 MB finds no own segment */
@@ -591,12 +599,8 @@ static heap *acquire(void)
         spin_unlock(&trim_lock);
         h = pop_free_heap();
     }
-    if (h == NULL) {
-        h = heap_new();
-        if (h != NULL)
-            set_owner(h, os_thread_id());
-        return h;
-    }
+    if (h == NULL)
+        return heap_new(os_thread_id());
     set_owner(h, os_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
     drop_reserve(h);                /* the reserve is this thread's now */
     trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* what was freed into it while it waited; nothing goes back */

@@ -18,6 +18,8 @@
 #include "medium.h"
 #include "small.h"
 
+struct shard_heap;
+
 #define HEAP_OWN_SLOTS ((size_t)1 << (32 - SEGMENT_SHIFT)) /* by address bits 22..31 */
 
 typedef struct page_list {
@@ -58,13 +60,38 @@ typedef struct heap {
     page *delayed __attribute__((aligned(64)));
     struct arena *delayed_arenas;
     uint64_t owner;
+    /* A heap an embedder created (shard_heap_create; engine.c), 0 for a thread heap: then what it holds
+     * committed is counted (written by other threads too: a large block's free), against its limit. */
+    uint32_t created;
+    uint32_t limit_hit;     /* an allocation of its owner found the limit in the way (engine.c retries) */
+    size_t charged;         /* committed bytes of its pages, arenas and large blocks; atomic */
+    size_t charged_peak;
+    size_t limit;           /* 0: none */
+    size_t large_count, large_bytes; /* its live large blocks and their usable bytes; atomic */
+    int (*on_limit)(void *arg, struct shard_heap *heap, size_t size);
+    void *on_limit_arg;
+    struct heap *next_created; /* in the list of destroyed heaps, for reuse */
 } heap;
+
+/* Count bytes committed for h (a created heap's; nothing for a thread heap): -1, nothing counted and
+ * h->limit_hit set, when that would pass its limit. */
+int heap_charge_created(heap *h, size_t bytes);
+static inline int heap_charge(heap *h, size_t bytes) { return unlikely(h->created) ? heap_charge_created(h, bytes) : 0; }
+static inline void heap_uncharge(heap *h, size_t bytes)
+{
+    if (unlikely(h->created))
+        fetch_add_relaxed(&h->charged, -bytes);
+}
 
 /* The calling thread's heap, created (or taken from the free stack) if it has none; NULL when out of
  * memory. In a thread whose exit hook has already run (a thread-local destructor that allocates), the
  * heap is only lent: *lent is set to 1, the heap is not stored in the thread's slot, and the caller
  * makes its one allocation and then gives the heap back with heap_retire. */
 heap *heap_get_or_create(int *lent);
+
+/* A new heap owned by `thread` (PORT_THREAD_NONE: a created heap's, engine.c), in the list of all heaps;
+ * NULL out of memory. */
+heap *heap_new(uint32_t thread);
 
 /* The heap a thread without one sees in the fast paths: every page-per-size entry leads to the empty
  * page, it owns no segment and no class has pages, so each fast path fails over to its slow path, which
@@ -157,6 +184,12 @@ static inline void heap_reserve_tick(void)
  * (small.c, medium.c). When no thread has h, the memory freed into it must not wait for a thread that
  * may never come: this arranges for the stack to be trimmed soon. */
 void heap_foreign_queued(heap *h);
+
+/* Arm the trim of the stack (and of destroyed created heaps' reserves, engine.c) for `due`. */
+void heap_arm_reserve_due(uint64_t due);
+/* engine.c: destroyed created heaps give back the reserve they kept once it has waited the delay (all
+ * of them with now UINT64_MAX); returns when the next one is due, 0 for none. */
+uint64_t created_reserve_expire(uint64_t now);
 
 /* shard_collect's part: the calling thread's free pages and empty arenas beyond what it keeps, and
  * everything the heaps in the stack hold but live blocks, go back now. */

@@ -71,6 +71,7 @@
 
 #include "../port/port.h"
 #include "config.h"
+#include "heap.h"
 #include "libc.h"
 #include "medium.h"
 #include "options.h"
@@ -112,6 +113,22 @@ static size_t lead_of(const large_header *h)
 static uintptr_t granule_of(large_header *h) { return is_far(h) ? (uintptr_t)block_of(h) : (uintptr_t)h; }
 static unsigned kind_of(const large_header *h) { return is_far(h) ? SEG_LARGE_FAR : SEG_LARGE; }
 static size_t layout_of(size_t span, size_t offset) { return span | (size_t)__builtin_ctzll(offset); }
+
+/* A block of a created heap (shard_heap_create) starts at least 64 bytes in: the 32 bytes after the
+ * header name its heap, whose limit counts the block's committed memory and whose destroy releases it.
+ * Any block whose offset leaves room holds the field (NULL: a thread's block), so the offset alone says
+ * where to look. */
+#define LARGE_HEAP_OFFSET ((size_t)64)
+typedef struct large_ext {
+    heap *owner;
+    uint64_t pad[3];
+} large_ext;
+_Static_assert(LARGE_HEADER + sizeof(large_ext) == LARGE_HEAP_OFFSET, "the heap's field fits before the block");
+
+static heap *owner_of(large_header *h)
+{
+    return offset_of(h) >= LARGE_HEAP_OFFSET ? ((large_ext *)(h + 1))->owner : NULL;
+}
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
 /* The bytes from the header to the block's end, whole pages. */
@@ -402,7 +419,49 @@ void large_lock_for_fork(int take)
     }
 }
 
-void large_visit(visitor *v)
+void large_release_owned(heap *owner)
+{
+    enum { BATCH = 64 };
+    large_header *batch[BATCH];
+    unsigned n;
+    do {
+        /* Claimed (LIVE to FREED, as a free would) under the walk's lock, released after it: a release
+         * takes that lock to clear the map entry. Each round scans again: the map changed. */
+        n = 0;
+        if (!spin_lock_unless_fork(&walk_lock))
+            return; /* a fork: the blocks stay until the heap's next reset or destroy */
+        for (size_t hi = 0; hi < ((size_t)1 << SEGMAP_TOP_BITS) && n < BATCH; hi++) {
+            uintptr_t top = load_relaxed(&segmap_top[hi]);
+            if (top == 0)
+                continue;
+            const uint8_t *leaf = (const uint8_t *)((uintptr_t)segmap_zero_leaf + top);
+            for (size_t i = 0; i < SEGMAP_LEAF_BYTES && n < BATCH; i++) {
+                unsigned kind = load_relaxed(&leaf[i]);
+                if (kind != SEG_LARGE && kind != SEG_LARGE_FAR)
+                    continue;
+                uintptr_t granule = (uintptr_t)hi << 32 | (uintptr_t)i << SEGMENT_SHIFT;
+                large_header *h = (large_header *)(kind == SEG_LARGE ? granule : granule - PORT_PAGE);
+                uint64_t live = LARGE_MARK_LIVE;
+                if (load_acquire(&h->mark) == LARGE_MARK_LIVE && owner_of(h) == owner &&
+                    cas_acq_rel(&h->mark, &live, LARGE_MARK_FREED))
+                    batch[n++] = h;
+            }
+        }
+        spin_unlock(&walk_lock);
+        for (unsigned k = 0; k < n; k++) {
+            count_live((size_t)-1, -batch[k]->size, -batch[k]->committed);
+            fetch_add_relaxed(&owner->large_count, (size_t)-1);
+            fetch_add_relaxed(&owner->large_bytes, -batch[k]->size);
+            heap_uncharge(owner, batch[k]->committed);
+            if (is_far(batch[k]))
+                release_block(batch[k]);
+            else
+                cache_put(batch[k]); /* as a free: the next engine's large blocks may come from it */
+        }
+    } while (n == BATCH);
+}
+
+void large_visit(visitor *v, heap *only)
 {
     if (!spin_lock_unless_fork(&walk_lock))
         return; /* a fork is going on: no walk now */
@@ -419,7 +478,7 @@ void large_visit(visitor *v)
             /* live_header's test, from the granule: a block starts at its header's offset, or a far one
              * at the granule itself. A block being made or moved is LIVE only once it is whole. */
             large_header *h = (large_header *)(kind == SEG_LARGE ? granule : granule - PORT_PAGE);
-            if (load_acquire(&h->mark) == LARGE_MARK_LIVE)
+            if (load_acquire(&h->mark) == LARGE_MARK_LIVE && (only == NULL || owner_of(h) == only))
                 visit_block(v, block_of(h), h->size, VISIT_LARGE);
         }
     }
@@ -460,44 +519,78 @@ static int fit_commit(large_header *h, size_t committed, size_t need)
 void *large_alloc(size_t size, int zero) { return large_alloc_aligned(size, LARGE_HEADER, zero); }
 
 /* A block aligned to 4 MB or more (see the file comment); fresh memory, so zero. */
-static void *far_alloc(size_t size, size_t align)
+/* The end of every allocation: the block's heap (if it has room for the field), the counts, LIVE. */
+static void *go_live(large_header *h, heap *owner)
+{
+    if (offset_of(h) >= LARGE_HEAP_OFFSET)
+        ((large_ext *)(h + 1))->owner = owner;
+    if (owner != NULL) {
+        fetch_add_relaxed(&owner->large_count, 1);
+        fetch_add_relaxed(&owner->large_bytes, h->size);
+    }
+    count_live(1, h->size, h->committed);
+    store_release(&h->mark, LARGE_MARK_LIVE);
+    return block_of(h);
+}
+
+static void *far_alloc(size_t size, size_t align, heap *owner)
 {
     if (size > LARGE_SIZE_MAX || align > LARGE_SIZE_MAX)
         return NULL;
     if (size < 16)
         size = 16; /* a block of its own past the header, as shard_malloc(0) gives */
     size_t body = round_up(size, PORT_RESERVE_ALIGN), lead = align - PORT_PAGE, need = PORT_PAGE + round_up(size, PORT_PAGE);
-    uint8_t *r = os_reserve(align + body, align);
-    if (r == NULL)
+    if (owner != NULL && heap_charge(owner, need) != 0)
         return NULL;
+    uint8_t *r = os_reserve(align + body, align);
+    if (r == NULL) {
+        if (owner != NULL)
+            heap_uncharge(owner, need);
+        return NULL;
+    }
     large_header *h = (large_header *)(r + lead);
     if (SHARD_LARGE_PAGES)
         os_hint_large_pages(r + align, body);
-    if (os_commit(h, need) != 0) {
-        os_release(r, align + body, 0);
-        return NULL;
-    }
-    if (segmap_set((uintptr_t)(r + align), SEGMENT_SIZE, SEG_LARGE_FAR, SEG_LARGE_FAR) != 0) {
-        os_release(r, align + body, need);
+    int committed = os_commit(h, need) == 0;
+    if (!committed || segmap_set((uintptr_t)(r + align), SEGMENT_SIZE, SEG_LARGE_FAR, SEG_LARGE_FAR) != 0) {
+        os_release(r, align + body, committed ? need : 0);
+        if (owner != NULL)
+            heap_uncharge(owner, need);
         return NULL;
     }
     h->size = need - PORT_PAGE;
     h->committed = need;
     h->layout = layout_of(PORT_PAGE + body, PORT_PAGE) | LAYOUT_FAR | (size_t)__builtin_ctzll(align) << LAYOUT_ALIGN_SHIFT;
-    count_live(1, h->size, h->committed);
-    store_release(&h->mark, LARGE_MARK_LIVE);
-    return r + align;
+    return go_live(h, owner);
 }
 
 /* A block whose header is at its reservation's start: from the cache, else a fresh reservation. */
-static void *near_alloc(size_t size, size_t offset, int zero, enum headroom headroom)
+static void *near_alloc(size_t size, size_t offset, int zero, enum headroom headroom, heap *owner)
 {
+    if (owner != NULL && offset < LARGE_HEAP_OFFSET)
+        offset = LARGE_HEAP_OFFSET;
     size_t need = need_of(size, offset), committed = 0;
+    if (owner != NULL && heap_charge(owner, need) != 0)
+        return NULL;
     large_header *h = cache_take(need, &committed);
     if (h != NULL) {
         if (fit_commit(h, committed, need) != 0) {
             cache_put(h); /* out of memory: the block waits for a smaller request */
+            if (owner != NULL)
+                heap_uncharge(owner, need);
             return NULL;
+        }
+        /* A created heap's limit counts what the block keeps committed beyond its need (growth into it
+         * is free); when the limit has no room for that, the block gives it back. */
+        if (owner != NULL && h->committed > need && heap_charge(owner, h->committed - need) != 0) {
+            store_relaxed(&owner->limit_hit, 0u); /* not this allocation's failure */
+            if (os_decommit((uint8_t *)h + need, h->committed - need) == 0) {
+                h->committed = need;
+            } else {
+                cache_put(h);
+                heap_uncharge(owner, need);
+                return NULL;
+            }
         }
         h->size = need - offset;
         h->layout = layout_of(span_of(h), offset);
@@ -506,21 +599,24 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
     } else {
         size_t span;
         h = reserve_block(need, offset, 0, SEG_LARGE, headroom, &span);
-        if (h == NULL)
+        if (h == NULL) {
+            if (owner != NULL)
+                heap_uncharge(owner, need);
             return NULL;
+        }
     }
-    count_live(1, h->size, h->committed);
-    store_release(&h->mark, LARGE_MARK_LIVE);
-    return block_of(h);
+    return go_live(h, owner);
 }
 
-void *large_alloc_aligned(size_t size, size_t align, int zero)
+void *large_alloc_aligned(size_t size, size_t align, int zero) { return large_alloc_in(NULL, size, align, zero); }
+
+void *large_alloc_in(heap *owner, size_t size, size_t align, int zero)
 {
     if (size > LARGE_SIZE_MAX)
         return NULL;
     if (align > LARGE_ALIGN_NEAR)
-        return far_alloc(size, align);
-    return near_alloc(size, align > LARGE_HEADER ? align : LARGE_HEADER, zero, HEADROOM_FRESH);
+        return far_alloc(size, align, owner);
+    return near_alloc(size, align > LARGE_HEADER ? align : LARGE_HEADER, zero, HEADROOM_FRESH, owner);
 }
 
 static large_header *live_header(const void *p)
@@ -541,6 +637,12 @@ static large_header *live_header(const void *p)
     return h;
 }
 
+int large_owner_is(const void *p, heap *owner)
+{
+    large_header *h = live_header(p);
+    return h != NULL && owner_of(h) == owner;
+}
+
 int large_free(void *p)
 {
     large_header *h = live_header(p);
@@ -548,6 +650,12 @@ int large_free(void *p)
     if (h == NULL || !cas_acq_rel(&h->mark, &live, LARGE_MARK_FREED))
         return -1;
     count_live((size_t)-1, -h->size, -h->committed);
+    heap *owner = owner_of(h);
+    if (owner != NULL) {
+        fetch_add_relaxed(&owner->large_count, (size_t)-1);
+        fetch_add_relaxed(&owner->large_bytes, -h->size);
+        heap_uncharge(owner, h->committed);
+    }
     if (is_far(h))
         release_block(h); /* never cached (see the file comment) */
     else
@@ -568,16 +676,27 @@ void *large_resize_in_place(void *p, size_t size)
         return NULL;
     large_cache_expire(); /* a cache access, as the seed counts them: the age is checked */
     size_t offset = offset_of(h), need = need_of(size, offset), committed = h->committed, was = h->size;
+    heap *owner = owner_of(h);
     if (need <= committed) {
-        if (need < committed / 2 && os_decommit((uint8_t *)h + need, committed - need) == 0)
+        if (need < committed / 2 && os_decommit((uint8_t *)h + need, committed - need) == 0) {
             h->committed = need; /* shrunk to less than half: the tail goes back at once */
+            if (owner != NULL)
+                heap_uncharge(owner, committed - need);
+        }
     } else if (need <= span_of(h)) {
-        if (os_commit((uint8_t *)h + committed, need - committed) != 0)
+        if (owner != NULL && heap_charge(owner, need - committed) != 0)
             return NULL;
+        if (os_commit((uint8_t *)h + committed, need - committed) != 0) {
+            if (owner != NULL)
+                heap_uncharge(owner, need - committed);
+            return NULL;
+        }
         h->committed = need;
     } else {
         return NULL;
     }
+    if (owner != NULL)
+        fetch_add_relaxed(&owner->large_bytes, (need - offset) - h->size);
     h->size = need - offset;
     count_live(0, h->size - was, h->committed - committed);
     return p;
@@ -593,19 +712,28 @@ void *large_move(void *p, size_t size)
         return NULL; /* only growth moves pages over */
     if (!os_can_move()) {
         /* A platform that cannot move pages: a copy, to a block with a grown one's headroom. */
-        void *q = near_alloc(size, offset, 0, HEADROOM_GROWN);
+        void *q = near_alloc(size, offset, 0, HEADROOM_GROWN, owner_of(old));
         if (q != NULL) {
             mem_copy(q, p, old->size);
             large_free(p);
         }
         return q;
     }
-    size_t was = old->size, was_committed = old->committed; /* the header moves with the pages */
+    heap *owner = owner_of(old);
+    size_t old_committed = old->committed, old_size = old->size;
+    if (owner != NULL && heap_charge(owner, need - old_committed) != 0)
+        return NULL;
+    size_t was = old_size, was_committed = old_committed; /* the header moves with the pages */
     large_header *h = move_block(old, need, HEADROOM_GROWN, &span);
-    if (h == NULL)
+    if (h == NULL) {
+        if (owner != NULL)
+            heap_uncharge(owner, need - old_committed);
         return NULL; /* nothing moved: the caller copies */
-    /* The header came along with the pages, mark LIVE; only where the block lives now changes (a far
-     * block becomes an ordinary one whose block starts a page in). */
+    }
+    if (owner != NULL)
+        fetch_add_relaxed(&owner->large_bytes, (need - offset) - old_size);
+    /* The header came along with the pages, mark LIVE, and the heap's field; only where the block lives
+     * now changes (a far block becomes an ordinary one whose block starts a page in). */
     h->size = need - offset;
     h->committed = need;
     h->layout = layout_of(span, offset);

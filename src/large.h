@@ -11,6 +11,13 @@
 void *large_alloc(size_t size, int zero);
 /* The same at a multiple of align (any power of two; up to 32 it is large_alloc). */
 void *large_alloc_aligned(size_t size, size_t align, int zero);
+/* The same for a created heap (NULL: no heap), whose limit counts the block's committed memory. */
+struct heap;
+void *large_alloc_in(struct heap *owner, size_t size, size_t align, int zero);
+/* Free every live large block of a created heap, as large_free would (its destroy or reset). */
+void large_release_owned(struct heap *owner);
+/* Whether p is a live large block of that heap. */
+int large_owner_is(const void *p, struct heap *owner);
 /* Free p if it is a live large block; -1 (and nothing changes) if it is not. */
 int large_free(void *p);
 /* The usable size of a live block, or 0 if p is not one. */
@@ -31,11 +38,11 @@ void large_live_counts(size_t *blocks, size_t *bytes, size_t *committed);
 /* Take (1) or give back (0) the cache's lock around a fork (heap.c's fork hooks; held as SPIN_FORK). */
 void large_lock_for_fork(int take);
 void large_cache_counts(size_t *blocks, size_t *bytes);
-/* Report every live large block to v (the visitor type is segment.h's); blocks freed or made meanwhile
- * may be reported or not. v's function must not free a large block (the walk holds a lock their release
- * takes). */
+/* Report every live large block to v (the visitor type is segment.h's), or only those of the created
+ * heap `only`; blocks freed or made meanwhile may be reported or not. v's function must not free a large
+ * block (the walk holds a lock their release takes). */
 struct visitor;
-void large_visit(struct visitor *v);
+void large_visit(struct visitor *v, struct heap *only);
 /* Problems in the cache (reported through report_error); 0 when it is consistent. */
 int large_check(void);
 

@@ -215,6 +215,7 @@ static void trim_arenas(heap *h, uint64_t now, unsigned keep)
             size_t was = a->committed;
             store_release(&a->committed, ARENA_KEEP);
             if (was == ARENA_KEEP || os_decommit((uint8_t *)a + ARENA_KEEP, was - ARENA_KEEP) == 0) {
+                heap_uncharge(h, was - ARENA_KEEP);
                 a->state = ARENA_DECOMMITTED;
                 empty_list_remove(h, a);
             } else {
@@ -252,20 +253,75 @@ void medium_release_empty(heap *h)
         if (a->state == ARENA_EMPTY)
             empty_list_remove(h, a);
         store_release(link, a->next); /* statistics walk the list (segment_walk_begin) */
+        heap_uncharge(h, a->committed);
         segment_release(&a->seg, a->committed);
     }
 }
 
-static void arena_emptied(heap *h, arena *a)
+void medium_release_all(heap *h)
+{
+    arena *a = h->arenas;
+    store_release(&h->arenas, (arena *)NULL); /* statistics walk the list (segment_walk_begin) */
+    while (a != NULL) {
+        arena *next = a->next;
+        heap_uncharge(h, a->committed);
+        segment_release(&a->seg, a->committed);
+        a = next;
+    }
+}
+
+/* a is empty since `now`: the most recently emptied of h's empty arenas. */
+static void empty_list_push(heap *h, arena *a, uint64_t now)
 {
     a->state = ARENA_EMPTY;
-    a->emptied_at = os_clock_ms();
+    a->emptied_at = now;
     a->empty_prev = NULL;
     a->empty_next = h->empty_arenas;
     if (h->empty_arenas != NULL)
         h->empty_arenas->empty_prev = a;
     h->empty_arenas = a;
     h->empty_arena_count++;
+}
+
+void medium_empty_keep(heap *h, unsigned keep)
+{
+    uint64_t now = os_clock_ms();
+    mem_zero(&h->medium, sizeof h->medium);
+    h->empty_arenas = NULL;
+    h->empty_arena_count = 0;
+    store_relaxed(&h->delayed_arenas, (arena *)NULL);
+    /* Each arena one free chunk again, the first listed the most recently emptied one. */
+    for (arena *a = h->arenas; a != NULL; a = a->next) {
+        chunk *c = chunk_at(a, ARENA_DATA);
+        c->prev_size = 0;
+        c->size_flags = ARENA_FIRST_SIZE | CHUNK_FREE;
+        c->check = 0;
+        bin_insert(&h->medium, c, ARENA_FIRST_SIZE);
+        store_relaxed(&a->live, 0u);
+        store_relaxed(&a->live_bytes, 0u);
+        store_relaxed(&a->thread_free, (uintptr_t)0);
+        a->next_delayed = NULL;
+        if (a->state == ARENA_DECOMMITTED)
+            continue;
+        empty_list_push(h, a, now); /* the delay counts from here, as for an arena its last block left */
+    }
+    medium_keep(h, keep);
+    arena **link = &h->arenas; /* the decommitted ones go whole */
+    for (arena *a = *link; a != NULL; a = *link) {
+        if (a->state != ARENA_DECOMMITTED) {
+            link = &a->next;
+            continue;
+        }
+        bin_remove(&h->medium, chunk_at(a, ARENA_DATA), ARENA_FIRST_SIZE);
+        store_release(link, a->next);
+        heap_uncharge(h, a->committed);
+        segment_release(&a->seg, a->committed);
+    }
+}
+
+static void arena_emptied(heap *h, arena *a)
+{
+    empty_list_push(h, a, os_clock_ms());
     medium_trim(h);
 }
 
@@ -278,9 +334,13 @@ static void arena_used(heap *h, arena *a)
 
 static int arena_new(heap *h)
 {
-    arena *a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP);
-    if (a == NULL)
+    if (heap_charge(h, ARENA_KEEP) != 0)
         return -1;
+    arena *a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP);
+    if (a == NULL) {
+        heap_uncharge(h, ARENA_KEEP);
+        return -1;
+    }
     store_relaxed(&a->committed, ARENA_KEEP);
     chunk *c = chunk_at(a, ARENA_DATA);
     c->prev_size = 0;
@@ -299,8 +359,13 @@ static int ensure_committed(arena *a, size_t end)
     if (end <= a->committed)
         return 0;
     size_t to = (end + ARENA_KEEP - 1) & ~(ARENA_KEEP - 1);
-    if (os_commit((uint8_t *)a + a->committed, to - a->committed) != 0)
+    heap *h = a->seg.owner;
+    if (heap_charge(h, to - a->committed) != 0)
         return -1;
+    if (os_commit((uint8_t *)a + a->committed, to - a->committed) != 0) {
+        heap_uncharge(h, to - a->committed);
+        return -1;
+    }
     store_relaxed(&a->committed, to);
     return 0;
 }

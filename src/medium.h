@@ -82,6 +82,12 @@ void medium_keep(struct heap *h, unsigned keep);
 
 /* Release h's arenas that hold no block (their address space goes back too). */
 void medium_release_empty(struct heap *h);
+/* Release all of h's arenas, live blocks and all (a created heap's destroy or reset: engine.c); the
+ * caller clears h's bins and lists. */
+void medium_release_all(struct heap *h);
+/* Every arena of h becomes one free chunk again, its blocks gone, without a look at them; all but the
+ * `keep` first stay committed, the rest are released (a created heap's destroy or reset: engine.c). */
+void medium_empty_keep(struct heap *h, unsigned keep);
 
 /* Take the chunks other threads freed into h's arenas and merge them. */
 void medium_drain_delayed(struct heap *h);

@@ -31,6 +31,7 @@
 #endif
 
 #include "api.c"
+#include "engine.c"
 #include "error.c"
 #include "heap.c"
 #include "large.c"

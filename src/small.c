@@ -199,6 +199,7 @@ static void trim_at(heap *h, uint64_t now, unsigned keep)
         } else if (now == UINT64_MAX || now - pg->freed_at >= options_values.decommit_delay_ms) {
             if (os_decommit(page_start(pg), PAGE_SIZE) != 0)
                 return;
+            heap_uncharge(h, PAGE_SIZE);
             list_remove(&h->free_pages, pg);
             h->free_count--;
             pg->state = PAGE_COLD;
@@ -234,7 +235,78 @@ void small_release_empty(heap *h)
         uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
         if (h->own[slot] == (uintptr_t)s)
             h->own[slot] = 0; /* another segment may come to this address, another heap's */
+        heap_uncharge(h, SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE);
         segment_release(s, SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE);
+    }
+}
+
+void small_release_all(heap *h)
+{
+    segment *s = h->segments;
+    store_release(&h->segments, (segment *)NULL); /* statistics walk the list (segment_walk_begin) */
+    while (s != NULL) {
+        segment *next = s->next;
+        size_t committed = SEGMENT_DESC_BYTES;
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
+            committed += ((const page *)((uint8_t *)s + i * PAGE_DESC_SIZE))->state != PAGE_COLD ? PAGE_SIZE : 0;
+        heap_uncharge(h, committed);
+        segment_release(s, committed);
+        s = next;
+    }
+}
+
+void small_empty_keep(heap *h, unsigned keep)
+{
+    for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++)
+        h->direct[i] = &small_empty_page;
+    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++)
+        h->classes[cls] = (page_list){NULL, NULL};
+    h->free_pages = h->cold_pages = (page_list){NULL, NULL};
+    h->free_count = 0;
+    store_relaxed(&h->delayed, (page *)NULL); /* the queued pages' frees are void: their pages empty now */
+    for (segment *s = h->segments; s != NULL; s = s->next) {
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
+            page *pg = (page *)((uint8_t *)s + i * PAGE_DESC_SIZE);
+            if (pg->state == PAGE_IN_USE) { /* as page_retire, whatever its items */
+                store_relaxed(&pg->shared_block_size, 0u);
+                store_relaxed(&pg->shared_divisor, 0u);
+                store_relaxed(&pg->thread_free, (uint64_t)0);
+                pg->next_delayed = NULL;
+                pg->state = PAGE_FREE;
+                pg->free = pg->local_free = NULL;
+                pg->used = 0;
+                pg->sole = 0;
+                pg->carved = 0;
+                store_relaxed(&pg->carved_end, 0u);
+                h->pages_retired++;
+            }
+            pg->freed_at = 0;
+            if (pg->state == PAGE_FREE) {
+                list_append(&h->free_pages, pg);
+                h->free_count++;
+            } else {
+                list_append(&h->cold_pages, pg);
+            }
+        }
+    }
+    trim_at(h, UINT64_MAX, keep); /* the oldest in that order: the first segments' */
+    segment **link = &h->segments; /* segments left with no committed page go whole */
+    for (segment *s = *link; s != NULL; s = *link) {
+        unsigned cold = 0;
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
+            cold += ((const page *)((uint8_t *)s + i * PAGE_DESC_SIZE))->state == PAGE_COLD;
+        if (cold != SEGMENT_PAGES - 1) {
+            link = &s->next;
+            continue;
+        }
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
+            list_remove(&h->cold_pages, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
+        store_release(link, s->next);
+        uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
+        if (h->own[slot] == (uintptr_t)s)
+            h->own[slot] = 0;
+        heap_uncharge(h, SEGMENT_DESC_BYTES);
+        segment_release(s, SEGMENT_DESC_BYTES);
     }
 }
 
@@ -305,9 +377,14 @@ static page *page_acquire(heap *h)
         return pg;
     }
     if (h->cold_pages.first == NULL) {
+        if (heap_charge(h, SEGMENT_DESC_BYTES + PAGE_SIZE) != 0)
+            return NULL; /* a created heap's limit: the descriptors and the page to come */
         segment *seg = segment_create(h, SEG_SMALL, SEGMENT_DESC_BYTES);
-        if (seg == NULL)
+        heap_uncharge(h, PAGE_SIZE);
+        if (seg == NULL) {
+            heap_uncharge(h, SEGMENT_DESC_BYTES);
             return NULL;
+        }
         seg->next = h->segments;
         store_release(&h->segments, seg); /* the statistics walk this list from other threads */
         heap_own_segment(h, seg);         /* the fast paths of free and realloc find it there */
@@ -318,8 +395,12 @@ static page *page_acquire(heap *h)
         }
     }
     pg = h->cold_pages.first;
-    if (os_commit(page_start(pg), PAGE_SIZE) != 0)
+    if (heap_charge(h, PAGE_SIZE) != 0)
         return NULL;
+    if (os_commit(page_start(pg), PAGE_SIZE) != 0) {
+        heap_uncharge(h, PAGE_SIZE);
+        return NULL;
+    }
     list_remove(&h->cold_pages, pg);
     return pg;
 }

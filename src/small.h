@@ -177,6 +177,13 @@ void small_drain_delayed(struct heap *h);
 void small_keep(struct heap *h, unsigned keep, int exiting);
 /* Release h's segments with no page in use (free pages and all): their address space goes back too. */
 void small_release_empty(struct heap *h);
+/* Release all of h's segments, live blocks and all (a created heap's destroy or reset: engine.c); the
+ * caller clears h's lists. */
+void small_release_all(struct heap *h);
+/* Every page of h becomes free, its blocks gone, without a look at them; then all but the `keep` most
+ * recently listed free pages are decommitted, and segments left without a committed page released (a
+ * created heap's destroy or reset that keeps a warm reserve: engine.c). */
+void small_empty_keep(struct heap *h, unsigned keep);
 typedef struct small_counts {
     size_t live, used, free, decommitted, retired; /* blocks; pages in use, free, not committed; retirements */
     size_t live_bytes;                             /* the live blocks' class sizes */

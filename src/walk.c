@@ -9,6 +9,7 @@
  * that every release of a large block takes to clear its entry (large.c's large_visit). Other running
  * threads' heaps are never walked: their free lists change without any lock, and a walk would read them
  * torn. A thread walks its own (the leak report at exit sees the exiting thread's and the waiting ones).
+ * A created heap (engine.c) is walked by its user, as its own: shard_heap_visit.
  *
  * Depends on: shardmm.h (the API), heap.h (the slot and the stack), small.h, medium.h, large.h,
  * segment.h (the visitor).
@@ -34,6 +35,18 @@ size_t shard_visit(unsigned scope, shard_visit_fn fn, void *arg)
     if ((scope & SHARD_VISIT_WAITING) && !v.stop)
         heap_visit_stack(&v);
     if ((scope & SHARD_VISIT_LARGE) && !v.stop)
-        large_visit(&v);
+        large_visit(&v, NULL);
+    return v.count;
+}
+
+size_t shard_heap_visit(shard_heap *sh, shard_visit_fn fn, void *arg)
+{
+    visitor v = {fn, arg, 0, 0};
+    heap *h = (heap *)sh;
+    small_visit(h, &v);
+    if (!v.stop)
+        medium_visit(h, &v);
+    if (!v.stop)
+        large_visit(&v, h);
     return v.count;
 }
