@@ -256,10 +256,11 @@ int shard_region_init(void *base, size_t size, const shard_region_options *optio
         hi = lo; /* wraps around the address space */
     if (hi < lo + MIN_REGION || (SHARD_SLOT != PORT_SLOT_FUNCTION && o->slot != NULL))
         return -1;
-    if (__atomic_exchange_n(&region.lock, 1, __ATOMIC_ACQUIRE) != 0 || region.base != NULL) {
-        if (region.base != NULL)
-            unlock();
-        return -1; /* called before (or twice at once) */
+    if (__atomic_exchange_n(&region.lock, 1, __ATOMIC_ACQUIRE) != 0)
+        return -1; /* the lock is someone else's: called twice at once, or after the region is in use */
+    if (region.base != NULL) {
+        unlock(); /* ours: called before */
+        return -1;
     }
     size_t granules = (hi - lo) >> GRANULE_SHIFT, pages = granules * PAGES_PER_GRANULE;
     size_t granule_words = (granules + 63) / 64, page_words = (pages + 63) / 64;

@@ -114,6 +114,14 @@ static void created_empty(heap *h, int keep)
     store_relaxed(&h->limit_hit, 0u);
 }
 
+void created_lock_for_fork(int take)
+{
+    if (take)
+        spin_lock_for_fork(&destroyed.lock);
+    else
+        spin_unlock_for_fork(&destroyed.lock);
+}
+
 uint64_t created_reserve_expire(uint64_t now)
 {
     uint64_t due = 0;
@@ -168,13 +176,17 @@ void shard_heap_destroy(shard_heap *sh)
     if (sh == NULL)
         return;
     heap *h = created_heap_of(sh);
-    spin_lock(&destroyed.lock);
+    /* Under the list's lock throughout (the OS calls too: destroys and creates are far rarer than the
+     * blocks). While another thread's fork holds it, the heap gives everything back and is not listed: its
+     * structure (a few KB) is lost, not its memory. */
+    if (!spin_lock_unless_fork(&destroyed.lock)) {
+        created_empty(h, 0);
+        return;
+    }
     int keep = destroyed.warm < CREATED_RESERVE_HEAPS;
     destroyed.warm += (unsigned)keep;
-    spin_unlock(&destroyed.lock);
     created_empty(h, keep);
     h->retired_at = os_clock_ms();
-    spin_lock(&destroyed.lock);
     h->next_created = destroyed.first;
     destroyed.first = h;
     spin_unlock(&destroyed.lock);

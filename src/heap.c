@@ -496,6 +496,7 @@ int spin_fork_passes(void)
 
 static void fork_prepare(void)
 {
+    created_lock_for_fork(1); /* first: it is held around calls that take the others (engine.c) */
     spin_lock_for_fork(&trim_lock);
     meta_lock_for_fork(1);
     large_lock_for_fork(1);
@@ -510,6 +511,7 @@ static void fork_unlock(void)
     large_lock_for_fork(0);
     meta_lock_for_fork(0);
     spin_unlock_for_fork(&trim_lock);
+    created_lock_for_fork(0);
 }
 
 static void fork_parent(void) { fork_unlock(); }

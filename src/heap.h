@@ -190,6 +190,8 @@ void heap_arm_reserve_due(uint64_t due);
 /* engine.c: destroyed created heaps give back the reserve they kept once it has waited the delay (all
  * of them with now UINT64_MAX); returns when the next one is due, 0 for none. */
 uint64_t created_reserve_expire(uint64_t now);
+/* Take (1) or give back (0) the lock of the destroyed created heaps around a fork (held as SPIN_FORK). */
+void created_lock_for_fork(int take);
 
 /* shard_collect's part: the calling thread's free pages and empty arenas beyond what it keeps, and
  * everything the heaps in the stack hold but live blocks, go back now. */

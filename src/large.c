@@ -229,7 +229,8 @@ static void release_block(large_header *h)
  * OS refused the move.
  *
  * Where the platform gives large pages, only whole ones move (LARGE_PAGE bytes from the header, which
- * starts a 4 MB granule) and the last partial one is copied: Linux maps the moved pages apart from the
+ * starts the new reservation's 4 MB granule; a far block's old header lies a page below its granule, so
+ * its pages were not in whole large pages before either) and the last partial one is copied: Linux maps the moved pages apart from the
  * new reservation's and never merges the two, so a 2 MB range that straddled them could never be a
  * large page again, however often the block is cached and reused (bench/app's buffers: 18,000 page
  * faults per run before, 8,900 after). */
@@ -421,6 +422,8 @@ void large_lock_for_fork(int take)
 
 void large_release_owned(heap *owner)
 {
+    if (load_relaxed(&owner->large_count) == 0)
+        return; /* the common case: no scan of the map, no lock */
     enum { BATCH = 64 };
     large_header *batch[BATCH];
     unsigned n;

@@ -97,6 +97,7 @@ typedef struct group {
     size_t count, bytes;
     void *sample[SAMPLES];
     size_t sample_size[SAMPLES];
+    unsigned char first[SAMPLES][SAMPLE_BYTES]; /* copied during the walk, while the block is sure to be there */
 } group;
 
 typedef struct leaks {
@@ -128,6 +129,7 @@ static int count_leak(void *arg, void *block, size_t usable, int kind)
     if (g->count < SAMPLES) {
         g->sample[g->count] = block;
         g->sample_size[g->count] = usable;
+        mem_copy(g->first[g->count], block, usable < SAMPLE_BYTES ? usable : SAMPLE_BYTES);
     }
     g->count++;
     g->bytes += usable;
@@ -136,10 +138,10 @@ static int count_leak(void *arg, void *block, size_t usable, int kind)
     return 0;
 }
 
-/* "  0x...: 68 65 6c 6c 6f 00 ...  |hello.|" */
-static void show_block(text_out *o, const void *block, size_t usable)
+/* "  0x...: 68 65 6c 6c 6f 00 ...  |hello.|": the block's address and the bytes copied from it (by the time
+ * the report is written another thread may have freed it and its memory gone back). */
+static void show_block(text_out *o, const void *block, size_t usable, const unsigned char *b)
 {
-    const unsigned char *b = block;
     size_t n = usable < SAMPLE_BYTES ? usable : SAMPLE_BYTES;
     out_str(o, "    ");
     out_hex(o, (uintptr_t)block, 12);
@@ -174,7 +176,7 @@ static void group_title(text_out *o, unsigned i)
 
 size_t shard_report_leaks(shard_output_fn out, void *arg)
 {
-    static leaks l; /* 5 KB: the stack of a thread at exit may be small; one report at a time */
+    static leaks l; /* 12 KB: the stack of a thread at exit may be small; one report at a time */
     static int busy;
     text_out o;
     out_init(&o, out, arg);
@@ -200,7 +202,7 @@ size_t shard_report_leaks(shard_output_fn out, void *arg)
         out_bytes(&o, g->bytes, 0);
         out_str(&o, "\n");
         for (size_t k = 0; k < SAMPLES && k < g->count; k++)
-            show_block(&o, g->sample[k], g->sample_size[k]);
+            show_block(&o, g->sample[k], g->sample_size[k], g->first[k]);
     }
     out_flush(&o);
     size_t count = l.count;

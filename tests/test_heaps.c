@@ -549,3 +549,57 @@ TEST(a_destroyed_heaps_reserve_goes_back_after_the_delay)
            stats_now().committed - base, base);
     CHECK_EQ(shard_check(), 0);
 }
+
+#ifndef _WIN32
+/* fork() while another thread makes and destroys heaps: the child can make, destroy and collect heaps
+ * (the list of destroyed heaps is held across the fork, as the allocator's other locks are). A child
+ * that hangs is killed after 10 s and counts as a failure. */
+static volatile int churn_heaps_stop;
+static void *churn_heaps(void *arg)
+{
+    (void)arg;
+    while (!__atomic_load_n(&churn_heaps_stop, __ATOMIC_ACQUIRE)) {
+        shard_heap *h = shard_heap_create(NULL);
+        for (int i = 0; h != NULL && i < 300; i++)
+            shard_heap_malloc(h, i % 10 == 0 ? 40 * KB : 200);
+        shard_heap_destroy(h);
+        if (rand() % 8 == 0)
+            shard_collect();
+    }
+    return NULL;
+}
+
+TEST(fork_while_another_thread_destroys_heaps)
+{
+    thread_t t;
+    churn_heaps_stop = 0;
+    CHECK(thread_start(&t, churn_heaps, NULL) == 0);
+    int hung = 0, failed = 0;
+    for (int i = 0; i < 150; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(10);
+            for (int k = 0; k < 3; k++) {
+                shard_heap *h = shard_heap_create(NULL);
+                void *p = h ? shard_heap_malloc(h, 100) : NULL;
+                shard_heap_destroy(h);
+                if (p == NULL)
+                    _exit(2);
+            }
+            shard_collect();
+            _exit(0);
+        }
+        int status = 0;
+        if (pid < 0 || waitpid(pid, &status, 0) != pid)
+            failed++;
+        else if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+            hung++;
+        else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            failed++;
+    }
+    __atomic_store_n(&churn_heaps_stop, 1, __ATOMIC_RELEASE);
+    thread_join(t);
+    CHECKF(hung == 0 && failed == 0, "of 150 children %d hung and %d failed", hung, failed);
+    CHECK_EQ(shard_check(), 0);
+}
+#endif
