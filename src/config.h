@@ -92,7 +92,7 @@
 #ifndef SHARD_LARGE_GROWN_SPAN_MIN
 #define SHARD_LARGE_GROWN_SPAN_MIN ((size_t)16 << 20)
 #endif
-/* Ask the OS for large pages under large blocks (port_hint_large_pages). On Linux with transparent huge
+/* Ask the OS for large pages under large blocks (port_caps.hint_large_pages). On Linux with transparent huge
  * pages in "madvise" mode (Debian's default) one fault then maps 2 MB of a growing buffer: bench/large.py
  * compares shard with shard-nolp (this 0). The cost: a block used sparsely becomes resident 2 MB at a
  * time where it is touched, and khugepaged may fill in more of it later. 0 turns it off. */

@@ -10,8 +10,8 @@
  *   ...           committed up to start + committed, then address space only up to start + span
  *
  * The span is the reservation: what the block needs and as much again as headroom (at most 1 GB of
- * it), rounded to 64 KB: a 1.1 MB block reserves 2.25 MB. There is no floor under it. The seed's
- * 16 MB floor spared a buffer that grows from 1 MB two of its moves on the way to 1 GB
+ * it), rounded to 64 KB: a 1.1 MB block reserves 2.25 MB. A fresh block has no floor under it. The
+ * seed's 16 MB floor under every block spared a buffer that grows from 1 MB a move on the way to 1 GB
  * (bench/large.py counts them; on Linux a move copies nothing), and made every block below 8 MB hold
  * 16 MB of address space, a 1.1 MB one fourteen times its size, which the process's size (VSZ) and
  * any limit on it count. A block that has moved to grow has shown that it grows, and reserves at least
