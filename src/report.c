@@ -15,10 +15,14 @@
 
 /* ---- statistics -------------------------------------------------------------------------------------- */
 
-static void row_bytes(text_out *o, const char *what, size_t bytes, const char *note)
+/* One row: the name in 34 columns, the figure right-aligned in 10 (bytes with a unit, or a count), a note. */
+static void row(text_out *o, const char *what, size_t figure, int is_bytes, const char *note)
 {
     out_col(o, what, 34);
-    out_bytes(o, bytes, 10);
+    if (is_bytes)
+        out_bytes(o, figure, 10);
+    else
+        out_dec(o, figure, 10);
     if (note[0]) {
         out_str(o, "   ");
         out_str(o, note);
@@ -26,16 +30,8 @@ static void row_bytes(text_out *o, const char *what, size_t bytes, const char *n
     out_str(o, "\n");
 }
 
-static void row_count(text_out *o, const char *what, size_t count, const char *note)
-{
-    out_col(o, what, 34);
-    out_dec(o, count, 10);
-    if (note[0]) {
-        out_str(o, "   ");
-        out_str(o, note);
-    }
-    out_str(o, "\n");
-}
+static void row_bytes(text_out *o, const char *what, size_t bytes, const char *note) { row(o, what, bytes, 1, note); }
+static void row_count(text_out *o, const char *what, size_t count, const char *note) { row(o, what, count, 0, note); }
 
 /* A count of blocks, then their usable bytes. */
 static void row_blocks(text_out *o, const char *what, size_t count, size_t bytes)
