@@ -31,6 +31,7 @@ _Static_assert(FIELD_IS(page, free, SHARD_L_PAGE_FREE, 8) && FIELD_IS(page, loca
                    FIELD_IS(page, divisor, SHARD_L_PAGE_DIVISOR, 8) &&
                    FIELD_IS(page, block_size, SHARD_L_PAGE_BLOCK_SIZE, 4),
                "struct page differs from gen/layout.py");
+_Static_assert(FIELD_IS(segment, secret, SHARD_L_SEGMENT_SECRET, 8), "struct segment differs from gen/layout.py");
 _Static_assert(offsetof(heap, direct) == SHARD_L_HEAP_DIRECT && offsetof(heap, own) == SHARD_L_HEAP_OWN &&
                    offsetof(heap, classes) == SHARD_L_HEAP_CLASSES && offsetof(page_list, first) == 0 &&
                    sizeof(page_list) == (size_t)1 << SHARD_L_PAGE_LIST_SHIFT,
@@ -224,17 +225,9 @@ void FAST_PATH(free)(void *p)
     if (likely(own_small(h, p))) {
         page *pg = page_of(p);
         block *b = p;
-        if (likely(page_has_item(pg, b))) {
-            /* Above 0: an ordinary free, also the one that empties its class's only page, whose
-             * `used` counts one more (small.c, sole_set). */
-            if (likely(--pg->used > 0)) {
-                b->next = pg->free; /* last in, first out: see small.h */
-                pg->free = b;
-                return;
-            }
-            pg->used++; /* the page empties or was full: the slow path gets it as it was */
-        }
-        small_free_local_slow(h, pg, b); /* that, or not an item (reported there) */
+        if (likely(page_has_item(pg, b)) && likely(small_free_fast(pg, b)))
+            return;
+        small_free_local_slow(h, pg, b); /* the rest, or not an item (reported there) */
         return;
     }
     api_free_slow(p);
@@ -246,8 +239,12 @@ void FAST_PATH(free)(void *p)
 size_t api_usable_or_report(const void *p, int error)
 {
     unsigned kind = segmap_kind((uintptr_t)p);
-    if (kind == SEG_SMALL && page_has_item_any_thread(page_of(p), p))
-        return page_of(p)->block_size;
+    if (kind == SEG_SMALL && page_has_item_any_thread(page_of(p), p)) {
+        if (likely(!small_looks_free(page_of(p), p)))
+            return page_of(p)->block_size;
+        error_invalid_pointer(error == SHARD_ERROR_INVALID_REALLOC ? SHARD_ERROR_DOUBLE_FREE : error, (void *)p);
+        return 0;
+    }
     size_t n = kind == SEG_MEDIUM ? medium_usable(p) : kind_large(kind) ? large_usable(p) : 0;
     if (n == 0)
         error_invalid_pointer(error, (void *)p);
@@ -266,14 +263,14 @@ static inline int small_size_stays(const page *pg, size_t size)
 static inline int small_stays(const void *p, size_t size)
 {
     const page *pg = page_of(p);
-    return small_size_stays(pg, size) && page_has_item(pg, p);
+    return small_size_stays(pg, size) && page_has_item(pg, p) && !small_looks_free(pg, p);
 }
 
 /* The same for p in any thread's small segment. */
 static inline int small_stays_any_thread(const void *p, size_t size)
 {
     const page *pg = page_of(p);
-    return small_size_stays(pg, size) && page_has_item_any_thread(pg, p);
+    return small_size_stays(pg, size) && page_has_item_any_thread(pg, p) && !small_looks_free(pg, p);
 }
 
 /* p resized to size where it lies: a small block within its class (small_stays), a medium block of the

@@ -16,6 +16,17 @@
 #ifndef SHARD_DEBUG
 #define SHARD_DEBUG 0
 #endif
+
+/* SHARD_HARDENED=1 (build/hardened/): small free lists stored encoded with their segment's secret and the
+ * link's own address, every link checked before it is followed, small double frees found from the
+ * block's first word, medium and large headers sealed with a secret of the process (small.h says how
+ * and what each costs). For production: the same API, ABI and memory as the default build. */
+#ifndef SHARD_HARDENED
+#define SHARD_HARDENED 0
+#endif
+#if SHARD_HARDENED < 0 || SHARD_HARDENED > 1
+#error "SHARD_HARDENED must be 0 or 1"
+#endif
 #if SHARD_DEBUG < 0 || SHARD_DEBUG > 1
 #error "SHARD_DEBUG must be 0 or 1"
 #endif

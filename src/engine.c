@@ -339,14 +339,8 @@ void shard_heap_free(shard_heap *sh, void *p)
     if (likely(created_owns_small(h, p))) {
         page *pg = page_of(p);
         block *b = p;
-        if (likely(page_has_item(pg, b))) {
-            if (likely(--pg->used > 0)) { /* as the thread heap's fast path (api.c) */
-                b->next = pg->free;
-                pg->free = b;
-                return;
-            }
-            pg->used++;
-        }
+        if (likely(page_has_item(pg, b)) && likely(small_free_fast(pg, b))) /* as the thread heap's (api.c) */
+            return;
         small_free_local_slow(h, pg, b);
         return;
     }
@@ -376,7 +370,8 @@ void *shard_heap_realloc(shard_heap *sh, void *p, size_t size)
     heap *h = created_heap_of(sh);
     if (likely(created_owns_small(h, p))) { /* the thread heap's realloc fast path (fast.h), for this heap */
         const page *pg = page_of(p);
-        if (likely(page_has_item(pg, p) && size <= pg->block_size && size >= pg->block_size / 4 && size != 0))
+        if (likely(page_has_item(pg, p) && size <= pg->block_size && size >= pg->block_size / 4 && size != 0) &&
+            likely(!small_looks_free(pg, p)))
             return p;
     }
     if (p == NULL)
