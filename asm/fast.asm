@@ -65,14 +65,10 @@ FUNC shard_malloc
     mov T3, T2
     and T3, SEGMENT_MASK_NOT
     mov T1, [rax]
-    xor T1, rax
-    xor T1, [T3 + SHARD_L_SEGMENT_SECRET]           ; the next free item, decoded
-    test T1, T1
-    jz .fits                                        ; the end of the list
-    mov T3, T1
-    xor T3, rax
-    shr T3, SHARD_L_PAGE_SHIFT
-    jnz .slow                                       ; not in this page: the slow path reports it
+    xor T1, [T3 + SHARD_L_SEGMENT_SECRET]           ; next ^ this item: below 64 KB when next is in this page
+    cmp T1, 0xffff
+    ja .end_or_damaged
+    xor T1, rax                                     ; the next free item
     movzx T4D, T1W                                  ; an item of the page (ITEM_TEST's steps)
     cmp T4D, [T2 + SHARD_L_PAGE_CARVED_END]
     jae .slow
@@ -88,6 +84,13 @@ FUNC shard_malloc
     add dword [T2 + SHARD_L_PAGE_USED], 1
     prefetchw [T1]                                  ; the next allocation reads its link (NULL: no fault)
     ret
+%if SHARD_HARDENED
+.end_or_damaged:                                    ; the end of the list (next ^ item = item), or damage
+    cmp T1, rax
+    jne .slow                                       ; the slow path reports it
+    xor T1D, T1D
+    jmp .fits
+%endif
 .local:                                             ; free is dry: other threads' frees, drained, if any
     mov rax, [T2 + SHARD_L_PAGE_LOCAL_FREE]
     test rax, rax
@@ -140,16 +143,15 @@ ENDFUNC shard_malloc
 
 ; Hardened build: to %1 when ARG0's first word decodes to the end of a list or to an address in its own
 ; page, as a free item's link does (src/small.h); a live block's word passes but for one value in 2^48.
+; The word ^ the secret is next ^ ARG0: ARG0 itself at the end, below 64 KB for a next in the page.
 ; rax: the segment. The slow path tests exactly (small_looks_free).
 %macro LOOKS_FREE 1
     mov T4, [ARG0]
-    xor T4, ARG0
     xor T4, [rax + SHARD_L_SEGMENT_SECRET]
-    test T4, T4
-    jz %1
-    xor T4, ARG0
-    shr T4, SHARD_L_PAGE_SHIFT
-    jz %1
+    cmp T4, 0xffff
+    jbe %1
+    cmp T4, ARG0
+    je %1
 %endmacro
 
 ; void shard_free(void *p)
@@ -167,13 +169,11 @@ FUNC shard_free
     test T4, T4
     jz .encode
     mov T3, [T4]                                    ; the head's link must fit (an overflow out of this
-    xor T3, T4                                      ; block into the next item shows here)
-    xor T3, [rax + SHARD_L_SEGMENT_SECRET]
-    test T3, T3
-    jz .encode
-    xor T3, T4
-    shr T3, SHARD_L_PAGE_SHIFT
-    jnz .undo                                       ; the slow path reports it
+    xor T3, [rax + SHARD_L_SEGMENT_SECRET]          ; block into the next item shows here): next ^ head
+    cmp T3, 0xffff                                  ; is below 64 KB, or the head itself (the end)
+    jbe .encode
+    cmp T3, T4
+    jne .undo                                       ; the slow path reports it
 .encode:
     xor T4, ARG0
     xor T4, [rax + SHARD_L_SEGMENT_SECRET]

@@ -421,7 +421,7 @@ class Bench(NamedTuple):
 PEERS = [("shard", None), ("mimalloc", "-lmimalloc"), ("jemalloc", "-ljemalloc"), ("tcmalloc", "-ltcmalloc"),
          ("system", "")]
 BENCHMARKS = [
-    Bench("micro", shard=("purec",), win=True,
+    Bench("micro", shard=("purec", "hardened"), win=True,
           doc="micro: malloc/free pairs of small sizes (ns per pair); also with the C fast paths (build/purec) and for "
               "Windows, beside the DLL (shardmm's DLL and the C runtime's malloc; pthreads from mingw's "
               "winpthreads, linked statically)."),
@@ -430,14 +430,18 @@ BENCHMARKS = [
           doc="large: a buffer grown from 1 MB to 1 GB and back; bursts of 1-64 MB blocks on two threads."),
     Bench("churn", shard=("noreserve",),
           doc="churn: rounds of threads that allocate, hand blocks to the next round and exit."),
-    Bench("instr", "-g", shard=("purec",),
+    Bench("instr", "-g", shard=("purec", "hardened"),
           doc="instr: instruction counts (bench/instr.py runs it under callgrind): shardmm with the NASM and "
               "the C fast paths, and the peers."),
-    Bench("app", shard=("counters",), defines=False,
+    Bench("app", shard=("counters", "hardened"), defines=False,
           doc="app: the application benchmark (bench/run runs it): bench/app.c calls the C library's names, so "
               "the allocator is chosen by what the program is linked with: shardmm's drop-in library, or a "
               "peer's, which replaces malloc when linked as well; -system is glibc's. -shard-counters: the "
               "SHARD_COUNTERS build."),
+    Bench("catch", "-pthread", shard=("hardened",), defines=False,
+          doc="catch: ten memory-safety bugs of a program, each in a child process, and what the allocator "
+              "did about each (bench/catch.py runs it with every build and peer): caught, missed, crashed, "
+              "exploited. -shard-hardened: the hardened build's drop-in."),
     Bench("engines", f"-Itests {ENGINE_FLAGS}", heap=True, libs=ENGINE_LIBS,
           doc="engines: the scripts of tests/engines/ in Lua, Duktape and mruby (bench/engines.py runs it): "
               "engines-system on the C library's malloc, which the runner also runs with each peer and "

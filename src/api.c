@@ -8,8 +8,9 @@
  * that empty or were full, and pointers that are not blocks of ours, which reach the error hook. Every
  * pointer is checked against the own-segment table or the segment map before anything is read through
  * it, and a small block against its page before anything is written. What stays unseen: a second free
- * of a small item (as in the seed: an item has no room for a mark), and from another thread an item the
- * page has not carved yet (that test would read the owner's cache line). An allocation that fails for
+ * of a small item (as in the seed: an item has no room for a mark; the hardened build sees it from the
+ * item's encoded link, small.h), and from another thread an item the page has not carved yet (that test
+ * would read the owner's cache line). An allocation that fails for
  * want of memory gives back what waits (heap_relieve) and is tried once more.
  *
  * Depends on: heap.h (and through it small.h, medium.h, segment.h), large.h, error.h, fast.h, layout.h

@@ -249,13 +249,13 @@ static void entries_setup(void)
  * list because its free list is dry adds that test and the swap (5). A free that empties the only page
  * of its class takes the ordinary path (that page counts one more in `used`, src/small.c). */
 enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_MALLOC_LOCAL = 5, FAST_FREE = 23, FAST_REALLOC = 25 };
-/* The hardened build (SHARD_HARDENED) adds to malloc the decoding of the next link and its test (7 when
- * it is the end of the list, 17 when it leads to an item: the item test), 1 more when local_free is
- * taken; to free the double-free test (8), the head's link (2 without a head, 7 when it ends the list,
- * 10 when it leads on) and the encoding (2); to realloc the double-free test (8). */
+/* The hardened build (SHARD_HARDENED) adds to malloc the decoding of the next link and its test (10 when
+ * it is the end of the list, 13 when it leads to an item: the item test), 1 more when local_free is
+ * taken; to free the double-free test and the encoding (10), and the head's link (6 when it ends the
+ * list, 4 when it leads on); to realloc the double-free test (6). */
 #if SHARD_HARDENED
-enum { HARD_MALLOC_END = 7, HARD_MALLOC_ITEM = 17, HARD_MALLOC_LOCAL = 1, HARD_FREE = 12, HARD_FREE_HEAD = 5,
-       HARD_FREE_HEAD_ITEM = 3, HARD_REALLOC = 8 };
+enum { HARD_MALLOC_END = 10, HARD_MALLOC_ITEM = 13, HARD_MALLOC_LOCAL = 1, HARD_FREE = 10, HARD_FREE_HEAD_END = 6,
+       HARD_FREE_HEAD_ITEM = 4, HARD_REALLOC = 6 };
 #endif
 
 #ifdef _WIN32
@@ -326,13 +326,14 @@ static expectation contract(int op, const void *p, size_t size)
             e.slow = item && (left > 0 || (left == 0 && alone)) ? SLOW_NONE : SLOW_FREE_OWN_PAGE;
             e.instructions = FAST_FREE;
 #if SHARD_HARDENED
-            block *head = pg->free;
+            /* Not an item (page 0's descriptor is the segment header): slow before these steps. */
+            block *head = item ? pg->free : NULL;
             if (item && small_looks_free(pg, p))
                 e.slow = SLOW_FREE_OWN_PAGE;
             if (head != NULL && !link_fits(pg, head, link_get(head)))
                 e.slow = SLOW_FREE_OWN_PAGE;
-            e.instructions += HARD_FREE + (head == NULL ? 0 : HARD_FREE_HEAD) +
-                              (head != NULL && link_get(head) != NULL ? HARD_FREE_HEAD_ITEM : 0);
+            e.instructions += HARD_FREE + (head == NULL ? 0 : link_get(head) == NULL ? HARD_FREE_HEAD_END
+                                                                                   : HARD_FREE_HEAD_ITEM);
 #endif
         } else {
             if (size <= pg->block_size && size >= (pg->block_size >> 2) && item && !small_looks_free(pg, p))
