@@ -44,6 +44,7 @@ CORE = [
     "src/report.c",
     "src/options.c",
     "src/engine.c",
+    "src/debugmode.c",
 ]
 
 # The sources that read SHARD_ASM (api.c: which fast paths have the public names; heap.c: whether it
@@ -122,6 +123,13 @@ VARIANTS = [
     Variant("debug", LINUX, "build/debug", "$debug", asm=1, nasm="release", api_so="build/debug/libshardmm.so",
             doc="SHARD_DEBUG=1: assertions and page checks after slow paths; the release NASM object "
                 "(asm/fast.asm has no debug form)."),
+    Variant("fulldebug", LINUX, "build/debug/full", "$debug", "-DSHARD_FULL_DEBUG=1", asm=0,
+            so="build/debug/full/libshardmm.so", api_so="build/debug/full/api/libshardmm.so",
+            doc="SHARD_FULL_DEBUG=1 (src/debugmode.c): the debug build for finding the program's bugs - canaries "
+                "around every block, fill patterns, a quarantine of freed blocks, reports with allocation and "
+                "free sites - over the debug core (SHARD_DEBUG=1) with the C fast paths. "
+                "build/debug/full/libshardmm.so is the drop-in to preload instead of build/libshardmm.so; "
+                "build/debug/full/api/libshardmm.so has the shard_* names only, for the tests."),
     Variant("dll", WIN64, "build/win64/dll", "$release", "-DSHARD_BUILD_DLL", asm=1, nasm="own",
             api_so="build/win64/shardmm.dll",
             doc="Windows x64 DLL (+ libshardmm.dll.a, its import library): no C runtime, kernel32 only."),
@@ -130,6 +138,10 @@ VARIANTS = [
     Variant("windebug", WIN64, "build/win64/debug", "$debug", "-DSHARD_BUILD_DLL", asm=1, nasm="own",
             api_so="build/win64/debug/shardmm.dll",
             doc="Windows x64 debug DLL (SHARD_DEBUG=1)."),
+    Variant("winfulldebug", WIN64, "build/win64/debug/full", "$debug", "-DSHARD_BUILD_DLL -DSHARD_FULL_DEBUG=1",
+            asm=0, api_so="build/win64/debug/full/shardmm.dll",
+            doc="Windows x64 full-debug DLL (SHARD_FULL_DEBUG=1, as build/debug/full/): the same exports as "
+                "build/win64/shardmm.dll."),
     Variant("region", LINUX, "build/region", "$release", "-DSHARD_PORT_REGION", asm=1, nasm="own",
             port="port/region.c", ar="build/region/libshardmm-region.a", check="build/region/freestanding.ok",
             doc="The region port (port/region.c, include/shardmm_region.h): one memory region the embedder "
@@ -149,6 +161,7 @@ VARIANT = {v.name: v for v in VARIANTS}
 RELEASE, DEBUG = VARIANT["release"], VARIANT["debug"]
 WIN_DLL, WIN_STATIC, WIN_DEBUG = VARIANT["dll"], VARIANT["static"], VARIANT["windebug"]
 REGION, WIN_REGION = VARIANT["region"], VARIANT["winregion"]
+FULL_DEBUG, WIN_FULL_DEBUG = VARIANT["fulldebug"], VARIANT["winfulldebug"]
 
 
 def obj(v, src):
@@ -262,6 +275,9 @@ BUILDS = {
                  doc="on the release library (its shard_* names only)"),
     "debug": Build(LINUX, "build/debug/{}", so=DEBUG.api_so,
                    doc="on the debug library (the same name inside build/debug/, so the rpath picks that library)"),
+    "fulldebug": Build(LINUX, "build/debug/full/{}", "-rdynamic", so=FULL_DEBUG.api_so,
+                       doc="on the full-debug library (shard_* names), -rdynamic so that its reports can name "
+                           "the program's functions"),
     "system": Build(LINUX, "build/{}-system", "-DTEST_SYSTEM_MALLOC",
                     doc="on the system malloc, skipping our own rules: a check of the test itself"),
     "static": Build(LINUX, "build/{}-static", "-DTEST_STATIC_NAMES", (RELEASE.ar,),
@@ -290,6 +306,8 @@ BUILDS = {
                  doc="Windows, beside the DLL it loads (Windows looks in the program's folder first)"),
     "win-debug": Build(WIN64, "build/win64/debug/{}.exe", "-DSHARD_USE_DLL", dll=WIN_DEBUG.api_so,
                        doc="Windows, beside the debug DLL"),
+    "win-fulldebug": Build(WIN64, "build/win64/debug/full/{}.exe", "-DSHARD_USE_DLL", dll=WIN_FULL_DEBUG.api_so,
+                           doc="Windows, beside the full-debug DLL"),
     "win-static": Build(WIN64, "build/win64/{}-static.exe", "-DTEST_STATIC_NAMES", (WIN_STATIC.ar,),
                         libs="-lkernel32", sources=("tests/static_names.c",),
                         doc="Windows, the static library and tests/static_names.c"),
@@ -351,6 +369,10 @@ TESTS = [
              "holds, in its own heap, in exited threads' heaps and among the large blocks."),
     Test("test-aligned", "tests/test_aligned.c", "api debug win win-debug",
          doc="shard_malloc_aligned / shard_realloc_aligned and the shard_ malloc family."),
+    Test("test-debugmode", "tests/test_debugmode.c", "fulldebug win-fulldebug",
+         doc="the full-debug build (src/debugmode.c): one planted bug per class, each reported to the error hook "
+             "with its kind and pointer and in the report with the right allocation and free sites; ordinary use "
+             "(contents, calloc, alignment, a bounded quarantine, threads)."),
     Test("test-malloc", "tests/test_malloc.c", "dropin",
          doc="the C library's names exported by the drop-in libshardmm.so (glibc's semantics, errno)."),
     Test("test-extras", "tests/test_extras.c", "dropin",
@@ -434,9 +456,9 @@ BUILD_PRELUDE = r"""
 # (core sources, library variants, test programs, benchmarks) are in gen/build.py: a source or a variant
 # is one line there.
 #
-# Library variants: Linux x86-64 (release with the NASM fast paths, pure-C, debug, counters and the
-# benchmarks' comparison builds nolp and noreserve), and Windows x64, cross-built with mingw-w64, linked
-# with no C runtime (kernel32 only): a DLL, a static library and a debug DLL. Each has a section below
+# Library variants: Linux x86-64 (release with the NASM fast paths, pure-C, debug, full debug, counters and
+# the benchmarks' comparison builds nolp and noreserve), and Windows x64, cross-built with mingw-w64, linked
+# with no C runtime (kernel32 only): a DLL, a static library, a debug and a full-debug DLL. Each has a section below
 # saying what it is for. The sanitizer builds are in fuzz.ninja.
 # The core (src/) is compiled freestanding with the C library's headers out of reach (-nostdinc; only
 # the compiler's own stddef.h/stdint.h/stdbool.h remain), so a libc include fails the build, and
