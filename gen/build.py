@@ -44,6 +44,7 @@ CORE = [
     "src/report.c",
     "src/options.c",
     "src/engine.c",
+    "src/debugmode.c",
 ]
 
 # The sources that read SHARD_ASM (api.c: which fast paths have the public names; heap.c: whether it
@@ -126,6 +127,13 @@ VARIANTS = [
             so="build/hardened/libshardmm.so", api_so="build/hardened/api/libshardmm.so",
             doc="The hardened build (SHARD_HARDENED=1, config.h): encoded and checked free lists, small "
                 "double frees found, headers sealed; build/hardened/libshardmm.so is its drop-in."),
+    Variant("fulldebug", LINUX, "build/debug/full", "$debug", "-DSHARD_FULL_DEBUG=1", asm=0,
+            so="build/debug/full/libshardmm.so", api_so="build/debug/full/api/libshardmm.so",
+            doc="SHARD_FULL_DEBUG=1 (src/debugmode.c): the debug build for finding the program's bugs - canaries "
+                "around every block, fill patterns, a quarantine of freed blocks, reports with allocation and "
+                "free sites - over the debug core (SHARD_DEBUG=1) with the C fast paths. "
+                "build/debug/full/libshardmm.so is the drop-in to preload instead of build/libshardmm.so; "
+                "build/debug/full/api/libshardmm.so has the shard_* names only, for the tests."),
     Variant("dll", WIN64, "build/win64/dll", "$release", "-DSHARD_BUILD_DLL", asm=1, nasm="own",
             api_so="build/win64/shardmm.dll",
             doc="Windows x64 DLL (+ libshardmm.dll.a, its import library): no C runtime, kernel32 only."),
@@ -137,6 +145,10 @@ VARIANTS = [
     Variant("winhardened", WIN64, "build/win64/hardened", "$release", "-DSHARD_BUILD_DLL -DSHARD_HARDENED=1",
             asm=1, nasm="own", api_so="build/win64/hardened/shardmm.dll",
             doc="Windows x64 hardened DLL (SHARD_HARDENED=1)."),
+    Variant("winfulldebug", WIN64, "build/win64/debug/full", "$debug", "-DSHARD_BUILD_DLL -DSHARD_FULL_DEBUG=1",
+            asm=0, api_so="build/win64/debug/full/shardmm.dll",
+            doc="Windows x64 full-debug DLL (SHARD_FULL_DEBUG=1, as build/debug/full/): the same exports as "
+                "build/win64/shardmm.dll."),
     Variant("region", LINUX, "build/region", "$release", "-DSHARD_PORT_REGION", asm=1, nasm="own",
             port="port/region.c", ar="build/region/libshardmm-region.a", check="build/region/freestanding.ok",
             doc="The region port (port/region.c, include/shardmm_region.h): one memory region the embedder "
@@ -157,6 +169,7 @@ RELEASE, DEBUG = VARIANT["release"], VARIANT["debug"]
 WIN_DLL, WIN_STATIC, WIN_DEBUG = VARIANT["dll"], VARIANT["static"], VARIANT["windebug"]
 HARDENED, WIN_HARDENED = VARIANT["hardened"], VARIANT["winhardened"]
 REGION, WIN_REGION = VARIANT["region"], VARIANT["winregion"]
+FULL_DEBUG, WIN_FULL_DEBUG = VARIANT["fulldebug"], VARIANT["winfulldebug"]
 
 
 def obj(v, src):
@@ -275,6 +288,9 @@ BUILDS = {
     "asm-hardened": Build(LINUX, "build/hardened/{}", "-DSHARD_HARDENED=1 -DTEST_HARDENED",
                           (CALLCHECK[LINUX],) + tuple(objs(HARDENED)),
                           doc="the hardened library's objects linked in, and tests/callcheck.asm"),
+    "fulldebug": Build(LINUX, "build/debug/full/{}", "-rdynamic", so=FULL_DEBUG.api_so,
+                       doc="on the full-debug library (shard_* names), -rdynamic so that its reports can name "
+                           "the program's functions"),
     "system": Build(LINUX, "build/{}-system", "-DTEST_SYSTEM_MALLOC",
                     doc="on the system malloc, skipping our own rules: a check of the test itself"),
     "static": Build(LINUX, "build/{}-static", "-DTEST_STATIC_NAMES", (RELEASE.ar,),
@@ -305,6 +321,8 @@ BUILDS = {
                        doc="Windows, beside the debug DLL"),
     "win-hardened": Build(WIN64, "build/win64/hardened/{}.exe", "-DSHARD_USE_DLL -DTEST_HARDENED",
                           dll=WIN_HARDENED.api_so, doc="Windows, beside the hardened DLL"),
+    "win-fulldebug": Build(WIN64, "build/win64/debug/full/{}.exe", "-DSHARD_USE_DLL", dll=WIN_FULL_DEBUG.api_so,
+                           doc="Windows, beside the full-debug DLL"),
     "win-static": Build(WIN64, "build/win64/{}-static.exe", "-DTEST_STATIC_NAMES", (WIN_STATIC.ar,),
                         libs="-lkernel32", sources=("tests/static_names.c",),
                         doc="Windows, the static library and tests/static_names.c"),
@@ -369,6 +387,10 @@ TESTS = [
     Test("test-hardened", "tests/test_hardened.c", "hardened win-hardened",
          doc="the hardened build: each class of a program's bug (double frees, damaged free lists, overflows, "
              "bad pointers) planted, reported with its kind and block, and the allocator going on."),
+    Test("test-debugmode", "tests/test_debugmode.c", "fulldebug win-fulldebug",
+         doc="the full-debug build (src/debugmode.c): one planted bug per class, each reported to the error hook "
+             "with its kind and pointer and in the report with the right allocation and free sites; ordinary use "
+             "(contents, calloc, alignment, a bounded quarantine, threads)."),
     Test("test-malloc", "tests/test_malloc.c", "dropin",
          doc="the C library's names exported by the drop-in libshardmm.so (glibc's semantics, errno)."),
     Test("test-extras", "tests/test_extras.c", "dropin",
@@ -456,9 +478,9 @@ BUILD_PRELUDE = r"""
 # (core sources, library variants, test programs, benchmarks) are in gen/build.py: a source or a variant
 # is one line there.
 #
-# Library variants: Linux x86-64 (release with the NASM fast paths, pure-C, debug, counters and the
-# benchmarks' comparison builds nolp and noreserve), and Windows x64, cross-built with mingw-w64, linked
-# with no C runtime (kernel32 only): a DLL, a static library and a debug DLL. Each has a section below
+# Library variants: Linux x86-64 (release with the NASM fast paths, pure-C, debug, full debug, counters and
+# the benchmarks' comparison builds nolp and noreserve), and Windows x64, cross-built with mingw-w64, linked
+# with no C runtime (kernel32 only): a DLL, a static library, a debug and a full-debug DLL. Each has a section below
 # saying what it is for. The sanitizer builds are in fuzz.ninja.
 # The core (src/) is compiled freestanding with the C library's headers out of reach (-nostdinc; only
 # the compiler's own stddef.h/stdint.h/stdbool.h remain), so a libc include fails the build, and

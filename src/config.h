@@ -13,6 +13,22 @@
 #define SHARD_COUNTERS 0
 #endif
 
+/* SHARD_FULL_DEBUG=1 (build/debug/full/): the debug layer of debugmode.c around every public entry
+ * point, to find the program's bugs rather than the allocator's: a header and a trailer canary around
+ * each block, fill patterns, a quarantine of freed blocks, reports with allocation and free sites. It
+ * needs the C fast paths (the NASM ones carry the public names). */
+#ifndef SHARD_FULL_DEBUG
+#define SHARD_FULL_DEBUG 0
+#endif
+#if SHARD_FULL_DEBUG && defined(SHARD_ASM) && SHARD_ASM
+#error "SHARD_FULL_DEBUG=1 needs SHARD_ASM=0: the debug layer takes the public names"
+#endif
+/* The full-debug build's quarantine: freed blocks wait, filled with a pattern, until this many bytes of
+ * younger ones have been freed after them (the default of SHARDMM_QUARANTINE_MB, options.h). */
+#ifndef SHARD_QUARANTINE_BYTES
+#define SHARD_QUARANTINE_BYTES ((size_t)16 << 20)
+#endif
+
 #ifndef SHARD_DEBUG
 #define SHARD_DEBUG 0
 #endif
