@@ -5,8 +5,8 @@
  *
  * Each case runs in a child process of its own (fork), plants one bug through the plain malloc family
  * and then allocates on as a program would. How the child ends says what the allocator did:
- *   caught     it stopped the program (SIGABRT, which glibc, mimalloc, snmalloc and shardmm's default
- *              error hook all raise; or an exit with a status of 134 or of the allocator's own)
+ *   caught     it stopped the program: SIGABRT (glibc, mimalloc, shardmm's default error hook), a trap
+ *              (SIGILL or SIGTRAP: snmalloc's checks), or an exit with a status of its own; also at exit
  *   exploited  the bug gave the program a block it must not get: a block handed out twice, or an
  *              address of the program's own static object
  *   crashed    another signal (SIGSEGV, SIGBUS ...): stopped, but not by a check
@@ -104,11 +104,12 @@ static void garbage_link(void)
 
 static void overflow_16_then_free(void)
 {
-    /* Two neighbours, the second freed; 16 bytes written past the first's end; the first freed. */
+    /* Two neighbours (the second within the first's usable size and 128 bytes of headers), the second
+     * freed; 16 bytes written past the first's end; the first freed. */
     char *a = NULL, *b = NULL;
     for (int i = 0; i < 64 && b == NULL; i++) {
         char *x = alloc(40), *y = alloc(40);
-        if (y > x && (size_t)(y - x) <= 64)
+        if (y > x && (size_t)(y - x) <= malloc_usable_size(x) + 128)
             a = x, b = y;
     }
     if (b == NULL)
@@ -180,13 +181,15 @@ int main(void)
             if (devnull >= 0)
                 dup2(devnull, 2); /* the allocators' messages */
             cases[i].run();
-            _exit(0);
+            exit(0); /* as a program ends: exit handlers run (the full-debug build checks there) */
         }
         int status = 0;
         waitpid(pid, &status, 0);
         const char *what;
         if (WIFSIGNALED(status))
-            what = WTERMSIG(status) == SIGABRT ? "caught" : "crashed";
+            what = WTERMSIG(status) == SIGABRT || WTERMSIG(status) == SIGILL || WTERMSIG(status) == SIGTRAP
+                       ? "caught"
+                       : "crashed";
         else if (WEXITSTATUS(status) == EXPLOITED)
             what = "exploited";
         else if (WEXITSTATUS(status) == 0)

@@ -4,7 +4,8 @@
     python3 bench/catch.py [--peers build/peers] [--markdown]
 
 Runs build/bench/catch-shard, catch-shard-hardened, catch-mimalloc, catch-jemalloc, catch-tcmalloc,
-catch-system (glibc), and catch-system with each library found under --peers preloaded (mimalloc, its
+catch-system (glibc), catch-system with shardmm's full-debug drop-in (build/debug/full) preloaded, and
+with each library found under --peers preloaded (mimalloc, its
 secure build, snmalloc and its checks build, rpmalloc, built from source as bench/results describes).
 Every run is deterministic; one round is enough. Build first: `ninja bench`.
 """
@@ -49,7 +50,9 @@ def main():
     bench = os.path.join(ROOT, "build", "bench")
     columns = [("glibc", os.path.join(bench, "catch-system"), None),
                ("shardmm", os.path.join(bench, "catch-shard"), None),
-               ("shardmm-hardened", os.path.join(bench, "catch-shard-hardened"), None)]
+               ("shardmm-hardened", os.path.join(bench, "catch-shard-hardened"), None),
+               ("shardmm-full-debug", os.path.join(bench, "catch-system"),
+                os.path.join(ROOT, "build", "debug", "full", "libshardmm.so"))]
     for name in ("mimalloc", "jemalloc", "tcmalloc"):
         columns.append((name + " (Debian)", os.path.join(bench, "catch-" + name), None))
     for name, rel in PEER_LIBS:

@@ -55,6 +55,8 @@ size_t core_heap_visit(shard_heap *heap, shard_visit_fn fn, void *arg);
  * symbolize it. */
 void *debugmode_alloc_site(const void *block);
 void debugmode_out_site(text_out *o, void *site);
+/* At exit (options.c): the quarantine checked once more, each damaged block reported. */
+void debugmode_at_exit(void);
 /* Take (1) or give back (0) the quarantine's lock around a fork (heap.c's fork hooks). */
 void debugmode_lock_for_fork(int take);
 #endif

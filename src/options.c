@@ -18,6 +18,9 @@
 #include "../include/shardmm.h"
 #include "../port/port.h"
 #include "libc.h"
+#if SHARD_FULL_DEBUG
+#include "debugmode.h"
+#endif
 
 options options_values = {
     .decommit_delay_ms = SHARD_DECOMMIT_DELAY_MS,
@@ -158,6 +161,9 @@ static void warn(void *arg, const char *text, size_t len)
 
 static void at_exit(void)
 {
+#if SHARD_FULL_DEBUG
+    debugmode_at_exit();
+#endif
     if (options_values.show_stats)
         shard_print_stats(NULL, NULL);
     if (options_values.report_leaks)
@@ -171,8 +177,8 @@ void options_read(void)
     port_caps.options(take_value, NULL);
     if (options_values.verbose)
         port_caps.options(warn, NULL);
-    if (!options_values.show_stats && !options_values.report_leaks)
-        return;
+    if (!options_values.show_stats && !options_values.report_leaks && !SHARD_FULL_DEBUG)
+        return; /* the full-debug build checks its quarantine at exit */
     if ((port_caps.process_exit_hook == NULL || port_caps.process_exit_hook(at_exit) != 0) && options_values.verbose) {
         text_out o;
         out_init(&o, NULL, NULL);

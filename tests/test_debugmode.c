@@ -23,6 +23,7 @@
  */
 #define HARNESS_MAIN
 #include "harness.h"
+#define PLATFORM_CHILD
 #include "platform.h"
 
 #include <stdint.h>
@@ -735,4 +736,34 @@ TEST(many_threads)
         thread_join(t[i]);
     CHECK_EQ(calls.count, 0);
     CHECK_EQ(check_quiet(), left_damaged);
+}
+
+/* A write after free into a block still in the quarantine when the program exits normally: reported at
+ * exit (the quarantine is checked once more), with the default hook's abort. In a child process. */
+static void child_action(const char *action)
+{
+    shard_set_error_hook(NULL, NULL); /* the default (a Linux child inherits the tests' recording hook) */
+    if (strcmp(action, "write-after-free-then-exit") == 0) {
+        char *p = shard_malloc(100);
+        shard_free(p);
+        p[10] = 'x';
+        exit(0);
+    }
+    if (strcmp(action, "clean-exit") == 0) {
+        char *p = shard_malloc(100);
+        shard_free(p);
+        exit(0);
+    }
+}
+
+TEST(a_write_after_free_is_reported_at_exit)
+{
+    child_result r;
+    child_run("write-after-free-then-exit", &r);
+    CHECK(r.started);
+    CHECKF(r.aborted, "the child ended with exit code %d, not by the default hook's abort", r.exit_code);
+    CHECKF(strstr(r.err, "write after free") != NULL, "the child wrote: %s", r.err);
+    child_run("clean-exit", &r);
+    CHECK(r.started && !r.aborted && r.exit_code == 0);
+    CHECKF(r.err[0] == 0, "the child wrote: %s", r.err);
 }
