@@ -445,15 +445,15 @@ void small_free_local_slow(heap *h, page *pg, block *b)
 {
     /* Not an item of the page, or a page with no item out: the second free of its last item (the
      * fast path sends every free here that would make `used` 0 or less) is caught here at no cost. */
+    if (SHARD_HARDENED && page_has_item(pg, b) && unlikely(small_looks_free(pg, b))) {
+        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b); /* also the second free of its last item */
+        return;
+    }
     if (unlikely(!page_has_item(pg, b) || pg->used == pg->sole)) {
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b);
         return;
     }
 #if SHARD_HARDENED
-    if (unlikely(small_looks_free(pg, b))) {
-        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
-        return;
-    }
     block *head = pg->free;
     if (head != NULL && unlikely(!link_fits(pg, head, link_get(head))))
         small_link_damaged(pg, head, b);
