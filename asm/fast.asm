@@ -16,6 +16,10 @@
 ; hook rather than a free list) 6, `used` - 1 and its test 2, the push 3, ret 1. Windows adds 4 to each for the TLS index
 ; test and the NULL test of its slot.
 
+%ifndef SHARD_HARDENED
+    %define SHARD_HARDENED 0                        ; 1: the hardened build's checks (src/small.h)
+%endif
+
 %include "abi.inc"
 %include "layout.inc"
 %include "classes.inc"
@@ -57,16 +61,44 @@ FUNC shard_malloc
     test rax, rax
     jz .local
 .take:                                              ; rax: the first free item of page T2
+%if SHARD_HARDENED
+    mov T3, T2
+    and T3, SEGMENT_MASK_NOT
+    mov T1, [rax]
+    xor T1, [T3 + SHARD_L_SEGMENT_SECRET]           ; next ^ this item: below 64 KB when next is in this page
+    cmp T1, 0xffff
+    ja .end_or_damaged
+    xor T1, rax                                     ; the next free item
+    movzx T4D, T1W                                  ; an item of the page (ITEM_TEST's steps)
+    cmp T4D, [T2 + SHARD_L_PAGE_CARVED_END]
+    jae .slow
+    imul T4, [T2 + SHARD_L_PAGE_DIVISOR]
+    cmp T4, [T2 + SHARD_L_PAGE_DIVISOR]
+    jae .slow
+.fits:
+    mov qword [rax], 0                              ; a live block's first word decodes to no link
+%else
     mov T1, [rax]                                   ; the next free item
+%endif
     mov [T2 + SHARD_L_PAGE_FREE], T1
     add dword [T2 + SHARD_L_PAGE_USED], 1
     prefetchw [T1]                                  ; the next allocation reads its link (NULL: no fault)
     ret
+%if SHARD_HARDENED
+.end_or_damaged:                                    ; the end of the list (next ^ item = item), or damage
+    cmp T1, rax
+    jne .slow                                       ; the slow path reports it
+    xor T1D, T1D
+    jmp .fits
+%endif
 .local:                                             ; free is dry: other threads' frees, drained, if any
     mov rax, [T2 + SHARD_L_PAGE_LOCAL_FREE]
     test rax, rax
     jz .slow
     mov qword [T2 + SHARD_L_PAGE_LOCAL_FREE], 0
+%if SHARD_HARDENED
+    mov [T2 + SHARD_L_PAGE_FREE], rax               ; the list stays whole if the slow path must take it
+%endif
     jmp .take
 .class:                                             ; 2-16 KB: the class table, then the class's first page
     cmp ARG0, SHARD_L_SMALL_MAX
@@ -109,15 +141,44 @@ ENDFUNC shard_malloc
     and T2D, DESC_MASK                              ; 128 * page index
 %endmacro
 
+; Hardened build: to %1 when ARG0's first word decodes to the end of a list or to an address in its own
+; page, as a free item's link does (src/small.h); a live block's word passes but for one value in 2^48.
+; The word ^ the secret is next ^ ARG0: ARG0 itself at the end, below 64 KB for a next in the page.
+; rax: the segment. The slow path tests exactly (small_looks_free).
+%macro LOOKS_FREE 1
+    mov T4, [ARG0]
+    xor T4, [rax + SHARD_L_SEGMENT_SECRET]
+    cmp T4, 0xffff
+    jbe %1
+    cmp T4, ARG0
+    je %1
+%endmacro
+
 ; void shard_free(void *p)
 FUNC shard_free
     HEAP_SLOT T1, .slow
     OWN_PAGE .slow
     ITEM_TEST rax + T2, .own_slow
+%if SHARD_HARDENED
+    LOOKS_FREE .own_slow                            ; perhaps a double free: the slow path decides
+%endif
     sub dword [rax + T2 + SHARD_L_PAGE_USED], 1
     jle .undo                                       ; emptied (not its class's only page), or full
     mov T4, [rax + T2 + SHARD_L_PAGE_FREE]            ; onto `free`: the next malloc of the class takes
-    mov [ARG0], T4                                  ; this item back while it is still in the cache
+%if SHARD_HARDENED                                  ; this item back while it is still in the cache
+    test T4, T4
+    jz .encode
+    mov T3, [T4]                                    ; the head's link must fit (an overflow out of this
+    xor T3, [rax + SHARD_L_SEGMENT_SECRET]          ; block into the next item shows here): next ^ head
+    cmp T3, 0xffff                                  ; is below 64 KB, or the head itself (the end)
+    jbe .encode
+    cmp T3, T4
+    jne .undo                                       ; the slow path reports it
+.encode:
+    xor T4, ARG0
+    xor T4, [rax + SHARD_L_SEGMENT_SECRET]
+%endif
+    mov [ARG0], T4
     mov [rax + T2 + SHARD_L_PAGE_FREE], ARG0
     ret
 .undo:                                              ; the slow path gets the page as it was
@@ -147,6 +208,9 @@ FUNC shard_realloc
     cmp ARG1, T1
     jb .slow                                        ; below a quarter of it
     ITEM_TEST rax + T2, .slow
+%if SHARD_HARDENED
+    LOOKS_FREE .slow                                ; a freed block: the slow path reports it
+%endif
     mov rax, ARG0
     ret
 .slow:

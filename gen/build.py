@@ -44,6 +44,7 @@ CORE = [
     "src/report.c",
     "src/options.c",
     "src/engine.c",
+    "src/debugmode.c",
 ]
 
 # The sources that read SHARD_ASM (api.c: which fast paths have the public names; heap.c: whether it
@@ -122,6 +123,17 @@ VARIANTS = [
     Variant("debug", LINUX, "build/debug", "$debug", asm=1, nasm="release", api_so="build/debug/libshardmm.so",
             doc="SHARD_DEBUG=1: assertions and page checks after slow paths; the release NASM object "
                 "(asm/fast.asm has no debug form)."),
+    Variant("hardened", LINUX, "build/hardened", "$release", "-DSHARD_HARDENED=1", asm=1, nasm="own",
+            so="build/hardened/libshardmm.so", api_so="build/hardened/api/libshardmm.so",
+            doc="The hardened build (SHARD_HARDENED=1, config.h): encoded and checked free lists, small "
+                "double frees found, headers sealed; build/hardened/libshardmm.so is its drop-in."),
+    Variant("fulldebug", LINUX, "build/debug/full", "$debug", "-DSHARD_FULL_DEBUG=1", asm=0,
+            so="build/debug/full/libshardmm.so", api_so="build/debug/full/api/libshardmm.so",
+            doc="SHARD_FULL_DEBUG=1 (src/debugmode.c): the debug build for finding the program's bugs - canaries "
+                "around every block, fill patterns, a quarantine of freed blocks, reports with allocation and "
+                "free sites - over the debug core (SHARD_DEBUG=1) with the C fast paths. "
+                "build/debug/full/libshardmm.so is the drop-in to preload instead of build/libshardmm.so; "
+                "build/debug/full/api/libshardmm.so has the shard_* names only, for the tests."),
     Variant("dll", WIN64, "build/win64/dll", "$release", "-DSHARD_BUILD_DLL", asm=1, nasm="own",
             api_so="build/win64/shardmm.dll",
             doc="Windows x64 DLL (+ libshardmm.dll.a, its import library): no C runtime, kernel32 only."),
@@ -130,6 +142,13 @@ VARIANTS = [
     Variant("windebug", WIN64, "build/win64/debug", "$debug", "-DSHARD_BUILD_DLL", asm=1, nasm="own",
             api_so="build/win64/debug/shardmm.dll",
             doc="Windows x64 debug DLL (SHARD_DEBUG=1)."),
+    Variant("winhardened", WIN64, "build/win64/hardened", "$release", "-DSHARD_BUILD_DLL -DSHARD_HARDENED=1",
+            asm=1, nasm="own", api_so="build/win64/hardened/shardmm.dll",
+            doc="Windows x64 hardened DLL (SHARD_HARDENED=1)."),
+    Variant("winfulldebug", WIN64, "build/win64/debug/full", "$debug", "-DSHARD_BUILD_DLL -DSHARD_FULL_DEBUG=1",
+            asm=0, api_so="build/win64/debug/full/shardmm.dll",
+            doc="Windows x64 full-debug DLL (SHARD_FULL_DEBUG=1, as build/debug/full/): the same exports as "
+                "build/win64/shardmm.dll."),
     Variant("region", LINUX, "build/region", "$release", "-DSHARD_PORT_REGION", asm=1, nasm="own",
             port="port/region.c", ar="build/region/libshardmm-region.a", check="build/region/freestanding.ok",
             doc="The region port (port/region.c, include/shardmm_region.h): one memory region the embedder "
@@ -148,7 +167,9 @@ VARIANTS = [
 VARIANT = {v.name: v for v in VARIANTS}
 RELEASE, DEBUG = VARIANT["release"], VARIANT["debug"]
 WIN_DLL, WIN_STATIC, WIN_DEBUG = VARIANT["dll"], VARIANT["static"], VARIANT["windebug"]
+HARDENED, WIN_HARDENED = VARIANT["hardened"], VARIANT["winhardened"]
 REGION, WIN_REGION = VARIANT["region"], VARIANT["winregion"]
+FULL_DEBUG, WIN_FULL_DEBUG = VARIANT["fulldebug"], VARIANT["winfulldebug"]
 
 
 def obj(v, src):
@@ -262,6 +283,14 @@ BUILDS = {
                  doc="on the release library (its shard_* names only)"),
     "debug": Build(LINUX, "build/debug/{}", so=DEBUG.api_so,
                    doc="on the debug library (the same name inside build/debug/, so the rpath picks that library)"),
+    "hardened": Build(LINUX, "build/hardened/{}", "-DTEST_HARDENED", so=HARDENED.api_so,
+                      doc="on the hardened library (its shard_* names)"),
+    "asm-hardened": Build(LINUX, "build/hardened/{}", "-DSHARD_HARDENED=1 -DTEST_HARDENED",
+                          (CALLCHECK[LINUX],) + tuple(objs(HARDENED)),
+                          doc="the hardened library's objects linked in, and tests/callcheck.asm"),
+    "fulldebug": Build(LINUX, "build/debug/full/{}", "-rdynamic", so=FULL_DEBUG.api_so,
+                       doc="on the full-debug library (shard_* names), -rdynamic so that its reports can name "
+                           "the program's functions"),
     "system": Build(LINUX, "build/{}-system", "-DTEST_SYSTEM_MALLOC",
                     doc="on the system malloc, skipping our own rules: a check of the test itself"),
     "static": Build(LINUX, "build/{}-static", "-DTEST_STATIC_NAMES", (RELEASE.ar,),
@@ -290,6 +319,10 @@ BUILDS = {
                  doc="Windows, beside the DLL it loads (Windows looks in the program's folder first)"),
     "win-debug": Build(WIN64, "build/win64/debug/{}.exe", "-DSHARD_USE_DLL", dll=WIN_DEBUG.api_so,
                        doc="Windows, beside the debug DLL"),
+    "win-hardened": Build(WIN64, "build/win64/hardened/{}.exe", "-DSHARD_USE_DLL -DTEST_HARDENED",
+                          dll=WIN_HARDENED.api_so, doc="Windows, beside the hardened DLL"),
+    "win-fulldebug": Build(WIN64, "build/win64/debug/full/{}.exe", "-DSHARD_USE_DLL", dll=WIN_FULL_DEBUG.api_so,
+                           doc="Windows, beside the full-debug DLL"),
     "win-static": Build(WIN64, "build/win64/{}-static.exe", "-DTEST_STATIC_NAMES", (WIN_STATIC.ar,),
                         libs="-lkernel32", sources=("tests/static_names.c",),
                         doc="Windows, the static library and tests/static_names.c"),
@@ -318,15 +351,15 @@ class Test(NamedTuple):
 
 
 TESTS = [
-    Test("test-small", "tests/test_small.c", "api debug system static win win-debug win-static ubsan",
+    Test("test-small", "tests/test_small.c", "api debug hardened system static win win-debug win-hardened win-static ubsan",
          doc="deterministic tests of the small blocks (up to 16 KB), each test one documented behaviour."),
-    Test("test-medium", "tests/test_medium.c", "api debug system win win-debug ubsan",
+    Test("test-medium", "tests/test_medium.c", "api debug hardened system win win-debug win-hardened ubsan",
          doc="the medium blocks (above 16 KB up to 1 MB)."),
-    Test("test-large", "tests/test_large.c", "api debug system win win-debug ubsan",
+    Test("test-large", "tests/test_large.c", "api debug hardened system win win-debug win-hardened ubsan",
          doc="the large blocks (above 1 MB) and their cache."),
-    Test("test-thread", "tests/test_thread.c", "api debug system win win-debug ubsan",
+    Test("test-thread", "tests/test_thread.c", "api debug hardened system win win-debug win-hardened ubsan",
          doc="thread lifecycle (heap reuse, the reserve and its expiry, shard_thread_done, shard_collect)."),
-    Test("stress", "tests/stress.c", "api system win", "-O2",
+    Test("stress", "tests/stress.c", "api hardened system win", "-O2",
          doc="the multithreaded stress test (options -threads -seconds -large -medium -seed), at -O2 on the "
              "release library, the system malloc and Windows."),
     Test("stress", "tests/stress.c", "debug ubsan tsan",
@@ -336,21 +369,28 @@ TESTS = [
     Test("test-port-tls64", "tests/test_port.c", "win-port", "-DTEST_TLS_HIGH",
          doc="test-port with 70 TLS indexes taken first, so the port's index is 64 or above (the TEB's "
              "expansion array)."),
-    Test("test-asm", "tests/test_asm.c", "asm asm-debug win-asm", "-DSHARD_ASM=1",
+    Test("test-asm", "tests/test_asm.c", "asm asm-debug asm-hardened win-asm", "-DSHARD_ASM=1",
          doc="checkasm-style: the NASM fast paths against the C ones (shard_*_c, hidden, so the program links "
              "the library's objects rather than the .so) on the same operation sequences, and each asm entry "
              "called through tests/callcheck.asm, which fills the callee-saved registers with random values "
              "and checks them after the call."),
     Test("test-asm-tls64", "tests/test_asm.c", "win-asm", "-DSHARD_ASM=1 -DTEST_TLS_HIGH",
          doc="test-asm with the allocator's TLS index 64 or above (the NASM entries take the slow path)."),
-    Test("test-heaps", "tests/test_heaps.c", "api debug win win-debug",
+    Test("test-heaps", "tests/test_heaps.c", "api debug hardened win win-debug win-hardened",
          doc="heaps an embedder owns: counts by kind, destroy and reset, the limit and its callback, realloc "
              "within a heap, a heap handed between threads, foreign frees, many heaps made and destroyed."),
     Test("test-introspect", "tests/test_introspect.c", "api debug win win-debug",
          doc="shard_visit, shard_report_leaks and shard_print_stats: walks that find exactly the blocks a test "
              "holds, in its own heap, in exited threads' heaps and among the large blocks."),
-    Test("test-aligned", "tests/test_aligned.c", "api debug win win-debug",
+    Test("test-aligned", "tests/test_aligned.c", "api debug hardened win win-debug win-hardened",
          doc="shard_malloc_aligned / shard_realloc_aligned and the shard_ malloc family."),
+    Test("test-hardened", "tests/test_hardened.c", "hardened win-hardened",
+         doc="the hardened build: each class of a program's bug (double frees, damaged free lists, overflows, "
+             "bad pointers) planted, reported with its kind and block, and the allocator going on."),
+    Test("test-debugmode", "tests/test_debugmode.c", "fulldebug win-fulldebug",
+         doc="the full-debug build (src/debugmode.c): one planted bug per class, each reported to the error hook "
+             "with its kind and pointer and in the report with the right allocation and free sites; ordinary use "
+             "(contents, calloc, alignment, a bounded quarantine, threads)."),
     Test("test-malloc", "tests/test_malloc.c", "dropin",
          doc="the C library's names exported by the drop-in libshardmm.so (glibc's semantics, errno)."),
     Test("test-extras", "tests/test_extras.c", "dropin",
@@ -403,7 +443,7 @@ class Bench(NamedTuple):
 PEERS = [("shard", None), ("mimalloc", "-lmimalloc"), ("jemalloc", "-ljemalloc"), ("tcmalloc", "-ltcmalloc"),
          ("system", "")]
 BENCHMARKS = [
-    Bench("micro", shard=("purec",), win=True,
+    Bench("micro", shard=("purec", "hardened"), win=True,
           doc="micro: malloc/free pairs of small sizes (ns per pair); also with the C fast paths (build/purec) and for "
               "Windows, beside the DLL (shardmm's DLL and the C runtime's malloc; pthreads from mingw's "
               "winpthreads, linked statically)."),
@@ -412,14 +452,18 @@ BENCHMARKS = [
           doc="large: a buffer grown from 1 MB to 1 GB and back; bursts of 1-64 MB blocks on two threads."),
     Bench("churn", shard=("noreserve",),
           doc="churn: rounds of threads that allocate, hand blocks to the next round and exit."),
-    Bench("instr", "-g", shard=("purec",),
+    Bench("instr", "-g", shard=("purec", "hardened"),
           doc="instr: instruction counts (bench/instr.py runs it under callgrind): shardmm with the NASM and "
               "the C fast paths, and the peers."),
-    Bench("app", shard=("counters",), defines=False,
+    Bench("app", shard=("counters", "hardened"), defines=False,
           doc="app: the application benchmark (bench/run runs it): bench/app.c calls the C library's names, so "
               "the allocator is chosen by what the program is linked with: shardmm's drop-in library, or a "
               "peer's, which replaces malloc when linked as well; -system is glibc's. -shard-counters: the "
               "SHARD_COUNTERS build."),
+    Bench("catch", "-pthread", shard=("hardened",), defines=False,
+          doc="catch: ten memory-safety bugs of a program, each in a child process, and what the allocator "
+              "did about each (bench/catch.py runs it with every build and peer): caught, missed, crashed, "
+              "exploited. -shard-hardened: the hardened build's drop-in."),
     Bench("engines", f"-Itests {ENGINE_FLAGS}", heap=True, libs=ENGINE_LIBS,
           doc="engines: the scripts of tests/engines/ in Lua, Duktape and mruby (bench/engines.py runs it): "
               "engines-system on the C library's malloc, which the runner also runs with each peer and "
@@ -434,9 +478,9 @@ BUILD_PRELUDE = r"""
 # (core sources, library variants, test programs, benchmarks) are in gen/build.py: a source or a variant
 # is one line there.
 #
-# Library variants: Linux x86-64 (release with the NASM fast paths, pure-C, debug, counters and the
-# benchmarks' comparison builds nolp and noreserve), and Windows x64, cross-built with mingw-w64, linked
-# with no C runtime (kernel32 only): a DLL, a static library and a debug DLL. Each has a section below
+# Library variants: Linux x86-64 (release with the NASM fast paths, pure-C, debug, full debug, counters and
+# the benchmarks' comparison builds nolp and noreserve), and Windows x64, cross-built with mingw-w64, linked
+# with no C runtime (kernel32 only): a DLL, a static library, a debug and a full-debug DLL. Each has a section below
 # saying what it is for. The sanitizer builds are in fuzz.ninja.
 # The core (src/) is compiled freestanding with the C library's headers out of reach (-nostdinc; only
 # the compiler's own stddef.h/stdint.h/stdbool.h remain), so a libc include fails the build, and

@@ -67,12 +67,20 @@ SHARD_API void *shard_memalign(size_t align, size_t size);
 SHARD_API void *shard_valloc(size_t size);  /* aligned to the page size (4 KB) */
 SHARD_API void *shard_pvalloc(size_t size); /* the same, size rounded up to whole pages (0 takes one page) */
 
-/* Error hook: called for a pointer that is not a live block of ours. When the hook returns, the
- * operation does nothing (shard_realloc returns NULL) and the allocator keeps working. */
+/* Error hook: called for a pointer that is not a live block of ours, and in the hardened and debug
+ * builds for the damage they find. When the hook returns, the operation does nothing (shard_realloc
+ * returns NULL; a damaged free list or block is left alone, never handed out) and the allocator keeps
+ * working. The first three kinds name the call; the others (hardened and debug builds) what was found. */
 enum shard_error {
     SHARD_ERROR_INVALID_FREE = 1,    /* shard_free of a pointer that is not a live block of ours */
     SHARD_ERROR_INVALID_REALLOC = 2, /* shard_realloc of such a pointer */
-    SHARD_ERROR_INVALID_SIZE_QUERY = 3 /* shard_usable_size of such a pointer */
+    SHARD_ERROR_INVALID_SIZE_QUERY = 3, /* shard_usable_size of such a pointer */
+    SHARD_ERROR_DOUBLE_FREE = 4,     /* a free or realloc of a block that is already free; ptr: the block */
+    SHARD_ERROR_FREE_LIST = 5,       /* a free item's link damaged (a write after free, or an overflow into
+                                      * it); ptr: the item */
+    SHARD_ERROR_OVERFLOW = 6,        /* a write past the end of a block (or before its start); ptr: the block */
+    SHARD_ERROR_WRITE_AFTER_FREE = 7, /* a freed block written to while it waited in quarantine; ptr: it */
+    SHARD_ERROR_HEADER = 8           /* a medium or large block's header damaged; ptr: the block */
 };
 typedef void (*shard_error_fn)(void *arg, int error, void *ptr);
 /* Install a hook (NULL restores the default: a one-line message, then abort). Returns the previous hook. */

@@ -27,9 +27,14 @@
  *   __vdso_clock_gettime; without it, the clock_gettime system call. It is read when a page is freed
  *   while a heap holds more than its 16 free pages: often enough in producer/consumer code to be worth
  *   it (bench/results/2026-11-30-quoted-in-code.md).
+ * - symbolizing (the full-debug build's reports): dladdr, which glibc 2.34 and later keep in the C
+ *   library itself (no libdl to link) and which allocates nothing: the module's path, and the nearest
+ *   symbol of its dynamic symbol table (a program's own functions are there when it is linked with
+ *   -rdynamic), else the offset from the module's start.
  */
 #include "port.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 
@@ -389,6 +394,50 @@ __attribute__((destructor)) static void linux_at_exit(void)
         fn();
 }
 
+/* buf[*n ...] = s, within size - 1 bytes. */
+static void sym_append(char *buf, size_t size, size_t *n, const char *s)
+{
+    for (; *s != 0 && *n + 1 < size; s++)
+        buf[(*n)++] = *s;
+}
+
+static void sym_append_hex(char *buf, size_t size, size_t *n, uintptr_t v)
+{
+    char digits[19] = "0x";
+    int k = 0;
+    char rev[16];
+    do {
+        rev[k++] = "0123456789abcdef"[v & 15];
+        v >>= 4;
+    } while (v != 0);
+    for (int i = 0; i < k; i++)
+        digits[2 + i] = rev[k - 1 - i];
+    digits[2 + k] = 0;
+    sym_append(buf, size, n, digits);
+}
+
+/* "/path/module(function+0x1c)" or "/path/module+0x1234". */
+static size_t linux_symbolize(const void *addr, char *buf, size_t size)
+{
+    Dl_info info;
+    size_t n = 0;
+    if (size == 0 || dladdr(addr, &info) == 0 || info.dli_fname == NULL || info.dli_fbase == NULL)
+        return 0;
+    sym_append(buf, size, &n, info.dli_fname);
+    if (info.dli_sname != NULL && info.dli_saddr != NULL) {
+        sym_append(buf, size, &n, "(");
+        sym_append(buf, size, &n, info.dli_sname);
+        sym_append(buf, size, &n, "+");
+        sym_append_hex(buf, size, &n, (uintptr_t)addr - (uintptr_t)info.dli_saddr);
+        sym_append(buf, size, &n, ")");
+    } else {
+        sym_append(buf, size, &n, "+");
+        sym_append_hex(buf, size, &n, (uintptr_t)addr - (uintptr_t)info.dli_fbase);
+    }
+    buf[n] = 0;
+    return n;
+}
+
 void port_write_error(const char *msg, size_t len)
 {
     while (len > 0) {
@@ -426,4 +475,5 @@ port_capabilities port_caps = {
     .invalid_argument = linux_invalid_argument,
     .options = linux_options,
     .process_exit_hook = linux_process_exit_hook,
+    .symbolize = linux_symbolize,
 };

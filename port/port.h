@@ -139,6 +139,13 @@ typedef struct port_capabilities {
      * not allocate through shardmm. 0, or -1 when refused. fn allocates nothing. Without it nothing
      * runs at exit. */
     int (*process_exit_hook)(void (*fn)(void));
+
+    /* Where the code at addr comes from, as text for a report: the path of the module that holds it and
+     * addr's offset in it, with the function's name where the platform knows it, written into buf
+     * (at most size - 1 bytes and a NUL). Returns the bytes written; 0 when it cannot tell. Called by the
+     * full-debug build's reports (a program's bug being reported): it must not allocate through shardmm.
+     * Without it the reports give the bare address. */
+    size_t (*symbolize)(const void *addr, char *buf, size_t size);
 } port_capabilities;
 
 #define PORT_OPTION_PREFIX "SHARDMM_"

@@ -34,6 +34,10 @@
  *   none, so its exit-time options do nothing.
  * - waiting: SwitchToThread (callers spin with pause first, src/sync.h); the fatal message: WriteFile
  *   to the standard error handle; abort: TerminateProcess with exit code 3, as the C runtime's abort.
+ * - symbolizing (the full-debug build's reports): the module that holds an address
+ *   (GetModuleHandleExW, without taking a reference) and its path (GetModuleFileNameW), with the
+ *   address's offset from the module's start: what a debugger or addr2line on the image turns into a
+ *   line. Characters of the path above 127 are written as '?'.
  */
 #include "port.h"
 
@@ -278,6 +282,37 @@ void port_write_error(const char *msg, size_t len)
     }
 }
 
+/* C:\path\module.exe+0x1234 */
+static size_t win_symbolize(const void *addr, char *buf, size_t size)
+{
+    HMODULE module;
+    WCHAR path[MAX_PATH];
+    if (size < 2 || !GetModuleHandleExW(GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS |
+                                            GET_MODULE_HANDLE_EX_FLAG_UNCHANGED_REFCOUNT,
+                                        (LPCWSTR)addr, &module))
+        return 0;
+    DWORD len = GetModuleFileNameW(module, path, MAX_PATH);
+    if (len == 0 || len >= MAX_PATH)
+        return 0;
+    size_t n = 0;
+    for (DWORD i = 0; i < len && n + 1 < size; i++)
+        buf[n++] = path[i] < 128 ? (char)path[i] : '?';
+    uintptr_t off = (uintptr_t)addr - (uintptr_t)module;
+    char text[20] = "+0x", rev[16];
+    int k = 0;
+    do {
+        rev[k++] = "0123456789abcdef"[off & 15];
+        off >>= 4;
+    } while (off != 0);
+    for (int i = 0; i < k; i++)
+        text[3 + i] = rev[k - 1 - i];
+    text[3 + k] = 0;
+    for (int i = 0; text[i] != 0 && n + 1 < size; i++)
+        buf[n++] = text[i];
+    buf[n] = 0;
+    return n;
+}
+
 _Noreturn void port_abort(void)
 {
     TerminateProcess(GetCurrentProcess(), 3);
@@ -298,6 +333,7 @@ port_capabilities port_caps = {
     .out_of_memory = win_out_of_memory,
     .invalid_argument = win_invalid_argument,
     .options = win_options,
+    .symbolize = win_symbolize,
 #ifdef SHARD_BUILD_DLL
     .process_exit_hook = win_process_exit_hook,
 #endif

@@ -8,12 +8,13 @@
  * that empty or were full, and pointers that are not blocks of ours, which reach the error hook. Every
  * pointer is checked against the own-segment table or the segment map before anything is read through
  * it, and a small block against its page before anything is written. What stays unseen: a second free
- * of a small item (as in the seed: an item has no room for a mark), and from another thread an item the
- * page has not carved yet (that test would read the owner's cache line). An allocation that fails for
+ * of a small item (as in the seed: an item has no room for a mark; the hardened build sees it from the
+ * item's encoded link, small.h), and from another thread an item the page has not carved yet (that test
+ * would read the owner's cache line). An allocation that fails for
  * want of memory gives back what waits (heap_relieve) and is tried once more.
  *
  * Depends on: heap.h (and through it small.h, medium.h, segment.h), large.h, error.h, fast.h, layout.h
- * (generated), libc.h, port.h, include/shardmm.h.
+ * (generated), libc.h, port.h, include/shardmm.h, debugmode.h (the public names, API).
  */
 #include "../include/shardmm.h"
 #include "../port/port.h"
@@ -23,6 +24,7 @@
 #include "libc.h"
 #include "fast.h"
 #include "layout.h"
+#include "debugmode.h"
 
 /* The layout asm/fast.asm reads by number (gen/layout.py writes the numbers for both sides). */
 #define FIELD_IS(type, field, offset, size) (offsetof(type, field) == (offset) && sizeof(((type *)0)->field) == (size))
@@ -31,6 +33,7 @@ _Static_assert(FIELD_IS(page, free, SHARD_L_PAGE_FREE, 8) && FIELD_IS(page, loca
                    FIELD_IS(page, divisor, SHARD_L_PAGE_DIVISOR, 8) &&
                    FIELD_IS(page, block_size, SHARD_L_PAGE_BLOCK_SIZE, 4),
                "struct page differs from gen/layout.py");
+_Static_assert(FIELD_IS(segment, secret, SHARD_L_SEGMENT_SECRET, 8), "struct segment differs from gen/layout.py");
 _Static_assert(offsetof(heap, direct) == SHARD_L_HEAP_DIRECT && offsetof(heap, own) == SHARD_L_HEAP_OWN &&
                    offsetof(heap, classes) == SHARD_L_HEAP_CLASSES && offsetof(page_list, first) == 0 &&
                    sizeof(page_list) == (size_t)1 << SHARD_L_PAGE_LIST_SHIFT,
@@ -58,11 +61,12 @@ static __attribute__((noinline)) void *malloc_without_heap(size_t size)
 }
 
 /* The C fast paths carry the public names in the pure-C library, and api_<name>_c beside the NASM ones
- * (internal names never share the public prefix: fast.h). */
+ * (internal names never share the public prefix: fast.h); in the full-debug build the names debugmode.c
+ * wraps (debugmode.h's API). */
 #if SHARD_ASM
 #define FAST_PATH(name) api_##name##_c
 #else
-#define FAST_PATH(name) shard_##name
+#define FAST_PATH(name) API(name)
 #endif
 
 /* NULL for want of memory or an impossible size; the caller also learns it the C library's way. */
@@ -151,7 +155,7 @@ static __attribute__((noinline)) void *calloc_slow(size_t total)
 
 /* Up to 2 KB the malloc fast path is inlined here (no call to the asm entry, no frame); the rest goes
  * through calloc_slow. */
-void *shard_calloc(size_t count, size_t size)
+void *API(calloc)(size_t count, size_t size)
 {
     size_t total;
     if (unlikely(__builtin_mul_overflow(count, size, &total)))
@@ -224,17 +228,9 @@ void FAST_PATH(free)(void *p)
     if (likely(own_small(h, p))) {
         page *pg = page_of(p);
         block *b = p;
-        if (likely(page_has_item(pg, b))) {
-            /* Above 0: an ordinary free, also the one that empties its class's only page, whose
-             * `used` counts one more (small.c, sole_set). */
-            if (likely(--pg->used > 0)) {
-                b->next = pg->free; /* last in, first out: see small.h */
-                pg->free = b;
-                return;
-            }
-            pg->used++; /* the page empties or was full: the slow path gets it as it was */
-        }
-        small_free_local_slow(h, pg, b); /* that, or not an item (reported there) */
+        if (likely(page_has_item(pg, b)) && likely(small_free_fast(pg, b)))
+            return;
+        small_free_local_slow(h, pg, b); /* the rest, or not an item (reported there) */
         return;
     }
     api_free_slow(p);
@@ -242,13 +238,20 @@ void FAST_PATH(free)(void *p)
 
 /* ---- realloc ------------------------------------------------------------------------------------- */
 
-/* The usable size of a live block; 0 (after the hook) if p is not one. */
-size_t api_usable_or_report(const void *p, int error)
+size_t api_usable(const void *p)
 {
     unsigned kind = segmap_kind((uintptr_t)p);
     if (kind == SEG_SMALL && page_has_item_any_thread(page_of(p), p))
-        return page_of(p)->block_size;
-    size_t n = kind == SEG_MEDIUM ? medium_usable(p) : kind_large(kind) ? large_usable(p) : 0;
+        return small_looks_free(page_of(p), p) ? 0 : page_of(p)->block_size; /* freed: hardened only */
+    return kind == SEG_MEDIUM ? medium_usable(p) : kind_large(kind) ? large_usable(p) : 0;
+}
+
+size_t api_usable_or_report(const void *p, int error)
+{
+    size_t n = api_usable(p);
+    if (SHARD_HARDENED && n == 0 && error == SHARD_ERROR_INVALID_REALLOC && segmap_kind((uintptr_t)p) == SEG_SMALL &&
+        page_has_item_any_thread(page_of(p), p))
+        error = SHARD_ERROR_DOUBLE_FREE; /* an item of its page, but free */
     if (n == 0)
         error_invalid_pointer(error, (void *)p);
     return n;
@@ -266,14 +269,14 @@ static inline int small_size_stays(const page *pg, size_t size)
 static inline int small_stays(const void *p, size_t size)
 {
     const page *pg = page_of(p);
-    return small_size_stays(pg, size) && page_has_item(pg, p);
+    return small_size_stays(pg, size) && page_has_item(pg, p) && !small_looks_free(pg, p);
 }
 
 /* The same for p in any thread's small segment. */
 static inline int small_stays_any_thread(const void *p, size_t size)
 {
     const page *pg = page_of(p);
-    return small_size_stays(pg, size) && page_has_item_any_thread(pg, p);
+    return small_size_stays(pg, size) && page_has_item_any_thread(pg, p) && !small_looks_free(pg, p);
 }
 
 /* p resized to size where it lies: a small block within its class (small_stays), a medium block of the
@@ -292,13 +295,13 @@ static void *resize_in_place(void *p, unsigned kind, size_t size)
 static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
 {
     if (p == NULL)
-        return shard_malloc(size);
+        return API(malloc)(size);
     size_t old = api_usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
     if (old == 0)
         return NULL;
     unsigned kind = segmap_kind((uintptr_t)p);
     if (size == 0) {
-        shard_free(p);
+        API(free)(p);
         return NULL;
     }
     void *q = resize_in_place(p, kind, size);
@@ -327,13 +330,13 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
         if (target > limit)
             target = limit;
     }
-    q = shard_malloc(target);
+    q = API(malloc)(target);
     if (q == NULL && target != size)
-        q = shard_malloc(size); /* short of memory: without the headroom it may still fit */
+        q = API(malloc)(size); /* short of memory: without the headroom it may still fit */
     if (q == NULL)
         return NULL;
     mem_copy(q, p, old < size ? old : size);
-    shard_free(p);
+    API(free)(p);
     return q;
 }
 
@@ -388,33 +391,33 @@ static void *aligned_any(size_t size, size_t align)
     return large_any(size, align, 0);
 }
 
-void *shard_malloc_aligned(size_t size, size_t align)
+void *API(malloc_aligned)(size_t size, size_t align)
 {
     if (!power_of_two(align))
         return NULL;
     if (align <= 16)
-        return shard_malloc(size);
+        return API(malloc)(size);
     if (size <= SHARD_SMALL_MAX && align <= SHARD_SMALL_MAX)
-        return shard_malloc(class_size[aligned_class(size, align)]); /* that size takes exactly that class */
+        return API(malloc)(class_size[aligned_class(size, align)]); /* that size takes exactly that class */
     void *p = aligned_any(size, align);
     if (worth_retry(p, size > align ? size : align)) /* an alignment no address space holds: no second try */
         p = aligned_any(size, align);
     return or_out_of_memory(p);
 }
 
-void *shard_realloc_aligned(void *p, size_t size, size_t align)
+void *API(realloc_aligned)(void *p, size_t size, size_t align)
 {
     if (p == NULL)
-        return shard_malloc_aligned(size, align);
+        return API(malloc_aligned)(size, align);
     if (!power_of_two(align))
         return NULL;
     if (align <= 16)
-        return shard_realloc(p, size);
+        return API(realloc)(p, size);
     size_t old = api_usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
     if (old == 0)
         return NULL;
     if (size == 0) {
-        shard_free(p);
+        API(free)(p);
         return NULL;
     }
     if (((uintptr_t)p & (align - 1)) == 0) { /* in place keeps the alignment */
@@ -422,36 +425,36 @@ void *shard_realloc_aligned(void *p, size_t size, size_t align)
         if (q != NULL)
             return q;
     }
-    void *q = shard_malloc_aligned(size, align);
+    void *q = API(malloc_aligned)(size, align);
     if (q == NULL)
         return NULL;
     mem_copy(q, p, old < size ? old : size);
-    shard_free(p);
+    API(free)(p);
     return q;
 }
 
-void *shard_reallocarray(void *p, size_t count, size_t size)
+void *API(reallocarray)(void *p, size_t count, size_t size)
 {
     size_t total;
     if (__builtin_mul_overflow(count, size, &total))
         return out_of_memory();
-    return shard_realloc(p, total);
+    return API(realloc)(p, total);
 }
 
 enum { EINVAL_ = 22, ENOMEM_ = 12, PAGE_BYTES = 4096 }; /* the same numbers on Linux and in Windows's CRT */
 
-int shard_posix_memalign(void **out, size_t align, size_t size)
+int API(posix_memalign)(void **out, size_t align, size_t size)
 {
     if (!power_of_two(align) || align % sizeof(void *) != 0)
         return EINVAL_;
-    void *p = shard_malloc_aligned(size, align);
+    void *p = API(malloc_aligned)(size, align);
     if (p == NULL)
         return ENOMEM_;
     *out = p;
     return 0;
 }
 
-void *shard_memalign(size_t align, size_t size)
+void *API(memalign)(size_t align, size_t size)
 {
     if (align > SIZE_MAX / 2 + 1) { /* glibc: no power of two holds it */
         os_invalid_argument();
@@ -460,22 +463,22 @@ void *shard_memalign(size_t align, size_t size)
     size_t a = 16;
     while (a < align) /* glibc: below 16 is 16, and any other is rounded up to a power of two */
         a <<= 1;
-    return shard_malloc_aligned(size, a);
+    return API(malloc_aligned)(size, a);
 }
 
-void *shard_aligned_alloc(size_t align, size_t size) { return shard_memalign(align, size); }
+void *API(aligned_alloc)(size_t align, size_t size) { return API(memalign)(align, size); }
 
-void *shard_valloc(size_t size) { return shard_malloc_aligned(size, PAGE_BYTES); }
+void *API(valloc)(size_t size) { return API(malloc_aligned)(size, PAGE_BYTES); }
 
-void *shard_pvalloc(size_t size)
+void *API(pvalloc)(size_t size)
 {
     if (size > SIZE_MAX - PAGE_BYTES)
         return out_of_memory();
     size_t rounded = (size + PAGE_BYTES - 1) & ~(size_t)(PAGE_BYTES - 1);
-    return shard_malloc_aligned(rounded ? rounded : PAGE_BYTES, PAGE_BYTES);
+    return API(malloc_aligned)(rounded ? rounded : PAGE_BYTES, PAGE_BYTES);
 }
 
-size_t shard_usable_size(const void *p)
+size_t API(usable_size)(const void *p)
 {
     if (p == NULL)
         return 0;
@@ -522,7 +525,7 @@ void shard_get_stats(shard_stats *out)
     out->medium_arenas_decommitted = mc.decommitted;
 }
 
-int shard_check(void)
+int API(check)(void)
 {
     int problems = large_check() + heap_check_stack();
     heap *h = heap_mine();

@@ -13,8 +13,35 @@
 #define SHARD_COUNTERS 0
 #endif
 
+/* SHARD_FULL_DEBUG=1 (build/debug/full/): the debug layer of debugmode.c around every public entry
+ * point, to find the program's bugs rather than the allocator's: a header and a trailer canary around
+ * each block, fill patterns, a quarantine of freed blocks, reports with allocation and free sites. It
+ * needs the C fast paths (the NASM ones carry the public names). */
+#ifndef SHARD_FULL_DEBUG
+#define SHARD_FULL_DEBUG 0
+#endif
+#if SHARD_FULL_DEBUG && defined(SHARD_ASM) && SHARD_ASM
+#error "SHARD_FULL_DEBUG=1 needs SHARD_ASM=0: the debug layer takes the public names"
+#endif
+/* The full-debug build's quarantine: freed blocks wait, filled with a pattern, until this many bytes of
+ * younger ones have been freed after them (the default of SHARDMM_QUARANTINE_MB, options.h). */
+#ifndef SHARD_QUARANTINE_BYTES
+#define SHARD_QUARANTINE_BYTES ((size_t)16 << 20)
+#endif
+
 #ifndef SHARD_DEBUG
 #define SHARD_DEBUG 0
+#endif
+
+/* SHARD_HARDENED=1 (build/hardened/): small free lists stored encoded with their segment's secret and the
+ * link's own address, every link checked before it is followed, small double frees found from the
+ * block's first word, medium and large headers sealed with a secret of the process (small.h says how
+ * and what each costs). For production: the same API, ABI and memory as the default build. */
+#ifndef SHARD_HARDENED
+#define SHARD_HARDENED 0
+#endif
+#if SHARD_HARDENED < 0 || SHARD_HARDENED > 1
+#error "SHARD_HARDENED must be 0 or 1"
 #endif
 #if SHARD_DEBUG < 0 || SHARD_DEBUG > 1
 #error "SHARD_DEBUG must be 0 or 1"

@@ -26,9 +26,10 @@
  * heap waits in a list, with its reserve for the delay, for the next shard_heap_create.
  *
  * Depends on: shardmm.h (the API), fast.h (api_usable_or_report), heap.h, small.h, medium.h, large.h,
- * segment.h, libc.h, sync.h.
+ * segment.h, libc.h, sync.h, debugmode.h (the public names, API).
  */
 #include "../include/shardmm.h"
+#include "debugmode.h"
 #include "fast.h"
 #include "heap.h"
 #include "large.h"
@@ -171,7 +172,7 @@ shard_heap *shard_heap_create(const shard_heap_options *opt)
     return (shard_heap *)h;
 }
 
-void shard_heap_destroy(shard_heap *sh)
+void API(heap_destroy)(shard_heap *sh)
 {
     if (sh == NULL)
         return;
@@ -194,7 +195,7 @@ void shard_heap_destroy(shard_heap *sh)
         heap_arm_reserve_due(h->retired_at + options_values.reserve_delay_ms);
 }
 
-void shard_heap_reset(shard_heap *sh)
+void API(heap_reset)(shard_heap *sh)
 {
     heap *h = created_heap_of(sh);
     created_empty(h, 1);
@@ -271,7 +272,7 @@ static __attribute__((noinline)) void *created_malloc_slow(heap *h, size_t size)
     return created_or_oom(p);
 }
 
-void *shard_heap_malloc(shard_heap *sh, size_t size)
+void *API(heap_malloc)(shard_heap *sh, size_t size)
 {
     heap *h = created_heap_of(sh);
     if (likely(size <= SHARD_DIRECT_MAX)) {
@@ -282,7 +283,7 @@ void *shard_heap_malloc(shard_heap *sh, size_t size)
     return created_malloc_slow(h, size);
 }
 
-void *shard_heap_calloc(shard_heap *sh, size_t count, size_t size)
+void *API(heap_calloc)(shard_heap *sh, size_t count, size_t size)
 {
     size_t total;
     if (__builtin_mul_overflow(count, size, &total))
@@ -294,7 +295,7 @@ void *shard_heap_calloc(shard_heap *sh, size_t count, size_t size)
             p = large_alloc_in(h, total, 16, 1);
         return created_or_oom(p);
     }
-    void *p = shard_heap_malloc(sh, total);
+    void *p = API(heap_malloc)(sh, total);
     if (p != NULL)
         mem_zero_block(p, total);
     return p;
@@ -313,12 +314,12 @@ static void *created_aligned(heap *h, size_t size, size_t align)
     return large_alloc_in(h, size, align, 0);
 }
 
-void *shard_heap_malloc_aligned(shard_heap *sh, size_t size, size_t align)
+void *API(heap_malloc_aligned)(shard_heap *sh, size_t size, size_t align)
 {
     if (align == 0 || (align & (align - 1)) != 0)
         return NULL;
     if (align <= 16)
-        return shard_heap_malloc(sh, size);
+        return API(heap_malloc)(sh, size);
     heap *h = created_heap_of(sh);
     void *p = created_aligned(h, size, align);
     for (int ask = 0; p == NULL && ask < 2 && created_relieve(h, size, ask); ask++)
@@ -333,20 +334,14 @@ static inline int created_owns_small(const heap *h, const void *p)
     return h->own[(uint32_t)(uintptr_t)p >> SEGMENT_SHIFT] == ((uintptr_t)p & ~(uintptr_t)SEGMENT_MASK);
 }
 
-void shard_heap_free(shard_heap *sh, void *p)
+void API(heap_free)(shard_heap *sh, void *p)
 {
     heap *h = created_heap_of(sh);
     if (likely(created_owns_small(h, p))) {
         page *pg = page_of(p);
         block *b = p;
-        if (likely(page_has_item(pg, b))) {
-            if (likely(--pg->used > 0)) { /* as the thread heap's fast path (api.c) */
-                b->next = pg->free;
-                pg->free = b;
-                return;
-            }
-            pg->used++;
-        }
+        if (likely(page_has_item(pg, b)) && likely(small_free_fast(pg, b))) /* as the thread heap's (api.c) */
+            return;
         small_free_local_slow(h, pg, b);
         return;
     }
@@ -354,7 +349,7 @@ void shard_heap_free(shard_heap *sh, void *p)
         medium_free_local(h, p);
         return;
     }
-    shard_free(p); /* a large block, another heap's, or not a block (the error hook) */
+    API(free)(p); /* a large block, another heap's, or not a block (the error hook) */
 }
 
 /* Whether p, a live block, may stay for size bytes without a move: in its class (and not below a quarter
@@ -371,21 +366,22 @@ static void *created_resize_here(heap *h, void *p, size_t size, size_t old)
     return NULL;
 }
 
-void *shard_heap_realloc(shard_heap *sh, void *p, size_t size)
+void *API(heap_realloc)(shard_heap *sh, void *p, size_t size)
 {
     heap *h = created_heap_of(sh);
     if (likely(created_owns_small(h, p))) { /* the thread heap's realloc fast path (fast.h), for this heap */
         const page *pg = page_of(p);
-        if (likely(page_has_item(pg, p) && size <= pg->block_size && size >= pg->block_size / 4 && size != 0))
+        if (likely(page_has_item(pg, p) && size <= pg->block_size && size >= pg->block_size / 4 && size != 0) &&
+            likely(!small_looks_free(pg, p)))
             return p;
     }
     if (p == NULL)
-        return shard_heap_malloc(sh, size);
+        return API(heap_malloc)(sh, size);
     size_t old = api_usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
     if (old == 0)
         return NULL; /* not a live block: reported, nothing changes */
     if (size == 0) {
-        shard_heap_free(sh, p);
+        API(heap_free)(sh, p);
         return NULL;
     }
     void *q = created_resize_here(h, p, size, old);
@@ -401,12 +397,12 @@ void *shard_heap_realloc(shard_heap *sh, void *p, size_t size)
     if (size > SHARD_MEDIUM_MAX && (kind == SEG_LARGE || kind == SEG_LARGE_FAR) && large_owner_is(p, h) &&
         (q = large_move(p, target)) != NULL)
         return q; /* its pages handed over (Linux), still the heap's */
-    q = shard_heap_malloc(sh, target);
+    q = API(heap_malloc)(sh, target);
     if (q == NULL && target != size)
-        q = shard_heap_malloc(sh, size);
+        q = API(heap_malloc)(sh, size);
     if (q == NULL)
         return NULL;
     mem_copy(q, p, old < size ? old : size);
-    shard_heap_free(sh, p);
+    API(heap_free)(sh, p);
     return q;
 }

@@ -20,8 +20,11 @@ static const char *describe(int error)
 {
     static const char *const what[] = {"invalid pointer", "invalid pointer passed to shard_free:",
                                        "invalid pointer passed to shard_realloc:",
-                                       "invalid pointer passed to shard_usable_size:"};
-    return what[error >= 1 && error <= 3 ? error : 0];
+                                       "invalid pointer passed to shard_usable_size:",
+                                       "double free of the block at", "damaged free-list link in the item at",
+                                       "write past the end of the block at", "write after free to the block at",
+                                       "damaged header of the block at"};
+    return what[error >= 1 && error <= SHARD_ERROR_HEADER ? error : 0];
 }
 
 static _Noreturn void default_error(int error, void *p)

@@ -39,8 +39,11 @@ void *api_malloc_slow(size_t size);
 void api_free_slow(void *p);
 void *api_realloc_slow(void *p, size_t size);
 /* The usable size of a live block of any kind and thread; 0, after the error hook with `error`, if p is
- * not one (engine.c's realloc reports as shard_realloc does). */
+ * not one (engine.c's realloc reports as shard_realloc does). api_usable: the same without the hook
+ * (the full-debug layer's test of a block it is not sure of). Both read nothing through p before p is
+ * known to be a block of ours. */
 size_t api_usable_or_report(const void *p, int error);
+size_t api_usable(const void *p);
 
 #if SHARD_ASM
 void *api_malloc_c(size_t size);

@@ -76,6 +76,7 @@
  * child's thread number.
  */
 #include "heap.h"
+#include "debugmode.h"
 
 #include "../port/port.h"
 #include "error.h"
@@ -496,6 +497,9 @@ int spin_fork_passes(void)
 
 static void fork_prepare(void)
 {
+#if SHARD_FULL_DEBUG
+    debugmode_lock_for_fork(1); /* never held around a call of the core's */
+#endif
     created_lock_for_fork(1); /* first: it is held around calls that take the others (engine.c) */
     spin_lock_for_fork(&trim_lock);
     meta_lock_for_fork(1);
@@ -512,6 +516,9 @@ static void fork_unlock(void)
     meta_lock_for_fork(0);
     spin_unlock_for_fork(&trim_lock);
     created_lock_for_fork(0);
+#if SHARD_FULL_DEBUG
+    debugmode_lock_for_fork(0);
+#endif
 }
 
 static void fork_parent(void) { fork_unlock(); }

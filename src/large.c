@@ -94,6 +94,16 @@ typedef struct large_header {
 } large_header;
 _Static_assert(sizeof(large_header) == LARGE_HEADER, "the block follows a 32-byte header");
 
+/* The marks as stored in header h: the hardened build seals them with the process's secret and the
+ * header's address, so a stray write, or a header the program builds, never passes for one. */
+#if SHARD_HARDENED
+static inline uint64_t mark_live(const large_header *h) { return LARGE_MARK_LIVE ^ secret_of_process() ^ (uintptr_t)h; }
+static inline uint64_t mark_freed(const large_header *h) { return LARGE_MARK_FREED ^ secret_of_process() ^ (uintptr_t)h; }
+#else
+static inline uint64_t mark_live(const large_header *h) { (void)h; return LARGE_MARK_LIVE; }
+static inline uint64_t mark_freed(const large_header *h) { (void)h; return LARGE_MARK_FREED; }
+#endif
+
 #define LAYOUT_OFFSET_MASK ((size_t)31)
 #define LAYOUT_FAR ((size_t)32)
 #define LAYOUT_ALIGN_SHIFT 6
@@ -444,9 +454,9 @@ void large_release_owned(heap *owner)
                     continue;
                 uintptr_t granule = (uintptr_t)hi << 32 | (uintptr_t)i << SEGMENT_SHIFT;
                 large_header *h = (large_header *)(kind == SEG_LARGE ? granule : granule - PORT_PAGE);
-                uint64_t live = LARGE_MARK_LIVE;
-                if (load_acquire(&h->mark) == LARGE_MARK_LIVE && owner_of(h) == owner &&
-                    cas_acq_rel(&h->mark, &live, LARGE_MARK_FREED))
+                uint64_t live = mark_live(h);
+                if (load_acquire(&h->mark) == mark_live(h) && owner_of(h) == owner &&
+                    cas_acq_rel(&h->mark, &live, mark_freed(h)))
                     batch[n++] = h;
             }
         }
@@ -481,7 +491,7 @@ void large_visit(visitor *v, heap *only)
             /* live_header's test, from the granule: a block starts at its header's offset, or a far one
              * at the granule itself. A block being made or moved is LIVE only once it is whole. */
             large_header *h = (large_header *)(kind == SEG_LARGE ? granule : granule - PORT_PAGE);
-            if (load_acquire(&h->mark) == LARGE_MARK_LIVE && (only == NULL || owner_of(h) == only))
+            if (load_acquire(&h->mark) == mark_live(h) && (only == NULL || owner_of(h) == only))
                 visit_block(v, block_of(h), h->size, VISIT_LARGE);
         }
     }
@@ -532,7 +542,7 @@ static void *go_live(large_header *h, heap *owner)
         fetch_add_relaxed(&owner->large_bytes, h->size);
     }
     count_live(1, h->size, h->committed);
-    store_release(&h->mark, LARGE_MARK_LIVE);
+    store_release(&h->mark, mark_live(h));
     return block_of(h);
 }
 
@@ -635,7 +645,7 @@ static large_header *live_header(const void *p)
         h = (large_header *)(a - PORT_PAGE);
     else
         return NULL;
-    if (load_acquire(&h->mark) != LARGE_MARK_LIVE || (uintptr_t)block_of(h) != a)
+    if (load_acquire(&h->mark) != mark_live(h) || (uintptr_t)block_of(h) != a)
         return NULL;
     return h;
 }
@@ -649,8 +659,8 @@ int large_owner_is(const void *p, heap *owner)
 int large_free(void *p)
 {
     large_header *h = live_header(p);
-    uint64_t live = LARGE_MARK_LIVE;
-    if (h == NULL || !cas_acq_rel(&h->mark, &live, LARGE_MARK_FREED))
+    uint64_t live = mark_live(h);
+    if (h == NULL || !cas_acq_rel(&h->mark, &live, mark_freed(h)))
         return -1;
     count_live((size_t)-1, -h->size, -h->committed);
     heap *owner = owner_of(h);
@@ -740,6 +750,8 @@ void *large_move(void *p, size_t size)
     h->size = need - offset;
     h->committed = need;
     h->layout = layout_of(span, offset);
+    if (SHARD_HARDENED)
+        store_release(&h->mark, mark_live(h)); /* sealed with its new address */
     count_live(0, h->size - was, h->committed - was_committed);
     return block_of(h);
 }
@@ -760,7 +772,7 @@ int large_check(void)
     for (unsigned i = 0; i < cache.count; i++) {
         const cached *c = &cache.entry[i];
         bytes += c->committed;
-        problems += insist(c->h->mark == LARGE_MARK_FREED && c->h->committed == c->committed && span_of(c->h) == c->span &&
+        problems += insist(c->h->mark == mark_freed(c->h) && c->h->committed == c->committed && span_of(c->h) == c->span &&
                                segmap_kind((uintptr_t)c->h) == SEG_LARGE,
                            "large: a cache entry does not match its block (mark, committed, span, map):", c->h);
         problems += insist(i == 0 || c->freed_at >= cache.entry[i - 1].freed_at,

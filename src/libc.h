@@ -51,6 +51,12 @@ static inline void mem_zero_block(void *dst, size_t n)
     }
 }
 
+/* n bytes of `byte` (the full-debug build's patterns). */
+static inline void mem_fill(void *dst, unsigned char byte, size_t n)
+{
+    __asm__ volatile("rep stosb" : "+D"(dst), "+c"(n) : "a"(byte) : "memory");
+}
+
 static inline void mem_copy(void *dst, const void *src, size_t n)
 {
     __asm__ volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");

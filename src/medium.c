@@ -63,7 +63,12 @@ static inline uint32_t cflags(const chunk *c) { return load_relaxed(&c->size_fla
 static inline chunk *chunk_at(const void *p, size_t offset) { return (chunk *)((uintptr_t)p + offset); }
 static inline uint64_t check_of(const chunk *c, uint32_t size)
 {
-    return ((uint64_t)(uintptr_t)c ^ ((uint64_t)size << 40) ^ CHECK_COOKIE) | 1;
+#if SHARD_HARDENED
+    uint64_t cookie = secret_of_process(); /* a program cannot forge what it does not know */
+#else
+    uint64_t cookie = CHECK_COOKIE;
+#endif
+    return ((uint64_t)(uintptr_t)c ^ ((uint64_t)size << 40) ^ cookie) | 1;
 }
 static inline size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 

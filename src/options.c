@@ -18,12 +18,16 @@
 #include "../include/shardmm.h"
 #include "../port/port.h"
 #include "libc.h"
+#if SHARD_FULL_DEBUG
+#include "debugmode.h"
+#endif
 
 options options_values = {
     .decommit_delay_ms = SHARD_DECOMMIT_DELAY_MS,
     .reserve_delay_ms = SHARD_RESERVE_DELAY_MS,
     .large_cache_delay_ms = SHARD_LARGE_CACHE_DELAY_MS,
     .large_cache_bytes = SHARD_LARGE_CACHE_BYTES,
+    .quarantine_bytes = SHARD_QUARANTINE_BYTES,
 };
 
 #define MB_SHIFT 20
@@ -39,6 +43,7 @@ static void set_delay(uint64_t v)
     options_values.decommit_delay_ms = options_values.reserve_delay_ms = options_values.large_cache_delay_ms = (uint32_t)v;
 }
 static void set_large_cache(uint64_t v) { options_values.large_cache_bytes = (size_t)v << MB_SHIFT; }
+static void set_quarantine(uint64_t v) { options_values.quarantine_bytes = (size_t)v << MB_SHIFT; }
 
 /* The options, by their names after the prefix. */
 static const struct spec {
@@ -52,6 +57,7 @@ static const struct spec {
     {"VERBOSE", 1, set_verbose, "0 or 1"},
     {"DELAY_MS", UINT32_MAX, set_delay, "a decimal number of milliseconds up to 4294967295"},
     {"LARGE_CACHE_MB", LARGE_CACHE_MB_MAX, set_large_cache, "a decimal number of megabytes up to 67108864"},
+    {"QUARANTINE_MB", LARGE_CACHE_MB_MAX, set_quarantine, "a decimal number of megabytes up to 67108864"},
 };
 #define SPECS (sizeof specs / sizeof specs[0])
 
@@ -155,6 +161,9 @@ static void warn(void *arg, const char *text, size_t len)
 
 static void at_exit(void)
 {
+#if SHARD_FULL_DEBUG
+    debugmode_at_exit();
+#endif
     if (options_values.show_stats)
         shard_print_stats(NULL, NULL);
     if (options_values.report_leaks)
@@ -168,8 +177,8 @@ void options_read(void)
     port_caps.options(take_value, NULL);
     if (options_values.verbose)
         port_caps.options(warn, NULL);
-    if (!options_values.show_stats && !options_values.report_leaks)
-        return;
+    if (!options_values.show_stats && !options_values.report_leaks && !SHARD_FULL_DEBUG)
+        return; /* the full-debug build checks its quarantine at exit */
     if ((port_caps.process_exit_hook == NULL || port_caps.process_exit_hook(at_exit) != 0) && options_values.verbose) {
         text_out o;
         out_init(&o, NULL, NULL);

@@ -5,12 +5,15 @@
  *
  * The leak report groups blocks by size - small blocks by their class, medium and large ones by power
  * of two - in a fixed table on the stack, and shows the first few blocks of each group with their
- * first bytes, as FastMM's report does: what a block holds usually says who made it.
+ * first bytes, as FastMM's report does: what a block holds usually says who made it. The full-debug
+ * build (debugmode.c) also names each shown block's allocation site, taken during the walk.
  *
- * Depends on: shardmm.h (the API it formats), libc.h (text_out), classes.h (the small classes).
+ * Depends on: shardmm.h (the API it formats), libc.h (text_out), classes.h (the small classes),
+ * debugmode.h (the sites, full-debug build).
  */
 #include "../include/shardmm.h"
 #include "classes.h"
+#include "debugmode.h"
 #include "libc.h"
 
 /* ---- statistics -------------------------------------------------------------------------------------- */
@@ -94,6 +97,7 @@ typedef struct group {
     void *sample[SAMPLES];
     size_t sample_size[SAMPLES];
     unsigned char first[SAMPLES][SAMPLE_BYTES]; /* copied during the walk, while the block is sure to be there */
+    void *site[SAMPLES]; /* where it was allocated (full-debug build) */
 } group;
 
 typedef struct leaks {
@@ -126,6 +130,9 @@ static int count_leak(void *arg, void *block, size_t usable, int kind)
         g->sample[g->count] = block;
         g->sample_size[g->count] = usable;
         mem_copy(g->first[g->count], block, usable < SAMPLE_BYTES ? usable : SAMPLE_BYTES);
+#if SHARD_FULL_DEBUG
+        g->site[g->count] = debugmode_alloc_site(block);
+#endif
     }
     g->count++;
     g->bytes += usable;
@@ -197,8 +204,14 @@ size_t shard_report_leaks(shard_output_fn out, void *arg)
         out_str(&o, g->count == 1 ? " block, " : " blocks, ");
         out_bytes(&o, g->bytes, 0);
         out_str(&o, "\n");
-        for (size_t k = 0; k < SAMPLES && k < g->count; k++)
+        for (size_t k = 0; k < SAMPLES && k < g->count; k++) {
             show_block(&o, g->sample[k], g->sample_size[k], g->first[k]);
+#if SHARD_FULL_DEBUG
+            out_str(&o, "      allocated at ");
+            debugmode_out_site(&o, g->site[k]);
+            out_str(&o, "\n");
+#endif
+        }
     }
     out_flush(&o);
     size_t count = l.count;

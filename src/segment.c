@@ -238,6 +238,46 @@ int segmap_set(uintptr_t start, size_t size, unsigned first, unsigned rest)
     return 0;
 }
 
+/* ---- secrets (hardened build) ----------------------------------------------------------------------- */
+
+/* splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number generators", 2014) over one
+ * state word, advanced by an atomic add so that threads never draw the same value. */
+static uint64_t secret_state;
+uint64_t secret_process;
+
+static uint64_t secret_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint64_t secret_new(void)
+{
+    if (load_relaxed(&secret_state) == 0) {
+        uint64_t local = 0, seed = __builtin_ia32_rdtsc() ^ ((uint64_t)(uintptr_t)&local << 16) ^
+                                   (uint64_t)(uintptr_t)&secret_state ^ (os_clock_ms() << 40);
+        uint64_t expected = 0;
+        seed = secret_mix(seed) | 1;
+        __atomic_compare_exchange_n(&secret_state, &expected, seed, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    }
+    uint64_t z = secret_mix(__atomic_add_fetch(&secret_state, 0x9e3779b97f4a7c15ull, __ATOMIC_RELAXED));
+    uint64_t top = z >> 48;
+    if (top == 0 || top == 0xffff)
+        z ^= (uint64_t)0x5a5a << 48;
+    return z;
+}
+
+uint64_t secret_of_process(void)
+{
+    uint64_t s = load_relaxed(&secret_process);
+    if (likely(s != 0))
+        return s;
+    uint64_t expected = 0, fresh = secret_new();
+    __atomic_compare_exchange_n(&secret_process, &expected, fresh, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return load_relaxed(&secret_process);
+}
+
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit)
 {
     segment *seg = os_reserve(SEGMENT_SIZE, SEGMENT_SIZE);
@@ -248,6 +288,9 @@ segment *segment_create(struct heap *owner, unsigned kind, size_t commit)
         return NULL;
     }
     seg->owner = owner;
+#if SHARD_HARDENED
+    seg->secret = secret_new();
+#endif
     if (segmap_set((uintptr_t)seg, SEGMENT_SIZE, kind, kind) != 0) {
         os_release(seg, SEGMENT_SIZE, commit);
         return NULL;

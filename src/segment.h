@@ -57,10 +57,14 @@ typedef struct segment {
     uint8_t zero[16];
     struct segment *next_released; /* in the list of segments waiting for their release (segment_release) */
     size_t released_committed;      /* bytes still committed when it was given up, for the accounting */
-    uint8_t pad[PAGE_DESC_SIZE - 48];
+    uint8_t pad[56];
+    uint64_t secret;                /* hardened builds: the key of its free lists (small.h); else 0 */
+    uint8_t pad_end[16];
 } segment;
-_Static_assert(sizeof(segment) == PAGE_DESC_SIZE && offsetof(segment, zero) == 16 && offsetof(segment, pad) == 48,
-               "the header is descriptor 0, with zero bytes where small.h expects them");
+_Static_assert(sizeof(segment) == PAGE_DESC_SIZE && offsetof(segment, zero) == 16 && offsetof(segment, pad) == 48 &&
+                   offsetof(segment, secret) == 104,
+               "the header is descriptor 0, with zero bytes where small.h expects them, and the secret where "
+               "a page descriptor has padding that nothing reads");
 
 #define SEGMAP_TOP_BITS 15      /* address bits 32..46 */
 #define SEGMAP_LEAF_BYTES 1024  /* 4 GB / 4 MB */
@@ -153,6 +157,16 @@ typedef struct os_totals {
     size_t reserved, committed, committed_peak, calls;
 } os_totals;
 void os_get_totals(os_totals *out);
+
+/* A fresh secret for the hardened build: 64 bits from a generator seeded once from the time stamp
+ * counter, the port's clock and addresses that ASLR places (not a cryptographic source: it keeps a
+ * program's own bugs and blind writes from forging a link or a header, not a reader of our memory).
+ * Bits 48..63 are never 0 nor all ones, so that neither a small number nor a pointer nor a negative
+ * number XOR the secret looks like a link (small.h). */
+uint64_t secret_new(void);
+/* The process's secret, made once: what seals medium and large headers in the hardened build. */
+extern uint64_t secret_process;
+uint64_t secret_of_process(void);
 
 /* Zeroed memory for the allocator's own structures (heaps, map tables); never freed. NULL when out of
  * memory. size <= 64 KB; the result is aligned to 64 bytes. */

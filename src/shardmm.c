@@ -10,6 +10,9 @@
  *   SHARD_MALLOC_NAMES=1  also define malloc, free, calloc, realloc and the rest of the malloc family
  *                         (port/malloc.c; Linux), so the program's every allocation goes to shardmm
  *   SHARD_DEBUG=1         assertions and the consistency checks after slow paths
+ *   SHARD_FULL_DEBUG=1    the debug layer for finding a program's bugs (debugmode.c: canaries, fill
+ *                         patterns, a quarantine, reports with allocation and free sites); needs
+ *                         SHARD_ASM=0
  *   SHARD_PORT_REGION     the region port (port/region.c, include/shardmm_region.h) instead of the OS's:
  *                         no OS and no C library at all (give NASM the same define: the heap slot
  *                         is then the embedder's function, port/port.h)
@@ -31,6 +34,7 @@
 #endif
 
 #include "api.c"
+#include "debugmode.c"
 #include "engine.c"
 #include "error.c"
 #include "heap.c"

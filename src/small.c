@@ -180,8 +180,8 @@ static void page_carve(page *pg)
     uint8_t *first = page_start(pg) + pg->carved_end;
     uint8_t *last = first + (size_t)(n - 1) * size;
     for (uint8_t *p = first; p < last; p += size)
-        ((block *)p)->next = (block *)(p + size);
-    ((block *)last)->next = pg->free;
+        link_set((block *)p, (block *)(p + size));
+    link_set((block *)last, pg->free);
     pg->free = (block *)first;
     pg->carved = (uint16_t)(pg->carved + n);
     store_relaxed(&pg->carved_end, pg->carved_end + n * (uint32_t)size);
@@ -445,11 +445,20 @@ void small_free_local_slow(heap *h, page *pg, block *b)
 {
     /* Not an item of the page, or a page with no item out: the second free of its last item (the
      * fast path sends every free here that would make `used` 0 or less) is caught here at no cost. */
+    if (SHARD_HARDENED && page_has_item(pg, b) && unlikely(small_looks_free(pg, b))) {
+        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b); /* also the second free of its last item */
+        return;
+    }
     if (unlikely(!page_has_item(pg, b) || pg->used == pg->sole)) {
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b);
         return;
     }
-    b->next = pg->free;
+#if SHARD_HARDENED
+    block *head = pg->free;
+    if (head != NULL && unlikely(!link_fits(pg, head, link_get(head))))
+        small_link_damaged(pg, head, b);
+#endif
+    link_set(b, pg->free);
     pg->free = b;
     pg->used--;
     debug_check_page(pg, "page inconsistent after a free");
@@ -470,13 +479,17 @@ void small_free_foreign(page *pg, block *b)
 {
     uint8_t *start = (uint8_t *)((uintptr_t)b & ~(uintptr_t)(PAGE_SIZE - 1));
     uint32_t off = (uint32_t)(((uint8_t *)b - start) >> 4);
+    if (SHARD_HARDENED && unlikely(small_looks_free(pg, b))) {
+        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
+        return;
+    }
     uint64_t old = load_relaxed(&pg->thread_free), word;
     do {
         if (old == 0) {
-            b->next = NULL;
+            link_set(b, NULL);
             word = THREAD_FREE_WORD(off, off, 1);
         } else {
-            b->next = (block *)(start + ((size_t)THREAD_FREE_HEAD(old) << 4));
+            link_set(b, (block *)(start + ((size_t)THREAD_FREE_HEAD(old) << 4)));
             word = THREAD_FREE_WORD(off, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + 1);
         }
     } while (!cas_acq_rel(&pg->thread_free, &old, word));
@@ -491,6 +504,19 @@ void small_free_foreign(page *pg, block *b)
         pg->next_delayed = head;
     } while (!cas_release(&owner->delayed, &head, pg));
     heap_foreign_queued(owner);
+}
+
+void small_link_damaged(page *pg, block *b, block *freed)
+{
+    /* The list ends at b: what the damaged link led to is never handed out. The items behind it are out
+     * of every list and not counted in `used`, so they come back when the page empties and is carved
+     * anew. */
+    link_set(b, NULL);
+    /* Found by the free of the item just before b: most likely an overflow out of that block. */
+    if (freed != NULL && (uint8_t *)freed + pg->block_size == (uint8_t *)b)
+        error_invalid_pointer(SHARD_ERROR_OVERFLOW, freed);
+    else
+        error_invalid_pointer(SHARD_ERROR_FREE_LIST, b);
 }
 
 int small_valid_foreign(const page *pg, const void *p)
@@ -513,7 +539,7 @@ void small_drain_delayed(heap *h)
         uint8_t *start = page_start(pg);
         block *head = (block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4));
         block *tail = (block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4));
-        tail->next = pg->local_free;
+        link_set(tail, pg->local_free);
         pg->local_free = head;
         int was_full = pg->used < 0;
         pg->used -= (int32_t)THREAD_FREE_COUNT(w);
@@ -573,7 +599,7 @@ static void mark_free(const page *pg, const block *b, const block *last, long li
         bits[i / 64] |= (uint64_t)1 << (i % 64);
         if (b == last)
             return;
-        b = b->next;
+        b = link_get(b);
     }
 }
 
@@ -606,7 +632,7 @@ void small_visit(heap *h, visitor *v)
 static long list_length(const page *pg, const block *b, long limit)
 {
     long n = 0;
-    for (; b != NULL; b = b->next) {
+    for (; b != NULL; b = link_get(b)) {
         uintptr_t off = (uintptr_t)((const uint8_t *)b - page_start(pg));
         if ((const uint8_t *)b < page_start(pg) || off % pg->block_size != 0 || off / pg->block_size >= pg->carved ||
             ++n > limit)
@@ -630,7 +656,7 @@ int small_check_page(const page *pg)
         const block *b = (const block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4));
         const block *tail = (const block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4));
         for (nthread = 1; b != tail && nthread <= cap; nthread++)
-            b = b->next;
+            b = link_get(b);
         problems += insist(nthread == (long)THREAD_FREE_COUNT(w), "small: thread_free's count differs from its list in page", pg);
     }
     if (nfree < 0 || nlocal < 0)

@@ -34,6 +34,23 @@
  * every operation, the second what other threads write, so a foreign free does not take the owner's
  * line away from it.
  *
+ * The hardened build (SHARD_HARDENED, config.h) stores every link of the three lists encoded: the word
+ * in item b that leads to item n holds n ^ b ^ the segment's secret (segment.h; a key per segment, not
+ * per page, since the segment header is a line that every page's fast path can reach in one load, where
+ * a page descriptor's owner line has no room left; the link's own address makes each item's key its
+ * own). Decoding garbage, or a pointer written there by the program, gives an address outside the page
+ * (with a 64-bit secret, all but one value in 2^48), so:
+ *   - a link followed (malloc takes an item) must lead to an item of the page, or the end; a link that
+ *     does not is reported (SHARD_ERROR_FREE_LIST) and the list is cut there: what it led to never
+ *     becomes an allocation;
+ *   - a free reads the head item's link too before it pushes, so a write into the item at the head
+ *     (an overflow out of the block just before it, usually the block being freed) is found then;
+ *   - a free item is one whose first word decodes to such a link, a live one's does not: malloc clears
+ *     the first word of the item it hands out, and the secret's bits 48..63 are never those of a
+ *     small number, a pointer or a negative number. So a second free of a small block, in any position
+ *     and from any thread, and a realloc of a freed block, are found in O(1) from the block alone
+ *     (SHARD_ERROR_DOUBLE_FREE); two frees racing on two threads may both pass.
+ *
  * Depends on: segment.h, classes.h (generated), sync.h; small.c also heap.h (the heap's lists and
  * pages), large.h (the cache's expiry when a page becomes free), error.h, libc.h, options.h (the
  * decommit delay), port.h.
@@ -131,14 +148,77 @@ static inline page *page_of(const void *p)
     return (page *)((uintptr_t)segment_of(p) + (((uintptr_t)p >> PAGE_SHIFT) & (SEGMENT_PAGES - 1)) * PAGE_DESC_SIZE);
 }
 
+/* ---- links (encoded in the hardened build: see the top) ---- */
+
+#if SHARD_HARDENED
+static inline uintptr_t link_key(const block *b) { return segment_of(b)->secret ^ (uintptr_t)b; }
+static inline block *link_get(const block *b) { return (block *)((uintptr_t)b->next ^ link_key(b)); }
+static inline void link_set(block *b, const block *n) { b->next = (block *)((uintptr_t)n ^ link_key(b)); }
+#else
+static inline block *link_get(const block *b) { return b->next; }
+static inline void link_set(block *b, const block *n) { b->next = (block *)n; }
+#endif
+
+/* Whether n may follow b in a list of pg, a page of the calling thread: the end, or an item of b's page. */
+static inline int link_fits(const page *pg, const block *b, const block *n)
+{
+    return n == NULL || ((((uintptr_t)n ^ (uintptr_t)b) >> PAGE_SHIFT) == 0 && page_has_item(pg, n));
+}
+
+/* The hardened build's report (small.c) of b's link, which does not fit: the list is cut after b. `freed`:
+ * the block whose free found it (NULL: an allocation did). */
+__attribute__((cold, noinline)) void small_link_damaged(page *pg, block *b, block *freed);
+
 /* The first free item of pg, which has one (page_ready). */
 static inline void *page_pop(page *pg)
 {
     block *b = pg->free;
-    pg->free = b->next;
+    block *n = link_get(b);
+#if SHARD_HARDENED
+    if (unlikely(!link_fits(pg, b, n))) {
+        small_link_damaged(pg, b, NULL);
+        n = NULL;
+    }
+    b->next = NULL; /* a live block's first word decodes to no link: what a free tests */
+#endif
+    pg->free = n;
     pg->used++;
-    prefetch_write(pg->free);
+    prefetch_write(n);
     return b;
+}
+
+/* Whether item b of pg looks free: its first word decodes to a link that fits (the hardened build's
+ * double free test; always 0 in the default build). Any thread (carved_end read as an atomic). */
+static inline int small_looks_free(const page *pg, const block *b)
+{
+#if SHARD_HARDENED
+    block *n = link_get(b);
+    return n == NULL || ((((uintptr_t)n ^ (uintptr_t)b) >> PAGE_SHIFT) == 0 && page_has_item_any_thread(pg, n));
+#else
+    (void)pg, (void)b;
+    return 0;
+#endif
+}
+
+/* The owner's free of item b of pg in the fast paths (api.c, engine.c; asm/fast.asm the same steps):
+ * 1 when done, 0 when the slow path (small_free_local_slow) must take it: the page empties or was full,
+ * and in the hardened build b looks free or the head's link does not fit. */
+static inline int small_free_fast(page *pg, block *b)
+{
+#if SHARD_HARDENED
+    block *head = pg->free;
+    if (unlikely(small_looks_free(pg, b)) || unlikely(head != NULL && !link_fits(pg, head, link_get(head))))
+        return 0;
+#endif
+    if (likely(--pg->used > 0)) {
+        /* Above 0: an ordinary free, also the one that empties its class's only page, whose `used`
+         * counts one more (small.c, sole_set). Last in, first out: see the top. */
+        link_set(b, pg->free);
+        pg->free = b;
+        return 1;
+    }
+    pg->used++; /* the page empties or was full: the slow path gets it as it was */
+    return 0;
 }
 
 /* Whether pg has a free item (the fast paths' test, and the slow path's first), taking its local_free

@@ -12,9 +12,10 @@
  * A created heap (engine.c) is walked by its user, as its own: shard_heap_visit.
  *
  * Depends on: shardmm.h (the API), heap.h (the slot and the stack), small.h, medium.h, large.h,
- * segment.h (the visitor).
+ * segment.h (the visitor), debugmode.h (the public names, API).
  */
 #include "../include/shardmm.h"
+#include "debugmode.h"
 #include "heap.h"
 #include "large.h"
 
@@ -22,7 +23,7 @@ _Static_assert((int)VISIT_SMALL == (int)SHARD_BLOCK_SMALL && (int)VISIT_MEDIUM =
                    (int)VISIT_LARGE == (int)SHARD_BLOCK_LARGE,
                "the core's kinds are the API's");
 
-size_t shard_visit(unsigned scope, shard_visit_fn fn, void *arg)
+size_t API(visit)(unsigned scope, shard_visit_fn fn, void *arg)
 {
     visitor v = {fn, arg, 0, 0};
     heap_started();
@@ -39,7 +40,7 @@ size_t shard_visit(unsigned scope, shard_visit_fn fn, void *arg)
     return v.count;
 }
 
-size_t shard_heap_visit(shard_heap *sh, shard_visit_fn fn, void *arg)
+size_t API(heap_visit)(shard_heap *sh, shard_visit_fn fn, void *arg)
 {
     visitor v = {fn, arg, 0, 0};
     heap *h = (heap *)sh;

@@ -249,6 +249,14 @@ static void entries_setup(void)
  * list because its free list is dry adds that test and the swap (5). A free that empties the only page
  * of its class takes the ordinary path (that page counts one more in `used`, src/small.c). */
 enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_MALLOC_LOCAL = 5, FAST_FREE = 23, FAST_REALLOC = 25 };
+/* The hardened build (SHARD_HARDENED) adds to malloc the decoding of the next link and its test (10 when
+ * it is the end of the list, 13 when it leads to an item: the item test), 1 more when local_free is
+ * taken; to free the double-free test and the encoding (10), and the head's link (6 when it ends the
+ * list, 4 when it leads on); to realloc the double-free test (6). */
+#if SHARD_HARDENED
+enum { HARD_MALLOC_END = 10, HARD_MALLOC_ITEM = 13, HARD_MALLOC_LOCAL = 1, HARD_FREE = 10, HARD_FREE_HEAD_END = 6,
+       HARD_FREE_HEAD_ITEM = 4, HARD_REALLOC = 6 };
+#endif
 
 #ifdef _WIN32
 extern uintptr_t port_win64_slot_offset;
@@ -292,6 +300,16 @@ static expectation contract(int op, const void *p, size_t size)
             e.slow = SLOW_NONE;
         e.instructions = (size <= SHARD_DIRECT_MAX ? FAST_MALLOC : FAST_MALLOC_CLASS) +
                          (pg != NULL && pg->free == NULL ? FAST_MALLOC_LOCAL : 0);
+#if SHARD_HARDENED
+        if (pg != NULL && e.slow == SLOW_NONE) {
+            block *b = pg->free != NULL ? pg->free : pg->local_free;
+            block *n = link_get(b);
+            e.instructions += (n == NULL ? HARD_MALLOC_END : HARD_MALLOC_ITEM) +
+                              (pg->free == NULL ? HARD_MALLOC_LOCAL : 0);
+            if (!link_fits(pg, b, n))
+                e.slow = SLOW_MALLOC;
+        }
+#endif
     } else {
         uintptr_t a = (uintptr_t)p, seg = a & ~(uintptr_t)SEGMENT_MASK;
         if (h->own[(uint32_t)a >> SEGMENT_SHIFT] != seg)
@@ -307,10 +325,23 @@ static expectation contract(int op, const void *p, size_t size)
             long left = (long)pg->used - pg->sole - 1;
             e.slow = item && (left > 0 || (left == 0 && alone)) ? SLOW_NONE : SLOW_FREE_OWN_PAGE;
             e.instructions = FAST_FREE;
+#if SHARD_HARDENED
+            /* Not an item (page 0's descriptor is the segment header): slow before these steps. */
+            block *head = item ? pg->free : NULL;
+            if (item && small_looks_free(pg, p))
+                e.slow = SLOW_FREE_OWN_PAGE;
+            if (head != NULL && !link_fits(pg, head, link_get(head)))
+                e.slow = SLOW_FREE_OWN_PAGE;
+            e.instructions += HARD_FREE + (head == NULL ? 0 : link_get(head) == NULL ? HARD_FREE_HEAD_END
+                                                                                   : HARD_FREE_HEAD_ITEM);
+#endif
         } else {
-            if (size <= pg->block_size && size >= (pg->block_size >> 2) && item)
+            if (size <= pg->block_size && size >= (pg->block_size >> 2) && item && !small_looks_free(pg, p))
                 e.slow = SLOW_NONE;
             e.instructions = FAST_REALLOC;
+#if SHARD_HARDENED
+            e.instructions += HARD_REALLOC;
+#endif
         }
     }
     e.instructions = e.slow == SLOW_NONE ? e.instructions + SLOT_TEST_INSTRUCTIONS : 0;
@@ -505,7 +536,7 @@ static void snap_list(snapshot *s, unsigned f_item, unsigned f_length, unsigned 
 {
     uintptr_t seg = (uintptr_t)pg & ~(uintptr_t)SEGMENT_MASK, start = seg + (uintptr_t)i * PAGE_SIZE;
     uint64_t n = 0;
-    for (; b != NULL; b = b->next, n++) {
+    for (; b != NULL; b = link_get(b), n++) {
         uintptr_t a = (uintptr_t)b;
         if (a < start || a >= start + PAGE_SIZE || n > pg->capacity) {
             snap_put(s, f_item, ord, i, n, a - seg);
