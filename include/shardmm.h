@@ -146,7 +146,10 @@ SHARD_API size_t shard_set_limit(size_t bytes);
  * and mruby do - and may move between threads; shard_heap_* take the thread heap's fast paths (no
  * atomic operation, no lock). Blocks of a heap may also be freed with shard_free and resized with
  * shard_realloc from any thread (as another thread's block would be), and shard_usable_size takes them;
- * shard_heap_free(h, p) of a block of another heap or of a thread heap frees it the same way. */
+ * shard_heap_free(h, p) of a block of another heap or of a thread heap frees it the same way. A NULL
+ * heap is the calling thread's own: shard_heap_malloc(NULL, n) is shard_malloc(n), and so on;
+ * shard_heap_visit(NULL, ...) walks the thread's heap; destroy, reset and set_limit do nothing (and the
+ * last returns 0), get_stats gives zeros (shard_get_stats has the process's). */
 typedef struct shard_heap shard_heap;
 typedef struct shard_heap_options {
     size_t limit; /* the most memory the heap may hold committed (its pages, arenas and large blocks),

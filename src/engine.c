@@ -197,6 +197,8 @@ void API(heap_destroy)(shard_heap *sh)
 
 void API(heap_reset)(shard_heap *sh)
 {
+    if (sh == NULL)
+        return; /* the thread heap is nobody's to reset */
     heap *h = created_heap_of(sh);
     created_empty(h, 1);
     h->reserve_held = 0; /* the heap's own, not a destroyed one's */
@@ -204,6 +206,8 @@ void API(heap_reset)(shard_heap *sh)
 
 size_t shard_heap_set_limit(shard_heap *sh, size_t limit)
 {
+    if (sh == NULL)
+        return 0; /* the thread heap has no limit (shard_set_limit bounds the process) */
     return __atomic_exchange_n(&created_heap_of(sh)->limit, limit, __ATOMIC_RELAXED);
 }
 
@@ -211,6 +215,8 @@ void shard_heap_get_stats(shard_heap *sh, shard_heap_stats *out)
 {
     heap *h = created_heap_of(sh);
     mem_zero(out, sizeof *out);
+    if (sh == NULL)
+        return; /* the thread heap's counts are shard_get_stats's */
     out->committed = load_relaxed(&h->charged);
     out->committed_peak = load_relaxed(&h->charged_peak);
     out->limit = load_relaxed(&h->limit);
@@ -274,6 +280,8 @@ static __attribute__((noinline)) void *created_malloc_slow(heap *h, size_t size)
 
 void *API(heap_malloc)(shard_heap *sh, size_t size)
 {
+    if (unlikely(sh == NULL))
+        return API(malloc)(size);
     heap *h = created_heap_of(sh);
     if (likely(size <= SHARD_DIRECT_MAX)) {
         page *pg = h->direct[(size + 15) >> 4];
@@ -288,6 +296,8 @@ void *API(heap_calloc)(shard_heap *sh, size_t count, size_t size)
     size_t total;
     if (__builtin_mul_overflow(count, size, &total))
         return created_or_oom(NULL);
+    if (sh == NULL)
+        return API(calloc)(count, size);
     heap *h = created_heap_of(sh);
     if (total > SHARD_MEDIUM_MAX) { /* fresh or cleared by large.c */
         void *p = large_alloc_in(h, total, 16, 1);
@@ -320,6 +330,8 @@ void *API(heap_malloc_aligned)(shard_heap *sh, size_t size, size_t align)
         return NULL;
     if (align <= 16)
         return API(heap_malloc)(sh, size);
+    if (sh == NULL)
+        return API(malloc_aligned)(size, align);
     heap *h = created_heap_of(sh);
     void *p = created_aligned(h, size, align);
     for (int ask = 0; p == NULL && ask < 2 && created_relieve(h, size, ask); ask++)
@@ -336,6 +348,10 @@ static inline int created_owns_small(const heap *h, const void *p)
 
 void API(heap_free)(shard_heap *sh, void *p)
 {
+    if (unlikely(sh == NULL)) {
+        API(free)(p);
+        return;
+    }
     heap *h = created_heap_of(sh);
     if (likely(created_owns_small(h, p))) {
         page *pg = page_of(p);
@@ -368,6 +384,8 @@ static void *created_resize_here(heap *h, void *p, size_t size, size_t old)
 
 void *API(heap_realloc)(shard_heap *sh, void *p, size_t size)
 {
+    if (unlikely(sh == NULL))
+        return API(realloc)(p, size);
     heap *h = created_heap_of(sh);
     if (likely(created_owns_small(h, p))) { /* the thread heap's realloc fast path (fast.h), for this heap */
         const page *pg = page_of(p);

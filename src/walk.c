@@ -42,6 +42,8 @@ size_t API(visit)(unsigned scope, shard_visit_fn fn, void *arg)
 
 size_t API(heap_visit)(shard_heap *sh, shard_visit_fn fn, void *arg)
 {
+    if (sh == NULL)
+        return API(visit)(SHARD_VISIT_THREAD, fn, arg); /* the calling thread's heap */
     visitor v = {fn, arg, 0, 0};
     heap *h = (heap *)sh;
     small_visit(h, &v);

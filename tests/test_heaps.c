@@ -518,6 +518,56 @@ TEST(a_walk_of_a_heap_finds_its_blocks_and_no_others)
     CHECK_EQ(shard_check(), 0);
 }
 
+/* A NULL heap is the calling thread's: its blocks are the thread heap's (shard_visit finds them), they
+ * keep their contents through realloc and free with either name; the calls that act on a created heap
+ * as a whole do nothing. */
+static int find_block(void *arg, void *block, size_t usable, int kind)
+{
+    (void)usable, (void)kind;
+    void **want = arg;
+    if (block == want[0])
+        want[1] = block;
+    return 0;
+}
+
+TEST(a_null_heap_is_the_calling_threads_own)
+{
+    void *p = shard_heap_malloc(NULL, 100);
+    CHECK(p != NULL);
+    if (p == NULL)
+        return;
+    fill(p, 100, 1);
+    void *want[2] = {p, NULL};
+    shard_visit(SHARD_VISIT_THREAD, find_block, want);
+    CHECK(want[1] == p);
+    want[1] = NULL;
+    shard_heap_visit(NULL, find_block, want);
+    CHECK(want[1] == p);
+    void *q = shard_heap_realloc(NULL, p, 50000);
+    CHECK(q != NULL);
+    CHECK_PATTERN(q, 100, 1, "a block of the NULL heap, resized");
+    shard_heap_free(NULL, q);
+    unsigned char *z = shard_heap_calloc(NULL, 10, 100);
+    CHECK(z != NULL);
+    for (int i = 0; z != NULL && i < 1000; i++)
+        CHECK(z[i] == 0);
+    shard_free(z);
+    void *a = shard_heap_malloc_aligned(NULL, 300, 256);
+    CHECK(a != NULL && ((uintptr_t)a & 255) == 0);
+    shard_heap_free(NULL, a);
+    shard_heap_stats st;
+    memset(&st, 0xff, sizeof st);
+    shard_heap_get_stats(NULL, &st);
+    CHECK_EQ(st.committed, 0);
+    CHECK_EQ(shard_heap_set_limit(NULL, 1), 0);
+    shard_heap_reset(NULL);
+    shard_heap_destroy(NULL);
+    void *b = shard_malloc(64); /* the thread heap goes on */
+    CHECK(b != NULL);
+    shard_free(b);
+    CHECK_EQ(shard_check(), 0);
+}
+
 /* A destroyed heap's reserve waits a second for the next heap (which then starts warm), then goes back
  * on its own at the next slow path of any thread. */
 TEST(a_destroyed_heaps_reserve_goes_back_after_the_delay)
