@@ -678,10 +678,23 @@ void debugmode_at_exit(void)
         finding f;
         int found = 0;
         spin_lock(&quarantine.lock);
-        for (dbg_header *h = quarantine.oldest; h != NULL && !found; h = h->next)
-            found = freed_damage(h, NULL, &f);
-        if (found) /* the block stays out of use, its pattern restored so that it is reported once */
-            mem_fill(user_of(header_of(f.ptr)), FREE_BYTE, header_of(f.ptr)->size);
+        for (dbg_header *h = quarantine.oldest, *before = NULL; h != NULL; before = h, h = h->next) {
+            if (!freed_damage(h, NULL, &f))
+                continue;
+            /* Out of the quarantine and out of use, as release() keeps a damaged block, so that it is
+             * reported once: a restored pattern would not mend a trailer or a header, and the size a
+             * damaged header holds is not one to write by. */
+            if (before != NULL)
+                before->next = h->next;
+            else
+                quarantine.oldest = h->next;
+            if (quarantine.youngest == h)
+                quarantine.youngest = before;
+            size_t cost = cost_of(h); /* as counted in, unless the header's size is what was damaged */
+            quarantine.bytes -= cost < quarantine.bytes ? cost : quarantine.bytes;
+            found = 1;
+            break;
+        }
         spin_unlock(&quarantine.lock);
         if (!found)
             return;

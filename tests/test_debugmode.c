@@ -738,6 +738,15 @@ TEST(many_threads)
     CHECK_EQ(check_quiet(), left_damaged);
 }
 
+/* The error hook of the children below: it returns, but a fourth call ends the process (exit code 9). */
+static int hook_calls;
+static void count_and_return(void *arg, int error, void *ptr)
+{
+    (void)arg, (void)error, (void)ptr;
+    if (++hook_calls > 3)
+        _Exit(9);
+}
+
 /* A write after free into a block still in the quarantine when the program exits normally: reported at
  * exit (the quarantine is checked once more), with the default hook's abort. In a child process. */
 static void child_action(const char *action)
@@ -747,6 +756,17 @@ static void child_action(const char *action)
         char *p = shard_malloc(100);
         shard_free(p);
         p[10] = 'x';
+        exit(0);
+    }
+    if (strncmp(action, "returning-hook-", 15) == 0) {
+        /* A hook that returns: each damaged block is reported once, and the exit goes on. */
+        shard_set_error_hook(count_and_return, NULL);
+        char *p = shard_malloc(100);
+        shard_free(p);
+        if (strcmp(action, "returning-hook-trailer") == 0)
+            p[100] = 'x'; /* its trailer's first byte */
+        else
+            p[-1] = 'x'; /* its header's canary */
         exit(0);
     }
     if (strcmp(action, "clean-exit") == 0) {
@@ -766,4 +786,20 @@ TEST(a_write_after_free_is_reported_at_exit)
     child_run("clean-exit", &r);
     CHECK(r.started && !r.aborted && r.exit_code == 0);
     CHECKF(r.err[0] == 0, "the child wrote: %s", r.err);
+}
+
+/* The same at exit with a hook that returns: a quarantined block with a damaged trailer or header is
+ * reported once and the program exits, rather than the check finding the same block again forever. */
+TEST(a_damaged_quarantined_block_is_reported_once_at_exit)
+{
+    static const char *const actions[] = {"returning-hook-trailer", "returning-hook-canary"};
+    for (int i = 0; i < 2; i++) {
+        child_result r;
+        child_run(actions[i], &r);
+        CHECK(r.started);
+        CHECKF(!r.aborted && r.exit_code == 0, "%s: the child ended with exit code %d", actions[i], r.exit_code);
+        const char *first = strstr(r.err, "shardmm debug:");
+        CHECKF(first != NULL && strstr(first + 1, "shardmm debug:") == NULL, "%s: the child wrote: %s", actions[i],
+               r.err);
+    }
 }
