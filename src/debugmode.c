@@ -16,8 +16,10 @@
  *
  * pad is 64, or the alignment asked for above 64, so p keeps it. The canary (a constant mixed with the
  * header's address) touches the program's first byte: a write before the block changes it (reported as
- * an overflow). The seal is a hash of the size, the allocation site, `created` and the address: a header
- * changed anywhere else is a damaged header. The trailer is 16 bytes of TRAILER_BYTE right after the
+ * an overflow). The seal is a hash of the size, the allocation site, `created`, pad, the quarantine's
+ * link and the address (resealed when the link changes, under the quarantine's lock): a header changed
+ * anywhere else is a damaged header, and the quarantine neither follows the link nor counts the size of
+ * a header whose seal fails (an overflow out of the block before it, say). The trailer is 16 bytes of TRAILER_BYTE right after the
  * size asked for: a write past the end changes it. Sites are return addresses, taken in the public entry
  * points (__builtin_return_address(0)), so they name the program's call.
  *
@@ -91,7 +93,21 @@ static uint64_t mix(uint64_t x)
 
 static uint64_t seal_of(const dbg_header *h)
 {
-    return mix(mix(mix((uint64_t)h->size ^ (uint64_t)(uintptr_t)h) ^ (uint64_t)(uintptr_t)h->alloc_site) ^ h->created);
+    uint64_t x = mix(mix(mix((uint64_t)h->size ^ (uint64_t)(uintptr_t)h) ^ (uint64_t)(uintptr_t)h->alloc_site) ^ h->created);
+    return mix(mix(x ^ h->pad) ^ (uint64_t)(uintptr_t)h->next);
+}
+
+/* Whether h's seal holds: its size, pad and quarantine link are the ones it was given. */
+static inline int sealed(const dbg_header *h) { return h->seal == seal_of(h); }
+
+/* h's quarantine link changed to next (under the quarantine's lock); a header whose seal had already
+ * failed keeps failing. */
+static void set_next(dbg_header *h, dbg_header *next)
+{
+    int whole = sealed(h);
+    h->next = next;
+    if (whole)
+        h->seal = seal_of(h);
 }
 
 static inline uint64_t canary_of(const dbg_header *h) { return CANARY ^ (uint64_t)(uintptr_t)h; }
@@ -331,29 +347,35 @@ static void quarantine_put(dbg_header *h, void *now_site)
         release(h, now_site);
         return;
     }
-    h->next = NULL;
     if (quarantine.youngest != NULL)
-        quarantine.youngest->next = h;
+        set_next(quarantine.youngest, h); /* h's own link is NULL: a live block's */
     else
         quarantine.oldest = h;
     quarantine.youngest = h;
     quarantine.bytes += cost_of(h);
-    dbg_header *leaving = NULL, **end = &leaving;
-    while (quarantine.bytes > limit) {
+    /* The oldest blocks leave, from `leaving` to `last` along their links. A block whose seal fails
+     * (its header written to while it waited) leaves last: its link and size cannot be trusted, so the
+     * blocks after it stay out of use, unchecked, and the quarantine starts anew. */
+    dbg_header *leaving = quarantine.oldest, *last = NULL;
+    while (quarantine.bytes > limit && quarantine.oldest != NULL) {
         dbg_header *o = quarantine.oldest;
+        last = o;
+        if (!sealed(o)) {
+            quarantine.oldest = quarantine.youngest = NULL;
+            quarantine.bytes = 0;
+            break;
+        }
         quarantine.oldest = o->next;
         if (quarantine.oldest == NULL)
             quarantine.youngest = NULL;
         quarantine.bytes -= cost_of(o);
-        *end = o;
-        end = &o->next;
     }
-    *end = NULL;
     spin_unlock(&quarantine.lock);
-    while (leaving != NULL) { /* checked and freed outside the lock: a report calls the hook */
-        dbg_header *o = leaving;
-        leaving = o->next;
+    for (dbg_header *o = last != NULL ? leaving : NULL; o != NULL;) { /* checked and freed outside the lock: a
+                                                                        * report calls the hook */
+        dbg_header *next = o == last ? NULL : o->next; /* sealed: read before the core has the block */
         release(o, NULL);
+        o = next;
     }
 }
 
@@ -678,10 +700,33 @@ void debugmode_at_exit(void)
         finding f;
         int found = 0;
         spin_lock(&quarantine.lock);
-        for (dbg_header *h = quarantine.oldest; h != NULL && !found; h = h->next)
-            found = freed_damage(h, NULL, &f);
-        if (found) /* the block stays out of use, its pattern restored so that it is reported once */
-            mem_fill(user_of(header_of(f.ptr)), FREE_BYTE, header_of(f.ptr)->size);
+        for (dbg_header *h = quarantine.oldest, *before = NULL; h != NULL; before = h, h = h->next) {
+            if (!freed_damage(h, NULL, &f))
+                continue;
+            /* Out of the quarantine and out of use, as release() keeps a damaged block, so that it is
+             * reported once: a restored pattern would not mend a trailer or a header, and the size a
+             * damaged header holds is not one to write by. */
+            if (sealed(h)) { /* its link and size hold (a damaged canary, trailer or body) */
+                if (before != NULL)
+                    set_next(before, h->next);
+                else
+                    quarantine.oldest = h->next;
+                if (quarantine.youngest == h)
+                    quarantine.youngest = before;
+                quarantine.bytes -= cost_of(h);
+            } else { /* the blocks after it go out of use with it, unchecked */
+                if (before != NULL)
+                    set_next(before, NULL);
+                else
+                    quarantine.oldest = NULL;
+                quarantine.youngest = before;
+                quarantine.bytes = 0;
+                for (dbg_header *k = quarantine.oldest; k != NULL; k = k->next)
+                    quarantine.bytes += cost_of(k);
+            }
+            found = 1;
+            break;
+        }
         spin_unlock(&quarantine.lock);
         if (!found)
             return;
@@ -698,7 +743,7 @@ int shard_check(void)
     int problems = core_check();
     core_visit(SHARD_VISIT_ALL, check_live, &all);
     spin_lock(&quarantine.lock);
-    for (dbg_header *h = quarantine.oldest; h != NULL; h = h->next) {
+    for (dbg_header *h = quarantine.oldest; h != NULL; h = sealed(h) ? h->next : NULL) {
         finding f;
         if (freed_damage(h, NULL, &f))
             add(&all, &f);

@@ -628,14 +628,19 @@ void small_visit(heap *h, visitor *v)
     }
 }
 
+/* Whether b is an item pg has carved (the checker's test, before it reads b's link). */
+static int carved_item(const page *pg, const block *b)
+{
+    uintptr_t off = (uintptr_t)((const uint8_t *)b - page_start(pg));
+    return (const uint8_t *)b >= page_start(pg) && off % pg->block_size == 0 && off / pg->block_size < pg->carved;
+}
+
 /* Length of a free list whose items must lie in pg at class offsets below `carved`; -1 if not. */
 static long list_length(const page *pg, const block *b, long limit)
 {
     long n = 0;
     for (; b != NULL; b = link_get(b)) {
-        uintptr_t off = (uintptr_t)((const uint8_t *)b - page_start(pg));
-        if ((const uint8_t *)b < page_start(pg) || off % pg->block_size != 0 || off / pg->block_size >= pg->carved ||
-            ++n > limit)
+        if (!carved_item(pg, b) || ++n > limit)
             return -1;
     }
     return n;
@@ -655,8 +660,12 @@ int small_check_page(const page *pg)
         const uint8_t *start = page_start(pg);
         const block *b = (const block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4));
         const block *tail = (const block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4));
-        for (nthread = 1; b != tail && nthread <= cap; nthread++)
+        /* Each link is followed only from an item of the page: a damaged one (a write after free into an
+         * item that waits here) ends the walk, with a count that differs. */
+        for (nthread = 1; b != tail && nthread <= cap && carved_item(pg, b); nthread++)
             b = link_get(b);
+        if (b != tail)
+            nthread = -1;
         problems += insist(nthread == (long)THREAD_FREE_COUNT(w), "small: thread_free's count differs from its list in page", pg);
     }
     if (nfree < 0 || nlocal < 0)

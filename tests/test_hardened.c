@@ -345,6 +345,46 @@ TEST(double_frees_of_medium_and_large_blocks_are_reported)
     unwatch();
 }
 
+/* Two blocks freed by another thread wait in their page's thread-free list, head first; a write after
+ * free then garbles the head's link. shard_check walks that list: it must report the damage, not follow
+ * the garbage (a fault). The owner's next allocations of the class then find it too, and go on. */
+typedef struct {
+    void *a, *b;
+} handoff_two;
+static void *free_two_there(void *arg)
+{
+    shard_free(((handoff_two *)arg)->a);
+    shard_free(((handoff_two *)arg)->b);
+    return NULL;
+}
+
+TEST(check_does_not_follow_a_damaged_thread_free_link)
+{
+    enum { SIZE = 352 };
+    void *a = shard_malloc(SIZE), *b = shard_malloc(SIZE), *keep = shard_malloc(SIZE);
+    handoff_two two = {a, b};
+    run_thread(free_two_there, &two); /* thread-free list: b, then a */
+    int before = shard_check();       /* earlier tests' cut lists count */
+    memset(b, 0x41, 16);              /* a write after free into the list's head */
+    CHECK(shard_check() > before);
+    watch();
+    void *got[4000];
+    int n = 0;
+    while (n < 4000 && seen.count == 0) {
+        got[n] = shard_malloc(SIZE);
+        CHECK(got[n] != NULL);
+        CHECK(got[n] != (void *)(uintptr_t)0x4141414141414141ull);
+        n++;
+    }
+    CHECK_ONE_REPORT(SHARD_ERROR_FREE_LIST, b);
+    while (n > 0)
+        shard_free(got[--n]);
+    void *live[] = {keep};
+    still_works(SIZE, live, 1, (void *)(uintptr_t)0x4141414141414141ull);
+    unwatch();
+    shard_free(keep);
+}
+
 /* What a free list must never do under any of the bugs above: hand out a block twice. Many frees and
  * double frees interleaved at random, from two threads; every live block keeps its pattern. */
 typedef struct {
