@@ -14,7 +14,8 @@
 ; of mine" through the heap's own-segment table 6, the page descriptor's offset 3, the item test (carved
 ; and at a multiple of the class size, so that an interior or never-handed-out pointer reaches the error
 ; hook rather than a free list) 6, `used` - 1 and its test 2, the push 3, ret 1. Windows adds 4 to each for the TLS index
-; test and the NULL test of its slot.
+; test and the NULL test of its slot. The hardened build (SHARD_HARDENED, src/small.h) adds the decoding
+; and the tests of the links: malloc 25 or 28, free 33 to 39, realloc 31 (tests/test_asm.c's HARD_*).
 
 %ifndef SHARD_HARDENED
     %define SHARD_HARDENED 0                        ; 1: the hardened build's checks (src/small.h)
