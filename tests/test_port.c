@@ -6,7 +6,8 @@
  * Address space: reservations are aligned as asked with no slack left mapped around them, the
  * address-space limit is told, commit gives zeros and keeps contents when repeated,
  * decommit gives the memory back (zeros after the next commit; on Windows the range is no longer
- * committed), release takes a whole reservation. The exit hook: called once at the exit of every thread
+ * committed), release takes a whole reservation; a large-page reservation (Linux) follows the same
+ * contract and stays one mapping under piecewise commits and decommits. The exit hook: called once at the exit of every thread
  * that armed it, with the value it armed it for, and for no other thread. Windows' slot (the port's own,
  * PORT_SLOT_TEB): NULL in a thread until stored, then what was stored, per thread; the inline gs read
  * equals TlsGetValue of our index, and the slot is clear when the exit hook runs. The clock: monotonic, in milliseconds, and it advances across a
