@@ -15,6 +15,24 @@
  *   kernel's commit charge (Committed_AS), which only falls at release: under strict overcommit
  *   (mode 2) the charge is the highest ever committed, while the statistics count what is committed
  *   now. release: munmap.
+ * - large pages for segments and arenas (reserve_large_pages, taken with SHARDMM_HUGE_PAGES): a 2 MB
+ *   transparent huge page forms only where a whole aligned 2 MB lies in one read/write mapping with
+ *   the MADV_HUGEPAGE hint; the piecewise mprotect commits above split a segment into a mapping per
+ *   committed run, so hinting alone changed nothing (issue 25). So such a reservation is committed
+ *   whole at once: mmap PROT_NONE as any reservation, then one mprotect read/write of all of it, then
+ *   the hint over its aligned 2 MB units. Commits inside it are mprotect to the protection the range
+ *   already has, which the kernel does without touching the mapping (no split, no charge), so they
+ *   cannot fail; decommit stays MADV_DONTNEED, which frees the 4 KB pages (a huge page under them is
+ *   split) and keeps the mapping whole. Why not MAP_NORESERVE read/write from the start: it keeps the
+ *   kernel from charging the mapping, so under heuristic overcommit (mode 0, this machine's) nothing
+ *   would have checked the memory behind a commit; the one mprotect charges the 4 MB as the piecewise
+ *   commits charged their pieces, and under strict overcommit (mode 2) it refuses when the 4 MB
+ *   cannot be backed and the reservation fails (NULL) instead of a later fault: the contract holds,
+ *   the charge only comes earlier, for the whole 4 MB rather than for what was committed. RLIMIT_AS
+ *   counts the same 4 MB either way. The cost is resident memory: the first touch of a hinted 2 MB
+ *   makes all of it resident (and khugepaged may later fill a sparsely used one), so resident memory
+ *   exceeds what the core committed, its statistics and shard_set_limit's limit, by up to 2 MB less
+ *   a page per touched unit; bench/results/2026-12-01-thp.md has what that does to peaks and times.
  * - the heap slot: the core's initial-exec TLS word (PORT_SLOT_TLS); the exit hook is a pthread key,
  *   armed after the core stored the slot (pthread_setspecific may call calloc, which must find the heap
  *   there). With every key of the process taken there is no hook: the slot works, exits go unreported.
@@ -137,10 +155,29 @@ int port_release(void *addr, size_t size)
     return sys_failed(sys3(SYS_munmap, (long)addr, (long)size, 0)) ? -1 : 0;
 }
 
+enum { MADV_HUGEPAGE_ = 14 };
+#define LARGE_PAGE_ ((uintptr_t)2 << 20)
+
 static void linux_hint_large_pages(void *addr, size_t size)
 {
-    enum { MADV_HUGEPAGE_ = 14 };
     sys3(SYS_madvise, (long)addr, (long)size, MADV_HUGEPAGE_); /* a hint: a kernel without THP says no */
+}
+
+/* A reservation committed whole (the kernel charges it here) and hinted for huge pages over its aligned
+ * 2 MB units; see the top of the file. */
+static void *linux_reserve_large_pages(size_t size, size_t align)
+{
+    void *r = port_reserve(size, align);
+    if (r == NULL)
+        return NULL;
+    if (sys_failed(sys3(SYS_mprotect, (long)r, (long)size, PROT_RW_))) {
+        sys3(SYS_munmap, (long)r, (long)size, 0);
+        return NULL;
+    }
+    uintptr_t from = ((uintptr_t)r + LARGE_PAGE_ - 1) & ~(LARGE_PAGE_ - 1), to = ((uintptr_t)r + size) & ~(LARGE_PAGE_ - 1);
+    if (to > from)
+        linux_hint_large_pages((void *)from, to - from);
+    return r;
 }
 
 static int linux_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
@@ -462,6 +499,7 @@ port_capabilities port_caps = {
     .flags = PORT_DECOMMIT_KEEPS_CHARGE,
     .move_release = linux_move_release,
     .hint_large_pages = linux_hint_large_pages,
+    .reserve_large_pages = linux_reserve_large_pages,
     .address_space_limit = linux_address_space_limit,
     .clock_ms = linux_clock_ms,
     .yield = linux_yield,

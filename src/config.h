@@ -126,6 +126,14 @@
 #ifndef SHARD_LARGE_PAGES
 #define SHARD_LARGE_PAGES 1
 #endif
+/* The default of SHARDMM_HUGE_PAGES (options.h): small-block segments and medium arenas reserved so that
+ * the platform may back them with large pages (port_caps.reserve_large_pages). Off: on Linux a huge page
+ * makes 2 MB resident at the first touch of a 64 KB page, which costs the small programs and the sparse
+ * heaps their low peak (bench/results/2026-12-01-thp.md). build/thp/libshardmm.so is built with 1, for
+ * the benchmarks' comparison. */
+#ifndef SHARD_HUGE_PAGES
+#define SHARD_HUGE_PAGES 0
+#endif
 /* The cache of freed large blocks: at most this many blocks and this much committed memory; a block
  * committed above the latter is never cached. */
 #ifndef SHARD_LARGE_CACHE_BLOCKS

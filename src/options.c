@@ -27,6 +27,7 @@ options options_values = {
     .reserve_delay_ms = SHARD_RESERVE_DELAY_MS,
     .large_cache_delay_ms = SHARD_LARGE_CACHE_DELAY_MS,
     .large_cache_bytes = SHARD_LARGE_CACHE_BYTES,
+    .huge_pages = SHARD_HUGE_PAGES,
     .quarantine_bytes = SHARD_QUARANTINE_BYTES,
 };
 
@@ -44,6 +45,7 @@ static void set_delay(uint64_t v)
 }
 static void set_large_cache(uint64_t v) { options_values.large_cache_bytes = (size_t)v << MB_SHIFT; }
 static void set_quarantine(uint64_t v) { options_values.quarantine_bytes = (size_t)v << MB_SHIFT; }
+static void set_huge_pages(uint64_t v) { options_values.huge_pages = (uint32_t)v; }
 
 /* The options, by their names after the prefix. */
 static const struct spec {
@@ -58,6 +60,7 @@ static const struct spec {
     {"DELAY_MS", UINT32_MAX, set_delay, "a decimal number of milliseconds up to 4294967295"},
     {"LARGE_CACHE_MB", LARGE_CACHE_MB_MAX, set_large_cache, "a decimal number of megabytes up to 67108864"},
     {"QUARANTINE_MB", LARGE_CACHE_MB_MAX, set_quarantine, "a decimal number of megabytes up to 67108864"},
+    {"HUGE_PAGES", 1, set_huge_pages, "0 or 1"},
 };
 #define SPECS (sizeof specs / sizeof specs[0])
 

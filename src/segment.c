@@ -278,9 +278,27 @@ uint64_t secret_of_process(void)
     return load_relaxed(&secret_process);
 }
 
+/* os_reserve, with the platform's large pages under what is committed (SHARDMM_HUGE_PAGES; without the
+ * capability, plain os_reserve). */
+static void *os_reserve_large_pages(size_t size, size_t align)
+{
+    if (port_caps.reserve_large_pages == NULL)
+        return os_reserve(size, align);
+    count_call();
+    void *p = port_caps.reserve_large_pages(size, align);
+    if (p) {
+        tsan_acquire(&address_space_order);
+        fetch_add_relaxed(&totals.reserved, size);
+    } else if (options_values.verbose) {
+        options_say_refused("reserve", size);
+    }
+    return p;
+}
+
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit)
 {
-    segment *seg = os_reserve(SEGMENT_SIZE, SEGMENT_SIZE);
+    segment *seg = options_values.huge_pages ? os_reserve_large_pages(SEGMENT_SIZE, SEGMENT_SIZE)
+                                             : os_reserve(SEGMENT_SIZE, SEGMENT_SIZE);
     if (seg == NULL)
         return NULL;
     if (os_commit(seg, commit) != 0) {

@@ -159,6 +159,57 @@ static void scenario_cache_size(void)
 }
 
 #ifndef _WIN32
+/* A counter of /proc/vmstat (the whole system's), 0 if it is not there. */
+static unsigned long vmstat(const char *name)
+{
+    FILE *f = fopen("/proc/vmstat", "r");
+    char key[64];
+    unsigned long value, found = 0;
+    while (f != NULL && fscanf(f, "%63s %lu", key, &value) == 2)
+        if (strcmp(key, name) == 0)
+            found = value;
+    if (f != NULL)
+        fclose(f);
+    return found;
+}
+
+/* 16 MB of 64-byte blocks, written; then the AnonHugePages of the mappings that hold them, summed over
+ * /proc/self/smaps (each mapping once), and how many segments they span. */
+static void scenario_huge_pages(void)
+{
+    enum { SEGMENTS_MAX = 64 };
+    static uintptr_t segments[SEGMENTS_MAX];
+    size_t n_segments = 0;
+    unsigned long fallback_before = vmstat("thp_fault_fallback");
+    for (size_t i = 0; i < 16 * MB / 64; i++) {
+        char *p = shard_malloc(64);
+        memset(p, 1, 64);
+        uintptr_t seg = (uintptr_t)p & ~(uintptr_t)(4 * MB - 1);
+        size_t k = 0;
+        while (k < n_segments && segments[k] != seg)
+            k++;
+        if (k == n_segments && n_segments < SEGMENTS_MAX)
+            segments[n_segments++] = seg;
+    }
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    unsigned long lo, hi, kb, huge = 0;
+    int ours = 0;
+    while (f != NULL && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            ours = 0;
+            for (size_t k = 0; k < n_segments; k++)
+                ours |= segments[k] >= lo && segments[k] < hi;
+        } else if (ours && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) {
+            huge += kb;
+        }
+    }
+    if (f != NULL)
+        fclose(f);
+    fprintf(stderr, "child: huge %lu KB in %zu segments, %lu fallbacks\n", huge, n_segments,
+            vmstat("thp_fault_fallback") - fallback_before);
+}
+
 /* The C library's environ emptied before the allocator starts: the port reads /proc/self/environ. */
 static void scenario_environ_cleared(void)
 {
@@ -180,6 +231,7 @@ static const struct {
     {"cache-size", scenario_cache_size},
 #ifndef _WIN32
     {"environ-cleared", scenario_environ_cleared},
+    {"huge-pages", scenario_huge_pages},
 #endif
 };
 
@@ -558,5 +610,55 @@ TEST(options_come_from_proc_when_environ_is_cleared)
     CHECKF(a == 0 && b == 0, "SHARDMM_LARGE_CACHE_MB=0 read from /proc/self/environ: %d, %d", a, b);
     cached_counts(run("environ-cleared", NO_VARS), &a, &b);
     CHECKF(a == 1 && b == 1, "by default both blocks are cached: %d, %d", a, b);
+}
+
+/* The child's "child: huge N KB in M segments, F fallbacks" line: N, M in *segments, F in *fallbacks
+ * (huge pages the kernel could not find while the child ran, system-wide). */
+static long huge_kb(const child *c, int *segments, long *fallbacks)
+{
+    const char *line = strstr(c->err, "child: huge ");
+    long kb = -1;
+    *segments = 0, *fallbacks = 0;
+    if (line == NULL || sscanf(line, "child: huge %ld KB in %d segments, %ld fallbacks", &kb, segments, fallbacks) != 3)
+        return -1;
+    return kb;
+}
+
+/* The kernel's transparent huge page mode: "always", "madvise", "never" (or "" when unknown). */
+static const char *thp_mode(void)
+{
+    static char mode[128];
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    mode[0] = 0;
+    if (f == NULL)
+        return "";
+    if (fgets(mode, sizeof mode, f) == NULL)
+        mode[0] = 0;
+    fclose(f);
+    return strstr(mode, "[always]") ? "always" : strstr(mode, "[madvise]") ? "madvise" : strstr(mode, "[never]") ? "never" : "";
+}
+
+TEST(huge_pages_puts_small_blocks_on_huge_pages_and_is_off_by_default)
+{
+    int segments;
+    long fallbacks;
+    /* With THP "always" the kernel gives huge pages to whatever it likes, asked or not: the default's
+     * "none" and the invalid value's are checked only under "madvise". */
+    int asked_only = strcmp(thp_mode(), "madvise") == 0;
+    long kb = huge_kb(run("huge-pages", NO_VARS), &segments, &fallbacks);
+    CHECKF((kb == 0 || (!asked_only && kb > 0)) && segments >= 4,
+           "by default no huge page under 16 MB of small blocks: %ld KB in %d segments", kb, segments);
+    child *c = run("huge-pages", VARS("SHARDMM_HUGE_PAGES=2", "SHARDMM_VERBOSE=1"));
+    kb = huge_kb(c, &segments, &fallbacks);
+    CHECKF(kb == 0 || (!asked_only && kb > 0), "an invalid value keeps the default: %ld KB", kb);
+    CHECK_SAYS(c, "shardmm: SHARDMM_HUGE_PAGES=2: expected 0 or 1");
+    if (strcmp(thp_mode(), "always") != 0 && !asked_only) /* the kernel has none to give */
+        SKIP_TEST();
+    kb = huge_kb(run("huge-pages", VARS("SHARDMM_HUGE_PAGES=1")), &segments, &fallbacks);
+    if (kb < 2048 && fallbacks > 0) /* the kernel found no free 2 MB page (memory fragmented): not ours */
+        SKIP_TEST();
+    CHECKF(kb >= 2048 && segments >= 4,
+           "with SHARDMM_HUGE_PAGES=1 the segments hold huge pages: %ld KB in %d segments (%ld fallbacks)", kb,
+           segments, fallbacks);
 }
 #endif

@@ -6,7 +6,8 @@
  * Address space: reservations are aligned as asked with no slack left mapped around them, the
  * address-space limit is told, commit gives zeros and keeps contents when repeated,
  * decommit gives the memory back (zeros after the next commit; on Windows the range is no longer
- * committed), release takes a whole reservation. The exit hook: called once at the exit of every thread
+ * committed), release takes a whole reservation; a large-page reservation (Linux) follows the same
+ * contract and stays one mapping under piecewise commits and decommits. The exit hook: called once at the exit of every thread
  * that armed it, with the value it armed it for, and for no other thread. Windows' slot (the port's own,
  * PORT_SLOT_TEB): NULL in a thread until stored, then what was stored, per thread; the inline gs read
  * equals TlsGetValue of our index, and the slot is clear when the exit hook runs. The clock: monotonic, in milliseconds, and it advances across a
@@ -104,11 +105,12 @@ TEST(the_capabilities_are_those_of_the_os)
 #ifdef _WIN32
     CHECK_EQ(port_caps.flags, PORT_DECOMMIT_FAULTS);
     CHECK(port_caps.move_release == NULL && port_caps.hint_large_pages == NULL && port_caps.fork_hooks == NULL &&
-          port_caps.address_space_limit == NULL);
+          port_caps.address_space_limit == NULL && port_caps.reserve_large_pages == NULL);
 #else
     CHECK_EQ(port_caps.flags, PORT_DECOMMIT_KEEPS_CHARGE);
     CHECK(port_caps.move_release != NULL && port_caps.hint_large_pages != NULL && port_caps.fork_hooks != NULL &&
-          port_caps.thread_tag != NULL && port_caps.address_space_limit != NULL);
+          port_caps.thread_tag != NULL && port_caps.address_space_limit != NULL &&
+          port_caps.reserve_large_pages != NULL);
     errno = 0;
     port_caps.out_of_memory();
     CHECK_EQ(errno, ENOMEM);
@@ -329,6 +331,48 @@ TEST(move_release_hands_pages_over_and_releases_the_rest_of_the_source)
     CHECK_EQ(bytes_not_equal(to + len, PORT_PAGE, 0), PORT_PAGE);
     CHECK_EQ(port_release(to, size), 0);
     CHECK_EQ(mapped_in((uintptr_t)to, (uintptr_t)to + size), 0);
+}
+
+/* The mappings of the process that overlap [lo, hi), from /proc/self/maps; -1 when it cannot tell. */
+static int mappings_in(uintptr_t lo, uintptr_t hi)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (f == NULL)
+        return -1;
+    unsigned long a, b;
+    int n = 0;
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%lx-%lx", &a, &b) == 2 && a < hi && b > lo)
+            n++;
+    fclose(f);
+    return n;
+}
+
+/* A 2 MB huge page forms only inside one read/write mapping: committing and decommitting pieces of a
+ * large-page reservation must keep it whole, with the contract's zeros and contents. */
+TEST(a_large_page_reservation_follows_the_contract_as_one_mapping)
+{
+    const size_t size = (size_t)4 << 20, piece = (size_t)64 << 10;
+    unsigned char *r = port_caps.reserve_large_pages(size, size);
+    CHECK(r != NULL);
+    if (r == NULL)
+        return;
+    CHECK_EQ((uintptr_t)r % size, 0);
+    for (size_t at = 0; at < size; at += 2 * piece) { /* every other piece, as small pages are taken */
+        CHECK_EQ(port_commit(r + at, piece), 0);
+        CHECK_EQ(bytes_not_equal(r + at, piece, 0), piece);
+        fill(r + at, piece, 31);
+    }
+    CHECK_EQ(port_decommit(r + 2 * piece, piece), 0);
+    CHECK_EQ(port_commit(r + 2 * piece, piece), 0);
+    CHECK_EQ(bytes_not_equal(r + 2 * piece, piece, 0), piece); /* decommitted: zeros again */
+    CHECK(check_pattern(r, piece, 31));                         /* its neighbours keep theirs */
+    CHECK(check_pattern(r + 4 * piece, piece, 31));
+    int n = mappings_in((uintptr_t)r, (uintptr_t)r + size);
+    CHECKF(n == 1, "the reservation is in %d mappings after piecewise commits, not one", n);
+    CHECK_EQ(port_release(r, size), 0);
+    CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 0);
 }
 #endif
 
