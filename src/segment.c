@@ -34,10 +34,11 @@ static void count_peak(size_t now)
     }
 }
 
-void *os_reserve(size_t size, size_t align)
+/* A reservation through `reserve` (port_reserve, or the port's large-page kind), counted. */
+static void *reserve_counted(void *(*reserve)(size_t, size_t), size_t size, size_t align)
 {
     count_call();
-    void *p = port_reserve(size, align);
+    void *p = reserve(size, align);
     if (p) {
         tsan_acquire(&address_space_order);
         fetch_add_relaxed(&totals.reserved, size);
@@ -46,6 +47,8 @@ void *os_reserve(size_t size, size_t align)
     }
     return p;
 }
+
+void *os_reserve(size_t size, size_t align) { return reserve_counted(port_reserve, size, align); }
 
 static size_t commit_limit = SIZE_MAX; /* shard_set_limit */
 
@@ -282,17 +285,8 @@ uint64_t secret_of_process(void)
  * capability, plain os_reserve). */
 static void *os_reserve_large_pages(size_t size, size_t align)
 {
-    if (port_caps.reserve_large_pages == NULL)
-        return os_reserve(size, align);
-    count_call();
-    void *p = port_caps.reserve_large_pages(size, align);
-    if (p) {
-        tsan_acquire(&address_space_order);
-        fetch_add_relaxed(&totals.reserved, size);
-    } else if (options_values.verbose) {
-        options_say_refused("reserve", size);
-    }
-    return p;
+    return reserve_counted(port_caps.reserve_large_pages != NULL ? port_caps.reserve_large_pages : port_reserve,
+                           size, align);
 }
 
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit)
