@@ -691,47 +691,34 @@ static int check_live(void *arg, void *base, size_t usable, int kind)
     return 0;
 }
 
+/* The quarantine's damaged blocks into *all, following only links that a seal vouches for (the caller
+ * holds the quarantine's lock). */
+static void quarantine_check(findings *all)
+{
+    for (dbg_header *h = quarantine.oldest; h != NULL; h = sealed(h) ? h->next : NULL) {
+        finding f;
+        if (freed_damage(h, NULL, &f))
+            add(all, &f);
+    }
+}
+
 void debugmode_at_exit(void)
 {
-    /* The blocks still waiting in the quarantine are checked once more: a write after free that no
-     * later free pushed out is reported at exit rather than never. Reported one by one, outside the
-     * lock (a hook may free). */
-    for (;;) {
-        finding f;
-        int found = 0;
-        spin_lock(&quarantine.lock);
-        for (dbg_header *h = quarantine.oldest, *before = NULL; h != NULL; before = h, h = h->next) {
-            if (!freed_damage(h, NULL, &f))
-                continue;
-            /* Out of the quarantine and out of use, as release() keeps a damaged block, so that it is
-             * reported once: a restored pattern would not mend a trailer or a header, and the size a
-             * damaged header holds is not one to write by. */
-            if (sealed(h)) { /* its link and size hold (a damaged canary, trailer or body) */
-                if (before != NULL)
-                    set_next(before, h->next);
-                else
-                    quarantine.oldest = h->next;
-                if (quarantine.youngest == h)
-                    quarantine.youngest = before;
-                quarantine.bytes -= cost_of(h);
-            } else { /* the blocks after it go out of use with it, unchecked */
-                if (before != NULL)
-                    set_next(before, NULL);
-                else
-                    quarantine.oldest = NULL;
-                quarantine.youngest = before;
-                quarantine.bytes = 0;
-                for (dbg_header *k = quarantine.oldest; k != NULL; k = k->next)
-                    quarantine.bytes += cost_of(k);
-            }
-            found = 1;
-            break;
-        }
-        spin_unlock(&quarantine.lock);
-        if (!found)
-            return;
-        report(&f);
+    /* The blocks still waiting in the quarantine are checked once more: a write after free that no later
+     * free pushed out is reported at exit rather than never. If any is damaged the quarantine is given up
+     * (the process ends; its blocks stay out of use), so that a hook that returns, and frees, finds each
+     * damaged block reported once. Reported outside the lock (a hook may free). */
+    static findings found;
+    found.count = 0;
+    spin_lock(&quarantine.lock);
+    quarantine_check(&found);
+    if (found.count != 0) {
+        quarantine.oldest = quarantine.youngest = NULL;
+        quarantine.bytes = 0;
     }
+    spin_unlock(&quarantine.lock);
+    for (size_t i = 0; i < found.count && i < FINDINGS_SHOWN; i++)
+        report(&found.f[i]);
 }
 
 int shard_check(void)
@@ -743,11 +730,7 @@ int shard_check(void)
     int problems = core_check();
     core_visit(SHARD_VISIT_ALL, check_live, &all);
     spin_lock(&quarantine.lock);
-    for (dbg_header *h = quarantine.oldest; h != NULL; h = sealed(h) ? h->next : NULL) {
-        finding f;
-        if (freed_damage(h, NULL, &f))
-            add(&all, &f);
-    }
+    quarantine_check(&all);
     spin_unlock(&quarantine.lock);
     for (size_t i = 0; i < all.count && i < FINDINGS_SHOWN; i++)
         say(&all.f[i]);

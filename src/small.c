@@ -586,16 +586,21 @@ void small_count(heap *h, small_counts *c)
 }
 
 
+/* Whether b is an item pg has carved: in pg's page, and page_has_item (the walks' and the checker's test,
+ * before they read b's link). */
+static int carved_item(const page *pg, const block *b)
+{
+    return ((uintptr_t)b & ~(uintptr_t)(PAGE_SIZE - 1)) == (uintptr_t)page_start(pg) && page_has_item(pg, b);
+}
+
 /* Marks the items of a free list in `bits` (one per item index); stops at anything that is not an item of
  * pg (a broken list is shard_check's to report, not the walk's to follow). */
 static void mark_free(const page *pg, const block *b, const block *last, long limit, uint64_t *bits)
 {
-    const uint8_t *start = page_start(pg);
     for (long n = 0; b != NULL && n < limit; n++) {
-        uintptr_t off = (uintptr_t)((const uint8_t *)b - start);
-        if (off >= pg->carved_end || off % pg->block_size != 0)
+        if (!carved_item(pg, b))
             return;
-        size_t i = off / pg->block_size;
+        size_t i = (size_t)((const uint8_t *)b - page_start(pg)) / pg->block_size;
         bits[i / 64] |= (uint64_t)1 << (i % 64);
         if (b == last)
             return;
@@ -626,13 +631,6 @@ void small_visit(heap *h, visitor *v)
                     return;
         }
     }
-}
-
-/* Whether b is an item pg has carved (the checker's test, before it reads b's link). */
-static int carved_item(const page *pg, const block *b)
-{
-    uintptr_t off = (uintptr_t)((const uint8_t *)b - page_start(pg));
-    return (const uint8_t *)b >= page_start(pg) && off % pg->block_size == 0 && off / pg->block_size < pg->carved;
 }
 
 /* Length of a free list whose items must lie in pg at class offsets below `carved`; -1 if not. */

@@ -159,10 +159,13 @@ static inline block *link_get(const block *b) { return b->next; }
 static inline void link_set(block *b, const block *n) { b->next = (block *)n; }
 #endif
 
+/* Whether n lies in b's page. */
+static inline int link_in_page(const block *b, const block *n) { return (((uintptr_t)n ^ (uintptr_t)b) >> PAGE_SHIFT) == 0; }
+
 /* Whether n may follow b in a list of pg, a page of the calling thread: the end, or an item of b's page. */
 static inline int link_fits(const page *pg, const block *b, const block *n)
 {
-    return n == NULL || ((((uintptr_t)n ^ (uintptr_t)b) >> PAGE_SHIFT) == 0 && page_has_item(pg, n));
+    return n == NULL || (link_in_page(b, n) && page_has_item(pg, n));
 }
 
 /* The hardened build's report (small.c) of b's link, which does not fit: the list is cut after b. `freed`:
@@ -193,7 +196,7 @@ static inline int small_looks_free(const page *pg, const block *b)
 {
 #if SHARD_HARDENED
     block *n = link_get(b);
-    return n == NULL || ((((uintptr_t)n ^ (uintptr_t)b) >> PAGE_SHIFT) == 0 && page_has_item_any_thread(pg, n));
+    return n == NULL || (link_in_page(b, n) && page_has_item_any_thread(pg, n));
 #else
     (void)pg, (void)b;
     return 0;

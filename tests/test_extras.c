@@ -30,7 +30,6 @@
 #define HARNESS_MAIN
 #include "harness.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <malloc.h>
@@ -41,6 +40,7 @@
 #include <unistd.h>
 
 #include "shardmm.h"
+#include "dropin.h"
 
 #define KB ((size_t)1 << 10)
 #define MB ((size_t)1 << 20)
@@ -132,25 +132,12 @@ TEST(the_extras_of_the_program_are_shardmms)
 {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-    static const struct {
-        const char *name;
-        void *address;
-    } names[] = {
+    static const dropin_name names[] = {
         { "mallinfo2", (void *)mallinfo2 }, { "mallinfo", (void *)mallinfo },     { "malloc_trim", (void *)malloc_trim },
         { "malloc_stats", (void *)malloc_stats }, { "malloc_info", (void *)malloc_info }, { "mallopt", (void *)mallopt },
     };
 #pragma GCC diagnostic pop
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        Dl_info info;
-        void *found = dlsym(RTLD_DEFAULT, names[i].name);
-        int known = dladdr(found, &info);
-        CHECKF(known && info.dli_fname != NULL && strstr(info.dli_fname, "libshardmm.so") != NULL,
-               "%s resolves to %p in %s", names[i].name, found, known && info.dli_fname ? info.dli_fname : "?");
-        known = dladdr(names[i].address, &info);
-        CHECKF(known && info.dli_fname != NULL && strstr(info.dli_fname, "libshardmm.so") != NULL,
-               "the program's %s is %p in %s", names[i].name, names[i].address,
-               known && info.dli_fname ? info.dli_fname : "?");
-    }
+    check_names_are_shardmms(names, sizeof names / sizeof names[0]);
 }
 
 /* ---- mallinfo2, mallinfo ---- */

@@ -20,7 +20,6 @@
 #include "harness.h"
 #include "platform.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <stdint.h>
@@ -29,6 +28,7 @@
 #include <string.h>
 
 #include "shardmm.h"
+#include "dropin.h"
 
 #define KB ((size_t)1 << 10)
 #define MB ((size_t)1 << 20)
@@ -100,27 +100,14 @@ static const size_t kinds[] = { 1, 100, 1000, 16384, 16385, 100000, MB, MB + 1, 
  * makes a live block in shardmm's statistics that free takes away again. */
 TEST(the_malloc_family_of_the_program_is_shardmm)
 {
-    static const struct {
-        const char *name;
-        void *address;
-    } names[] = {
+    static const dropin_name names[] = {
         { "malloc", (void *)malloc }, { "free", (void *)free }, { "calloc", (void *)calloc },
         { "realloc", (void *)realloc }, { "reallocarray", (void *)reallocarray },
         { "posix_memalign", (void *)posix_memalign }, { "aligned_alloc", (void *)aligned_alloc },
         { "memalign", (void *)memalign }, { "valloc", (void *)valloc }, { "pvalloc", (void *)pvalloc },
         { "malloc_usable_size", (void *)malloc_usable_size },
     };
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        Dl_info info;
-        void *found = dlsym(RTLD_DEFAULT, names[i].name);
-        int known = dladdr(found, &info);
-        CHECKF(known && info.dli_fname != NULL && strstr(info.dli_fname, "libshardmm.so") != NULL,
-               "%s resolves to %p in %s", names[i].name, found, known && info.dli_fname ? info.dli_fname : "?");
-        known = dladdr(names[i].address, &info);
-        CHECKF(known && info.dli_fname != NULL && strstr(info.dli_fname, "libshardmm.so") != NULL,
-               "the program's %s is %p in %s", names[i].name, names[i].address,
-               known && info.dli_fname ? info.dli_fname : "?");
-    }
+    check_names_are_shardmms(names, sizeof names / sizeof names[0]);
     shard_error_fn previous = hook_install();
     for (size_t i = 0; i < KINDS_COUNT; i++) {
         size_t before = live_blocks();
