@@ -84,6 +84,8 @@ def peers_dir(build_dir):
     return os.path.join(build_dir, "peers")
 
 
+HARDENED = "hardened"  # the subfolder of peers_dir with the peers' hardened builds, for catch.py alone
+
 
 def built_peers(directory):
     """{name: path} of the libraries NAME.so in `directory` (bench/peers's output), by name."""
