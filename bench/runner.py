@@ -398,26 +398,29 @@ def versions(args):
     for what, package in PACKAGES.items():
         version = _output(["dpkg-query", "-W", "-f=${Version}", package])
         found.append(f"{what} {version} ({package})" if version else f"{what}: {package} not installed")
-    directory = peers_dir(getattr(args, "build_dir", "build"))
-    used = {os.path.realpath(p) for p in list(getattr(args, "libraries", {}).values()) + getattr(args, "programs", [])}
-    for file, (what, commit, _, how) in peer_versions(directory).items():
-        if os.path.realpath(os.path.join(directory, file)) in used:
-            found.append(f"{file}: {what}, {commit}, built from source: {how}")
+    built = built_by_peers(args)
+    used = [os.path.realpath(p) for p in list(args.libraries.values()) + getattr(args, "programs", [])]
+    for file, (what, commit, _, how) in sorted(built[path] for path in set(used) if path in built):
+        found.append(f"{file}: {what}, {commit}, built from source: {how}")
     return "; ".join(found)
+
+
+def built_by_peers(args):
+    """{real path: (file, [peer and version, commit, source, how])} of <build-dir>/peers/VERSIONS."""
+    directory = peers_dir(args.build_dir)
+    return {os.path.realpath(os.path.join(directory, file)): (file, fields)
+            for file, fields in peer_versions(directory).items()}
 
 
 def library_lines(args):
     """The report's last paragraph: the library each column preloads (args.libraries), with the
     version and commit of those bench/peers built; none without such columns."""
-    libraries = getattr(args, "libraries", {})
-    if not libraries:
+    if not args.libraries:
         return []
-    directory = peers_dir(getattr(args, "build_dir", "build"))
-    built = {os.path.realpath(os.path.join(directory, file)): fields
-             for file, fields in peer_versions(directory).items()}
+    built = built_by_peers(args)
     parts = []
-    for name, library in libraries.items():
-        fields = built.get(os.path.realpath(library))
+    for name, library in args.libraries.items():
+        _, fields = built.get(os.path.realpath(library), (None, None))
         parts.append(f"`{name}` {library}" + (f" ({fields[0]}, {fields[1][:len('commit ') + 12]})" if fields else ""))
     return ["", "Libraries preloaded (LD_PRELOAD), by column: " + "; ".join(parts) + "."]
 
