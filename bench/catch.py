@@ -5,27 +5,20 @@
 
 Runs build/bench/catch-shard, catch-shard-hardened, catch-mimalloc, catch-jemalloc, catch-tcmalloc,
 catch-system (glibc), catch-system with shardmm's full-debug drop-in (build/debug/full) preloaded, and
-with each library found under --peers preloaded (mimalloc, its
-secure build, snmalloc and its checks build, rpmalloc, built from source as bench/results describes).
-Every run is deterministic; one round is enough. Build first: `ninja bench`.
+catch-system with each peer built from source preloaded: the libraries bench/peers writes in --peers,
+NAME.so (mimalloc 2.4 and 3.x, snmalloc, rpmalloc) and hardened/NAME.so (mimalloc's secure mode,
+snmalloc's checks), a column each, named NAME. Every run is deterministic; one round is enough. Build
+first: `ninja bench` (and bench/peers for the peers).
 """
 import argparse
 import os
 import subprocess
 import sys
 
+import runner
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-# (column name, path relative to --peers) of the peers built from source, when present.
-PEER_LIBS = [
-    ("mimalloc-2.4.1", "mimalloc-v2.4.1/out/libmimalloc.so"),
-    ("mimalloc-2.4.1-secure", "mimalloc-v2.4.1/out-secure/libmimalloc-secure.so"),
-    ("mimalloc-3.4.3", "mimalloc-v3.4.3/out/libmimalloc.so"),
-    ("snmalloc-0.7.5", "snmalloc-0.7.5/out/libsnmallocshim.so"),
-    ("snmalloc-0.7.5-checks", "snmalloc-0.7.5/out/libsnmallocshim-checks.so"),
-    ("rpmalloc-2.0.1", "rpmalloc-2.0.1/librpmalloc.so"),
-]
 
 
 def run(binary, preload=None):
@@ -44,7 +37,8 @@ def run(binary, preload=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--peers", default=os.path.join(ROOT, "build", "peers"))
+    ap.add_argument("--peers", default=runner.peers_dir(os.path.join(ROOT, "build")),
+                    help="where bench/peers put the peers built from source (default: build/peers)")
     ap.add_argument("--markdown", action="store_true", help="a Markdown table")
     args = ap.parse_args()
     bench = os.path.join(ROOT, "build", "bench")
@@ -55,10 +49,9 @@ def main():
                 os.path.join(ROOT, "build", "debug", "full", "libshardmm.so"))]
     for name in ("mimalloc", "jemalloc", "tcmalloc"):
         columns.append((name + " (Debian)", os.path.join(bench, "catch-" + name), None))
-    for name, rel in PEER_LIBS:
-        lib = os.path.join(args.peers, rel)
-        if os.path.exists(lib):
-            columns.append((name, os.path.join(bench, "catch-system"), lib))
+    peers = {**runner.built_peers(args.peers), **runner.built_peers(os.path.join(args.peers, runner.HARDENED))}
+    for name, lib in sorted(peers.items()):
+        columns.append((name, os.path.join(bench, "catch-system"), lib))
     results = []
     for name, binary, lib in columns:
         if not os.path.exists(binary):

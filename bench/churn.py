@@ -18,7 +18,7 @@ checks (exit status 1 with its line printed) is reported in the table, and the r
 1 after it; a binary that exits otherwise or prints something unexpected stops the whole run.
 
 The method (interleaving, medians, run-by-run ratios and their intervals, page faults beside time,
---variant, --save): bench/README.md.
+the peers built from source, --peer, --variant, --save): bench/README.md.
 
 Standard library only.
 """

@@ -15,6 +15,8 @@ hash". The allocators (columns):
     mimalloc, jemalloc, tcmalloc
               engines-heap -malloc with Debian 12's library preloaded
     system    engines-heap -malloc as it is: glibc's malloc
+    then the peers built from source (build/peers/*.so, bench/peers) and those of --peer and --variant:
+              engines-heap -malloc with their library preloaded
 
 R is chosen per cell so that a process runs for about TARGET_MS at --scale 1 (ROUGH_MS), the same R for
 every allocator of the cell. The hash of the output must be the same for every allocator of a cell.
@@ -23,8 +25,9 @@ column (the run-by-run ratio, > 1: the heaps faster, with the 95 % interval from
 MB, and the targets: heap within 2 % of shard or faster (a median shard/heap of 0.98 or more) and the
 verdict (faster, tie, slower) against every peer.
 
-The method (interleaving, medians, run-by-run ratios and their intervals, --variant, --save):
-bench/README.md. Run from the repository's root (the programs read tests/engines/).
+The method (interleaving, medians, run-by-run ratios and their intervals, the peers built from source,
+--peer, --variant, --save): bench/README.md. Run from the repository's root (the programs read
+tests/engines/).
 
 Standard library only.
 """
@@ -37,9 +40,6 @@ import sys
 import runner
 
 HEAP = "heap"  # the baseline of every ratio here
-LIBDIR = "/usr/lib/x86_64-linux-gnu"
-PRELOADS = {"mimalloc": f"{LIBDIR}/libmimalloc.so.2", "jemalloc": f"{LIBDIR}/libjemalloc.so.2",
-            "tcmalloc": f"{LIBDIR}/libtcmalloc.so.4"}  # shard's is <build-dir>/libshardmm.so
 KNOWN = [HEAP, "shard", "mimalloc", "jemalloc", "tcmalloc", "system"]
 ENGINES = ["lua", "duktape", "mruby"]
 SCRIPTS = ["table", "strings", "json", "trees", "closures"]  # engine_scripts in tests/engine.h, in its order
@@ -78,7 +78,7 @@ def parse_args():
     parser.add_argument("--scripts", type=runner.comma_list, default=None,
                         help="comma-separated scripts (default: all: " + ",".join(SCRIPTS) + ")")
     args = parser.parse_args()
-    defaults = [a for a in KNOWN if a not in PRELOADS or os.path.exists(PRELOADS[a])]
+    defaults = [a for a in KNOWN if a not in runner.PACKAGED or os.path.exists(runner.PACKAGED[a])]
     runner.check_options(parser, args, defaults, known=KNOWN)
     args.engines = runner.choose(parser, args.engines, ENGINES, "engines")
     args.scripts = runner.choose(parser, args.scripts, SCRIPTS, "scripts")
@@ -90,16 +90,11 @@ def parse_args():
 def main():
     args = parse_args()
     started = runner.started_at()
-    allocs = args.allocs + list(args.env)  # the --variant columns: -malloc with their library
+    allocs = args.allocs + list(args.libraries)  # the peers and variants: -malloc with their library
+    runner.preload_allocators(args)  # shard and Debian's peers: -malloc with theirs
     # One binary for every column (bench/engines.c says why): the heaps, or -malloc with a library preloaded.
     binaries = runner.existing({a: runner.binary_path(args.build_dir, "engines", HEAP) for a in allocs})
-    env = dict(args.env)
-    for alloc in args.allocs:
-        library = os.path.join(args.build_dir, "libshardmm.so") if alloc == "shard" else PRELOADS.get(alloc)
-        if library is not None:
-            if not os.path.exists(library):
-                runner.fail(f"no {library} for {alloc} (build it with ninja, or install it with .ci/install)")
-            env[alloc] = dict(os.environ, LD_PRELOAD=os.path.abspath(library))
+    env = args.env
     cells = [(e, s) for e in args.engines for s in args.scripts]
 
     per_run = sum(max(TARGET_MS * args.scale, ROUGH_MS[e][s]) for e, s in cells) / 1000

@@ -4,26 +4,28 @@ with valgrind's callgrind, for shardmm (NASM and pure-C fast paths) and its peer
 
 Runs <build-dir>/bench/instr-<alloc> <row> (bench/instr.c) under
     valgrind --tool=callgrind --callgrind-out-file=<tmp>
-and reads the call graph from the output file: for each function measure_* of bench/instr.c, the
+(the peers built from source, build/peers/*.so, and those of --peer and --variant: instr-system with the
+library preloaded) and reads the call graph from the output file: for each function measure_* of bench/instr.c, the
 inclusive instruction count of its calls into the allocator (malloc, free, realloc, whatever the
 allocator's functions are called) divided by the number of those calls. So the count is what the
 allocator's entry point and everything it calls executed, the PLT jump excepted (the same one for
 every allocator), and nothing of the benchmark's own loop. Counting is deterministic: one run each.
 
 Prints a markdown table on stdout: per row and allocator, instructions per call ("malloc + free" for
-the burst and pair rows). Progress goes to stderr. Standard library only.
+the burst and pair rows). A peer that fails under valgrind is left out, with the reason below the
+table (snmalloc: it reserves more address space than valgrind gives). Progress goes to stderr.
+Standard library only.
 """
 import argparse
 import collections
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
 
 import runner
-from runner import binary_path, comma_list, existing, fail
+from runner import comma_list, fail
 
 ROWS = ["burst-16", "burst-64", "pair-32", "pair-4000", "alone-32", "realloc-in-class"]
 DEFAULT_ALLOCS = ["shard", "shard-purec", "mimalloc", "system"]
@@ -80,17 +82,21 @@ def per_call(edges, caller, kind):
     return instructions / calls
 
 
-def measure(binary, row):
+def measure(binary, row, env=None, peer=False):
+    """(the counts, their cell) of one row; for a `peer` that fails under valgrind, NotUnderValgrind."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "callgrind.out")
         command = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out, binary, row]
+        shown = runner.preload_shown(command, env)
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
         except (OSError, subprocess.TimeoutExpired) as e:
-            fail(f"{shlex.join(command)}: {e}")
+            fail(f"{shown}: {e}")
+        if done.returncode != 0 and peer:
+            raise runner.NotUnderValgrind(runner.valgrind_reason(done.returncode, done.stderr))
         if done.returncode != 0 or done.stdout.split()[:1] != [row]:
             sys.stderr.write(done.stderr)
-            fail(f"{shlex.join(command)} exited with status {done.returncode}, printed {done.stdout!r}")
+            fail(f"{shown} exited with status {done.returncode}, printed {done.stdout!r}")
         edges = read_callgraph(out)
     if row.startswith("burst"):
         m, f = per_call(edges, "measure_malloc", "malloc"), per_call(edges, "measure_free", "free")
@@ -104,23 +110,27 @@ def measure(binary, row):
 
 def main():
     parser = argparse.ArgumentParser(description="Count instructions per malloc/free/realloc under callgrind.")
-    runner.add_options(parser, variants=False)
+    runner.add_options(parser)
     parser.add_argument("--rows", type=comma_list, default=None,
                         help="comma-separated rows (default: all: " + ",".join(ROWS) + ")")
     args = parser.parse_args()
     runner.check_options(parser, args, DEFAULT_ALLOCS, OPTIONAL_ALLOCS, "instr")
     rows = runner.choose(parser, args.rows, ROWS, "rows")
-    binaries = existing({a: binary_path(args.build_dir, "instr", a) for a in args.allocs})
+    allocs, binaries = runner.columns(args, "instr")
     started = runner.started_at()
-    cells = {}
+    cells, failed = {}, {}
     for row in rows:
-        for alloc in args.allocs:
-            cells[(row, alloc)] = measure(binaries[alloc], row)[1]
-            print(f"{row:<17} {alloc:<12} {cells[(row, alloc)]}", file=sys.stderr, flush=True)
+        for alloc in [a for a in allocs if a not in failed]:
+            try:
+                cells[(row, alloc)] = measure(binaries[alloc], row, args.env.get(alloc), alloc in args.peers)[1]
+            except runner.NotUnderValgrind as e:
+                failed[alloc] = str(e)
+            print(f"{row:<17} {alloc:<12} {cells.get((row, alloc), failed.get(alloc))}", file=sys.stderr, flush=True)
+    allocs = [a for a in allocs if a not in failed]
     lines = [f"`{runner.command_line()}`: instructions per call under callgrind (malloc + free for burst and "
              f"pair rows), {runner.stamp(started)}", ""]
-    lines += runner.markdown_table(["row"] + args.allocs, [[row] + [cells[(row, a)] for a in args.allocs]
-                                                           for row in rows])
+    lines += runner.markdown_table(["row"] + allocs, [[row] + [cells[(row, a)] for a in allocs] for row in rows])
+    lines += runner.valgrind_failures(failed)
     runner.finish(lines, args, started, "bench/instr.py")
 
 

@@ -15,9 +15,11 @@ Scenarios (bench/large.c says exactly what each does):
 
 Allocators: shard (shardmm, which asks for transparent huge pages under large blocks), mimalloc,
 jemalloc, system (glibc), and when built, shard-nolp (shardmm without huge pages, as the peers run
-by default) and tcmalloc. --peer-thp asks the peers for huge pages through their own settings, for
-the comparison on equal terms; the header line says which way the tables were made, and the kernel's
-huge-page mode.
+by default) and tcmalloc; then the peers built from source (build/peers/*.so) and those of --peer,
+preloaded into large-system. --peer-thp asks the peers for huge pages through their own settings, for
+the comparison on equal terms (a peer built from source by its name's first word: mimalloc-3.4.3 as
+mimalloc; snmalloc and rpmalloc have no such setting); the header line says which way the tables were
+made, and the kernel's huge-page mode.
 
 Each process prints one line, "<scenario> key=value ..."; the runner prints one markdown table per
 scenario on stdout, an allocator per row, with the medians of each quantity and peer/shard of time.
@@ -25,7 +27,7 @@ Progress goes to stderr. A binary that exits non-zero (a content check failed) o
 unexpected stops the whole run with an error.
 
 The method (interleaving, medians, run-by-run ratios and their intervals, page faults beside time,
---variant, --save): bench/README.md.
+the peers built from source, --peer, --variant, --save): bench/README.md.
 
 Standard library only.
 """
@@ -49,6 +51,13 @@ PEER_THP_ENV = {
     "jemalloc": {"MALLOC_CONF": "thp:always"},
     "mimalloc": {"MIMALLOC_LARGE_OS_PAGES": "1"},
 }  # gperftools' tcmalloc has no such setting
+
+
+def thp_setting(args, alloc):
+    """With --peer-thp, the settings that ask `alloc` for huge pages, or {}: a peer built from source
+    (or given by --peer) by its name's first word, a variant (a shardmm build) none."""
+    kind = alloc.split("-")[0] if alloc in args.peers else alloc
+    return PEER_THP_ENV.get(kind, {}) if args.peer_thp else {}
 THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 TIMEOUT_S = 3600  # per process; a hung binary is an error too
 
@@ -216,8 +225,8 @@ def main():
     for run, index, scenario in runner.interleaved(args.runs, args.scenarios):
         for alloc in runner.rotated(allocs, run + index):
             env = args.env.get(alloc)
-            if args.peer_thp and alloc in PEER_THP_ENV:
-                env = dict(os.environ, **PEER_THP_ENV[alloc])
+            if thp_setting(args, alloc):
+                env = dict(env or os.environ, **thp_setting(args, alloc))
             result = run_one(scenario_command(binaries[alloc], scenario, args), scenario, env)
             samples[(scenario, alloc)].append(result)
             extra = f" moves {result['moves_up']:.0f}/{result['moves_down']:.0f}" if scenario == "grow" else ""
@@ -226,9 +235,9 @@ def main():
 
     if BASELINE not in allocs:
         print(f"large.py: note: {BASELINE} not measured, so no ratios", file=sys.stderr)
-    thp = ("peers asked for huge pages (" + "; ".join(" ".join(f"{k}={v}" for k, v in env.items())
-                                                  for a, env in PEER_THP_ENV.items() if a in allocs)
-           + ")" if args.peer_thp else "peers in their default settings")
+    settings = {" ".join(f"{k}={v}" for k, v in thp_setting(args, a).items()) for a in allocs} - {""}
+    thp = (f"peers asked for huge pages ({'; '.join(sorted(settings))})" if args.peer_thp
+           else "peers in their default settings")
     lines = [f"`{runner.command_line()}`: median of {args.runs} runs, scale {args.scale:g}, "
              f"{runner.stamp(started)}, transparent huge pages: {thp_mode()}, {thp}; each (scenario, "
              f"allocator) its own process; peak RSS (ru_maxrss) and page faults (minor + major) of the whole "

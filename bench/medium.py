@@ -9,7 +9,7 @@ allocator, then peer/shard of time for each peer. Progress and the time estimate
 that exits non-zero or prints something unexpected stops the whole run with an error.
 
 The method (interleaving, medians, run-by-run ratios and their intervals, page faults beside time,
---variant, --save): bench/README.md.
+the peers built from source, --peer, --variant, --save): bench/README.md.
 
 Standard library only.
 """

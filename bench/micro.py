@@ -7,8 +7,8 @@ bench/micro.c) as a process of its own for every (run, row, allocator). Each pro
 each allocator, then peer/shard for each peer. Progress goes to stderr. A binary that exits non-zero
 or prints something unexpected stops the whole run with an error.
 
-The method (interleaving, medians, run-by-run ratios and their intervals, --variant, --save):
-bench/README.md.
+The method (interleaving, medians, run-by-run ratios and their intervals, the peers built from source,
+--peer, --variant, --save): bench/README.md.
 
 With --wine it runs the Windows builds instead (<build-dir>/win64/micro-<alloc>.exe: shardmm's DLL and
 the C runtime's malloc, which under Wine is Wine's heap, not Windows's) under /usr/lib/wine/wine64 with
@@ -73,10 +73,8 @@ def parse_args():
                         help="run the Windows builds (<build-dir>/win64/micro-<alloc>.exe) under Wine "
                              "(allocators: " + ",".join(WINE_ALLOCS) + ")")
     args = parser.parse_args()
-    if args.wine and args.variant:
-        parser.error("--variant preloads a Linux library: not with --wine")
     runner.check_options(parser, args, WINE_ALLOCS if args.wine else DEFAULT_ALLOCS,
-                         () if args.wine else OPTIONAL_ALLOCS, "micro")
+                         () if args.wine else OPTIONAL_ALLOCS, "micro", preload=not args.wine)
     args.rows = runner.choose(parser, args.rows, ROWS, "rows")
     return args
 

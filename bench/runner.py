@@ -1,7 +1,8 @@
 """bench/runner.py - what the benchmark runners (bench/run, micro.py, medium.py, large.py, churn.py,
-instr.py, cachesim.py) share: their common options and their checks, the interleaved order of the runs,
-running one benchmark process, the run-by-run ratios with their confidence interval, markdown tables,
-and the report's end: printed, and with --save written to bench/results/DATE-COMMIT.md.
+engines.py, stress.py, instr.py, cachesim.py) share: their common options and their checks, the columns
+that preload a library (--peer, the peers bench/peers built, --variant), the interleaved order of the
+runs, running one benchmark process, the run-by-run ratios with their confidence interval, markdown
+tables, and the report's end: printed, and with --save written to bench/results/DATE-COMMIT.md.
 
 The method these implement is written once, in bench/README.md.
 
@@ -11,6 +12,7 @@ import datetime
 import math
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -23,6 +25,10 @@ RESULTS = os.path.join(REPO, "bench", "results")
 # The peers' Debian packages, whose versions a saved report records (glibc: libc6).
 PACKAGES = {"mimalloc": "libmimalloc-dev", "jemalloc": "libjemalloc-dev",
             "tcmalloc": "libgoogle-perftools-dev", "system (glibc)": "libc6"}
+# Their libraries, for the runners that preload every allocator into one program (engines, stress).
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+PACKAGED = {"mimalloc": f"{LIBDIR}/libmimalloc.so.2", "jemalloc": f"{LIBDIR}/libjemalloc.so.2",
+            "tcmalloc": f"{LIBDIR}/libtcmalloc.so.4"}
 
 
 def fail(message):
@@ -46,6 +52,66 @@ def existing(binaries):
     return binaries
 
 
+def preload_env(library):
+    """Our environment with `library` preloaded: a program's malloc replaced by the library's."""
+    return dict(os.environ, LD_PRELOAD=os.path.abspath(library))
+
+
+def preload_library(build_dir, alloc):
+    """The library that makes `alloc` a program's malloc when preloaded: shardmm's drop-in
+    (<build-dir>/libshardmm.so) or a Debian package's; None for the others (system: glibc's own)."""
+    return os.path.join(build_dir, "libshardmm.so") if alloc == BASELINE else PACKAGED.get(alloc)
+
+
+def preload_allocators(args):
+    """For the runners that run one program under every allocator (engines, stress): each allocator of
+    args.allocs with a library of its own (preload_library) becomes a preloaded column as well, its
+    library and environment put in args.libraries and args.env before the peers'. Stops the runner when
+    such a library is missing."""
+    libraries = {}
+    for alloc in args.allocs:
+        library = preload_library(args.build_dir, alloc)
+        if library is not None:
+            if not os.path.exists(library):
+                fail(f"no {library} for {alloc} (build it with ninja, or install it with .ci/install)")
+            libraries[alloc] = library
+    args.env = {**{alloc: preload_env(library) for alloc, library in libraries.items()}, **args.env}
+    args.libraries = {**libraries, **args.libraries}
+
+
+def peers_dir(build_dir):
+    """<build-dir>/peers: where bench/peers puts the peers it built from source."""
+    return os.path.join(build_dir, "peers")
+
+
+HARDENED = "hardened"  # the subfolder of peers_dir with the peers' hardened builds, for catch.py alone
+
+
+def built_peers(directory):
+    """{name: path} of the libraries NAME.so in `directory` (bench/peers's output), by name."""
+    try:
+        files = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return {}
+    return {f[:-len(".so")]: os.path.join(directory, f) for f in files
+            if f.endswith(".so") and os.path.isfile(os.path.join(directory, f))}
+
+
+def peer_versions(directory):
+    """{file: [peer and version, commit, source, how it was built]} of directory/VERSIONS, the
+    tab-separated lines bench/peers writes (file relative to `directory`); {} without the file."""
+    entries = {}
+    try:
+        with open(os.path.join(directory, "VERSIONS")) as f:
+            for line in f:
+                fields = line.rstrip("\n").split("\t")
+                if len(fields) == 5 and not line.startswith("#"):
+                    entries[fields[0]] = fields[1:]
+    except FileNotFoundError:
+        pass
+    return entries
+
+
 def duration(seconds):
     if seconds < 90:
         return f"{seconds:.0f} s"
@@ -56,9 +122,9 @@ def duration(seconds):
 
 # ---- options ----
 
-def add_options(parser, runs=None, scale_help=None, variants=True):
-    """The options the runners share: --build-dir, --allocs and --save always; --runs when `runs` (its
-    default) is given, --scale when `scale_help` is, --variant unless variants=False."""
+def add_options(parser, runs=None, scale_help=None):
+    """The options the runners share: --build-dir, --allocs, the preloaded columns (--peer, --no-peers,
+    --variant) and --save always; --runs when `runs` (its default) is given, --scale when `scale_help` is."""
     parser.add_argument("--build-dir", default="build",
                         help="directory holding bench/<benchmark>-<alloc> (default: build)")
     if runs is not None:
@@ -68,19 +134,41 @@ def add_options(parser, runs=None, scale_help=None, variants=True):
         parser.add_argument("--scale", type=float, default=1.0, help=scale_help)
     parser.add_argument("--allocs", type=comma_list, default=None,
                         help="comma-separated allocators (default: every one built)")
-    if variants:
-        parser.add_argument("--variant", action="append", default=[], metavar="NAME=LIBRARY",
-                            help="one more column: the system build with LIBRARY (a libshardmm.so, say an "
-                                 "older build) preloaded, compared with shard like a peer; repeatable")
+    parser.add_argument("--peer", action="append", default=[], metavar="NAME=LIBRARY",
+                        help="one more peer column: the system build with LIBRARY (another allocator's "
+                             "preloadable library) preloaded, compared with shard; repeatable")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="no column for each peer built from source, <build-dir>/peers/NAME.so (bench/peers), "
+                             "which are added by default")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=LIBRARY",
+                        help="one more column: the system build with LIBRARY (a libshardmm.so, say an "
+                             "older build) preloaded, compared with shard like a peer; repeatable")
     parser.add_argument("--save", action="store_true",
                         help="also write the report to bench/results/DATE-COMMIT.md, with the command line, "
                              "the machine and the allocators' versions")
 
 
-def check_options(parser, args, defaults, optional=(), bench=None, known=None):
+def named_libraries(parser, specs, option):
+    """{name: library} of the NAME=LIBRARY values of `option`, each name once and each file there."""
+    libraries = {}
+    for spec in specs:
+        name, sep, library = spec.partition("=")
+        if not sep or not name or not library or name in libraries:
+            parser.error(f"{option} {spec!r}: NAME=LIBRARY with a new name")
+        if not os.path.isfile(library):
+            parser.error(f"{option} {spec!r}: no file {library}")
+        libraries[name] = library
+    return libraries
+
+
+def check_options(parser, args, defaults, optional=(), bench=None, known=None, preload=True):
     """Checks the shared options after parse_args. args.allocs: as given, or `defaults` plus those of
     `optional` whose binary of `bench` is built; each named once and, with `known`, one of those.
-    args.env: {variant name: the environment that preloads its library} (empty without --variant)."""
+    The columns that preload a library, after the allocators: the peers (those of --peer and, unless
+    --no-peers, each <build-dir>/peers/NAME.so, a --peer of the same name replacing it), then the
+    variants; args.libraries: {column: its library}, args.peers: the peers' names, args.env: {column: the
+    environment that preloads its library}. preload=False (a program that cannot preload a Linux library):
+    no such column, and --peer or --variant is an error."""
     if getattr(args, "runs", 1) < 1:
         parser.error("--runs must be at least 1")
     if not getattr(args, "scale", 1.0) > 0:
@@ -93,19 +181,23 @@ def check_options(parser, args, defaults, optional=(), bench=None, known=None):
     unknown = [a for a in args.allocs if known is not None and a not in known]
     if unknown:
         parser.error(f"unknown allocators {unknown}; known: {','.join(known)}")
-    args.env = {}
-    for spec in getattr(args, "variant", []):
-        name, sep, library = spec.partition("=")
-        if not sep or not name or not library or name in args.allocs or name in args.env:
-            parser.error(f"--variant {spec!r}: NAME=LIBRARY with a new name")
-        if not os.path.isfile(library):
-            parser.error(f"--variant {spec!r}: no file {library}")
-        args.env[name] = dict(os.environ, LD_PRELOAD=os.path.abspath(library))
+    if not preload and (args.peer or args.variant):
+        parser.error("--peer and --variant preload a Linux library: not here")
+    found = {} if args.no_peers or not preload else built_peers(peers_dir(args.build_dir))
+    peers = {**found, **named_libraries(parser, args.peer, "--peer")}
+    variants = named_libraries(parser, args.variant, "--variant")
+    clash = sorted({name for name in [*peers, *variants] if name in args.allocs or (name in peers and name in variants)})
+    if clash:
+        parser.error(f"--peer / --variant names {clash}: each column needs a name of its own")
+    args.libraries = {**peers, **variants}
+    args.peers = list(peers)
+    args.env = {name: preload_env(library) for name, library in args.libraries.items()}
 
 
 def columns(args, bench, path=binary_path):
-    """The columns of the report, the allocators then the variants, and the binary of each, checked to
-    exist: path(build_dir, bench, alloc), and for a variant the system build (its library preloaded)."""
+    """The columns of the report, the allocators then the peers and variants, and the binary of each,
+    checked to exist: path(build_dir, bench, alloc), and for a peer or variant the system build (its
+    library preloaded)."""
     binaries = existing({a: path(args.build_dir, bench, a) for a in args.allocs + ["system"] * bool(args.env)})
     binaries.update({name: binaries["system"] for name in args.env})
     return args.allocs + list(args.env), binaries
@@ -170,8 +262,27 @@ def run_line(command, timeout_s, env=None, shown=None, statuses=(0,)):
     return done.stdout.replace("\r", "").split(), shown, done.returncode
 
 
+class NotUnderValgrind(Exception):
+    """A peer that fails under valgrind (snmalloc 0.7.5: valgrind cannot give it the 256 GB of address
+    space it reserves at start): instr.py and cachesim.py leave its column out, say why, and go on."""
+
+
+def valgrind_reason(status, stderr):
+    """Why a program failed under valgrind: its exit status and its own first line of stderr
+    (valgrind's lines, ==PID== and --PID--, left out)."""
+    own = next((line for line in stderr.splitlines() if line.strip() and not re.match(r"(==|--)\d+(==|--)", line)), "")
+    return f"exit status {status}" + (f": {own.strip().rstrip('.')}" if own else "")
+
+
+def valgrind_failures(failed):
+    """The report's note on the peers left out ({column: reason}); none when none was."""
+    if not failed:
+        return []
+    return ["", "Left out, failed under valgrind: " + "; ".join(f"{a} ({why})" for a, why in failed.items()) + "."]
+
+
 def preload_shown(command, env):
-    """The command as a shell would run it, with the LD_PRELOAD of a variant in front."""
+    """The command as a shell would run it, with the LD_PRELOAD of a peer or variant in front."""
     prefix = f"LD_PRELOAD={env['LD_PRELOAD']} " if env and "LD_PRELOAD" in env else ""
     return prefix + shlex.join(command)
 
@@ -279,23 +390,50 @@ def machine():
     return f"{cpus} processors (nproc), {model}; {platform.system()} {platform.release()} {platform.version()}"
 
 
-def versions():
-    """The peers' and glibc's Debian package versions (dpkg-query), or why not."""
+def versions(args):
+    """The peers' and glibc's Debian package versions (dpkg-query), or why not; then the lines of
+    <build-dir>/peers/VERSIONS (bench/peers) of the libraries the columns preloaded and of the programs
+    in args.programs (stress.py's test-stress)."""
     found = []
     for what, package in PACKAGES.items():
         version = _output(["dpkg-query", "-W", "-f=${Version}", package])
         found.append(f"{what} {version} ({package})" if version else f"{what}: {package} not installed")
+    built = built_by_peers(args)
+    used = [os.path.realpath(p) for p in list(args.libraries.values()) + getattr(args, "programs", [])]
+    for file, (what, commit, _, how) in sorted(built[path] for path in set(used) if path in built):
+        found.append(f"{file}: {what}, {commit}, built from source: {how}")
     return "; ".join(found)
 
 
+def built_by_peers(args):
+    """{real path: (file, [peer and version, commit, source, how])} of <build-dir>/peers/VERSIONS."""
+    directory = peers_dir(args.build_dir)
+    return {os.path.realpath(os.path.join(directory, file)): (file, fields)
+            for file, fields in peer_versions(directory).items()}
+
+
+def library_lines(args):
+    """The report's last paragraph: the library each column preloads (args.libraries), with the
+    version and commit of those bench/peers built; none without such columns."""
+    if not args.libraries:
+        return []
+    built = built_by_peers(args)
+    parts = []
+    for name, library in args.libraries.items():
+        _, fields = built.get(os.path.realpath(library), (None, None))
+        parts.append(f"`{name}` {library}" + (f" ({fields[0]}, {fields[1][:len('commit ') + 12]})" if fields else ""))
+    return ["", "Libraries preloaded (LD_PRELOAD), by column: " + "; ".join(parts) + "."]
+
+
 def finish(report_lines, args, started, title):
-    """Prints the report (stdout) and, with --save, writes it to bench/results/DATE-COMMIT.md (DATE of
-    the run's start), after a heading, the command line, the machine and the versions; a second report
-    of the same date and commit goes below the first in the same file."""
-    report = "\n".join(report_lines) + "\n"
+    """Prints the report (stdout): report_lines, then the library of each preloaded column
+    (library_lines). With --save, writes it to bench/results/DATE-COMMIT.md (DATE of the run's start),
+    after a heading, the command line, the machine and the versions; a second report of the same date and
+    commit goes below the first in the same file. Returns the report's text."""
+    report = "\n".join(report_lines + library_lines(args)) + "\n"
     print(report, end="", flush=True)  # first: a failure to save loses nothing
     if not getattr(args, "save", False):
-        return None
+        return report
     os.makedirs(RESULTS, exist_ok=True)
     commit = commit_name()
     path = os.path.join(RESULTS, f"{started.strftime('%Y-%m-%d')}-{commit}.md")
@@ -303,8 +441,8 @@ def finish(report_lines, args, started, title):
     section = (f"{head}## {title}, {stamp(started)}\n\n"
                f"Command: `{command_line()}`\n\n"
                f"Machine: {machine()}\n\n"
-               f"Versions: {versions()}\n\n{report}")
+               f"Versions: {versions(args)}\n\n{report}")
     with open(path, "a") as f:
         f.write(section)
     print(f"bench/{os.path.basename(sys.argv[0])}: saved the report in {os.path.relpath(path)}", file=sys.stderr)
-    return path
+    return report
