@@ -457,6 +457,10 @@ BENCHMARKS = [
           doc="large: a buffer grown from 1 MB to 1 GB and back; bursts of 1-64 MB blocks on two threads."),
     Bench("churn", shard=("noreserve",),
           doc="churn: rounds of threads that allocate, hand blocks to the next round and exit."),
+    Bench("shapes",
+          doc="shapes: the allocation patterns where other allocators lead, one scenario each (larson, xmalloc, "
+              "cache-thrash, rptest, ring, strings, ...); -system is also the binary that runner.py's --variant "
+              "preloads other libraries into."),
     Bench("instr", "-g", shard=("purec", "hardened"),
           doc="instr: instruction counts (bench/instr.py runs it under callgrind): shardmm with the NASM and "
               "the C fast paths, and the peers."),

@@ -1,0 +1,1222 @@
+/* bench/shapes.c - the allocation patterns where other allocators lead: one scenario each, a binary per
+ * allocator.
+ *
+ * What it measures: the wall time of a fixed amount of work shaped like a published allocator benchmark
+ * (mimalloc-bench's programs, glibc's and rpmalloc's benchmarks), or like a pattern of our own issue, and
+ * the memory the process took for it. The programs here are our own, written from the benchmarks'
+ * descriptions. A scenario's work at -scale 1 is a total, split evenly between its threads, so a run on 8
+ * threads takes about as long as one on 2 on this 2-core machine, and a row compares allocators, not
+ * thread counts. Scenarios (one function each, scenario_<name>; the constants at their code size them):
+ *
+ *   larson        Larson and Krishnan's server simulation, with the sizes of mimalloc-bench's runs: each
+ *                 thread holds a window of 5000 blocks of 8-1000 bytes (uniform) and replaces random
+ *                 slots: free the block there, allocate a new one. After 10000 replacements a thread
+ *                 starts its successor, hands it the window and exits, so most blocks are freed by a
+ *                 later thread than the one that allocated them; the first windows are filled by the
+ *                 main thread before the clock starts, and emptied by it after the clock stops.
+ *   larson-sized  the same, each free told the block's size (bench_free_sized in allocator.h: the
+ *                 allocator's sized free, or C23's free_sized, or free where there is neither).
+ *   xmalloc       Lever and Boreham's xmalloc-test: producer threads allocate blocks of 16-512 bytes,
+ *                 consumer threads free them. -threads N runs max(1, N/2) pairs, each a producer handing
+ *                 its blocks through a lock-free ring of 4096 to its consumer.
+ *   cache-thrash  Hoard's active false sharing test: each thread allocates an 8-byte object, writes it 2000
+ *                 times, frees it, again; an allocator that gives two threads objects in one cache line
+ *                 makes every write a cache miss.
+ *   cache-scratch Hoard's passive false sharing test: the main thread allocates one 8-byte object per
+ *                 thread, side by side; each thread frees the one it was given, then works as in
+ *                 cache-thrash: an allocator that hands a thread back the freed object shares its line.
+ *   alloc-test    a working set of 4096 slots per thread, random slots replaced by blocks of 8 B - 64 KB
+ *                 with a bias to small (half of them below 32 B, a 50th above 8 KB); an eighth of the
+ *                 replacements resize the block by realloc instead, an eighth only free it.
+ *   glibc-simple  the shape of glibc's bench-malloc-simple: tight loops of one fixed small size at a time
+ *                 (16, 64, 256, 1024 B), allocating 25, 100, 400 or 1600 blocks and freeing them in turn.
+ *   glibc-thread  the shape of glibc's bench-malloc-thread with one fixed small size at a time (16, 64,
+ *                 256, 1024 B): each thread replaces random slots of a working set of 1024 blocks.
+ *   rptest        the shape of rpmalloc's benchmark: each thread holds a working set of 2000 blocks of
+ *                 16 B - 16 KB (log-uniform) and 1 % of 64 KB - 1 MB, replacing random slots; a quarter of
+ *                 the replaced blocks go to the next thread (a ring of 1024 per thread), which frees them.
+ *   malloc-large  mimalloc-bench's malloc-large: 8 slots of blocks of 5-25 MB (uniform), random slots
+ *                 replaced; every page of a block written.
+ *   ring          a ring of threads: each makes blocks of 16 B - 256 KB (97 % 16 B - 16 KB, 3 % 16-256 KB,
+ *                 log-uniform) and hands them to the next through a lock-free ring of 1024; the receiver
+ *                 resizes an eighth of them by realloc first, then frees every one. On one thread the ring
+ *                 closes on itself.
+ *   mixed         one thread churning 8192 slots with every call of the family: malloc, calloc,
+ *                 posix_memalign (16 B - 4 KB alignments) and aligned_alloc (32 B - 4 KB), realloc growing
+ *                 by half and shrinking by half, frees; sizes 16 B - 4 MB (94.9 % up to 4 KB, 5 % 4-256
+ *                 KB, 0.1 % 256 KB - 4 MB, log-uniform within each band).
+ *   strings       a runtime building large strings and arrays: a string appended to piece by piece (16-256
+ *                 bytes), its buffer grown by realloc to 1.5 times when full, up to 1 KB - 4 MB; an array
+ *                 of pointers to 16-128-byte objects grown by doubling, up to 16-65536 elements; the 16
+ *                 newest of each kept, the older dropped. Peak RSS counts here.
+ * mimalloc-bench's mstress is bench/churn.c. Scenarios that do not hand blocks between threads run
+ * independent copies on -threads N, each with its share of the work.
+ *
+ * How: the same source is compiled once per allocator, chosen by one ALLOC_* define (allocator.h); the
+ * system build is also the one a runner preloads other libraries into. The threads meet the main thread
+ * at a barrier; the time is from the first thread's start after it to the last thread's end, each read
+ * by the thread itself (larson: from the main thread starting the first threads to its joining the last
+ * thread of every window, thread starts and exits included). Every thread draws from its own xorshift64*
+ * generator, seeded by the scenario and the thread's index, so the work does not depend on the allocator.
+ *
+ * Checking: every block is filled with a pattern of 64-bit words derived from a per-block cookie and the
+ * word's index - its first 4 words, one word per 4 KB page and its last word (so every page is used) -
+ * and checked before its free, and after a realloc over the part that was kept; calloc's blocks are
+ * checked zero at those words first, aligned blocks for their alignment; strings are checked a byte per
+ * 4 KB and at both ends; cache-thrash's objects for the sum of their writes. Each block that fails counts
+ * one error; any error makes the exit status 1. (Debian 12's mimalloc 2.0.9 fails mixed: its
+ * mi_aligned_alloc and mi_posix_memalign return blocks misaligned for 256-1024-byte alignments when the
+ * size is a multiple of the alignment, about a third of them; mimalloc 2.4.1 preloaded does not.)
+ *
+ * Usage: shapes-<alloc> <scenario> [-threads N] [-scale F]   (N: the scenario's default, up to 1024)
+ *        shapes-<alloc> -list                                  (the scenario names, one a line)
+ *   -scale multiplies the scenario's work. At scale 1 each scenario takes 0.2-1.5 s on its default
+ *   threads with glibc's malloc on the 2-core VM this was written on.
+ *   Prints one line on stdout, "shapes <scenario> ms peak_rss_mb minor_faults errors": wall ms of the
+ *   work, peak RSS of the program in MB (VmHWM of /proc/self/status: getrusage's ru_maxrss would also
+ *   count the process before its exec, a runner's Python of 16 MB), minor page faults of the whole
+ *   process (getrusage ru_minflt) and the number of blocks that failed a check. Errors go to stderr:
+ *   bad arguments with exit status 2, failed checks and failed allocations 1.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#define BENCH_NAME "shapes"
+#include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
+#include "options.h"   /* -name value options */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+/* ---- Parameters ---- */
+
+#define MAX_THREADS 1024
+#define HEAD_WORDS 4               /* words of pattern at a block's start */
+#define PAGE_WORDS (4096 / 8)      /* one word of pattern per 4 KB page */
+#define CACHE_LINE 64
+#define SEED 0x7368617065733031u   /* "shapes01": the base of every thread's seed */
+
+/* ---- Helpers ---- */
+
+__attribute__((noreturn, cold)) static void fail(const char *what, int err)
+{
+    fprintf(stderr, "shapes: %s: %s\n", what, strerror(err));
+    exit(1);
+}
+
+/* splitmix64 step: spreads a (scenario, thread) pair into a seed. */
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15u;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+/* xorshift64*: the generator of one thread (state never 0). */
+static inline uint64_t rng_next(uint64_t *state)
+{
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return x * 0x2545f4914f6cdd1du;
+}
+
+/* A number in [0, n), n below 2^32 (the high half of the draw, multiplied: no division). */
+static inline size_t rng_below(uint64_t *state, size_t n)
+{
+    return (size_t)(((rng_next(state) >> 32) * (uint64_t)n) >> 32);
+}
+
+static inline size_t rng_between(uint64_t *state, size_t lo, size_t hi) /* [lo, hi] */
+{
+    return lo + rng_below(state, hi - lo + 1);
+}
+
+/* A size mix: bands, each a share of the blocks and a range [2^lo, 2^hi) drawn log-uniformly (an
+ * exponent e uniform in [lo, hi), then a size uniform in [2^e, 2^(e+1))), as bench/churn.c draws. */
+struct band {
+    unsigned per_1000;             /* share of the blocks; a mix's shares add up to 1000 */
+    unsigned lo, hi;
+};
+
+static inline size_t draw_size(const struct band *b, uint64_t *rng)
+{
+    uint64_t x = rng_next(rng);
+    unsigned pick = (unsigned)((x >> 40) % 1000);
+    while (pick >= b->per_1000) {
+        pick -= b->per_1000;
+        b++;
+    }
+    unsigned e = b->lo + (unsigned)((x >> 32 & 0xff) % (b->hi - b->lo));
+    size_t base = (size_t)1 << e;
+    return base + (size_t)((x & 0xffffffffu) % base);
+}
+
+/* ---- Blocks and their pattern ---- */
+
+struct block {
+    uint64_t *p;                   /* NULL: empty */
+    uint32_t size;                 /* bytes asked for, at least 8 */
+    uint32_t cookie;
+};
+
+static inline uint64_t pattern(uint32_t cookie, size_t word)
+{
+    return ((uint64_t)cookie << 32 | (uint32_t)word) * 0x9e3779b97f4a7c15u;
+}
+
+/* The words of a block's pattern: 0 .. HEAD_WORDS-1, every PAGE_WORDS-th, and the last. */
+static inline void fill(uint64_t *w, size_t size, uint32_t cookie)
+{
+    size_t n = size / 8;
+    for (size_t i = 0; i < HEAD_WORDS && i < n; i++)
+        w[i] = pattern(cookie, i);
+    for (size_t i = PAGE_WORDS; i < n; i += PAGE_WORDS)
+        w[i] = pattern(cookie, i);
+    w[n - 1] = pattern(cookie, n - 1);
+}
+
+/* 1 when a word of the pattern among the first `kept` bytes of a block of `size` bytes is wrong. */
+static inline int check_kept(const uint64_t *w, size_t size, size_t kept, uint32_t cookie)
+{
+    size_t n = size / 8, k = (kept < size ? kept : size) / 8;
+    uint64_t bad = 0;
+    for (size_t i = 0; i < HEAD_WORDS && i < k; i++)
+        bad |= w[i] ^ pattern(cookie, i);
+    for (size_t i = PAGE_WORDS; i < k; i += PAGE_WORDS)
+        bad |= w[i] ^ pattern(cookie, i);
+    if (n - 1 < k)
+        bad |= w[n - 1] ^ pattern(cookie, n - 1);
+    return bad != 0;
+}
+
+static inline int check(const uint64_t *w, size_t size, uint32_t cookie)
+{
+    return check_kept(w, size, size, cookie);
+}
+
+/* 1 when a word calloc must have zeroed, at the pattern's places, is not zero. */
+static inline int check_zero(const uint64_t *w, size_t size)
+{
+    size_t n = size / 8;
+    uint64_t bad = 0;
+    for (size_t i = 0; i < HEAD_WORDS && i < n; i++)
+        bad |= w[i];
+    for (size_t i = PAGE_WORDS; i < n; i += PAGE_WORDS)
+        bad |= w[i];
+    return (bad | w[n - 1]) != 0;
+}
+
+/* A new block of `size` bytes (at least 8) in b, filled. */
+static inline void make(struct block *b, size_t size, uint64_t *rng)
+{
+    b->p = alloc_block(size);
+    b->size = (uint32_t)size;
+    b->cookie = (uint32_t)rng_next(rng);
+    fill(b->p, size, b->cookie);
+}
+
+/* Checks and frees b's block (there is one); returns 1 when its check failed. */
+static inline int release(struct block *b)
+{
+    int bad = check(b->p, b->size, b->cookie);
+    bench_free(b->p);
+    b->p = NULL;
+    return bad;
+}
+
+static inline int release_sized(struct block *b)
+{
+    int bad = check(b->p, b->size, b->cookie);
+    bench_free_sized(b->p, b->size);
+    b->p = NULL;
+    return bad;
+}
+
+/* Resizes b's block by realloc, checks the part kept and fills the rest; returns 1 when the check failed. */
+static inline int resize(struct block *b, size_t size)
+{
+    uint64_t *p = bench_realloc(b->p, size);
+    if (__builtin_expect(p == NULL, 0))
+        out_of_memory(size);
+    int bad = check_kept(p, b->size, size, b->cookie);
+    b->p = p;
+    b->size = (uint32_t)size;
+    fill(p, size, b->cookie);
+    return bad;
+}
+
+/* ---- Threads ---- */
+
+/* One thread of a scenario; its own cache lines, so that the harness shares none between threads. */
+struct worker {
+    pthread_t id;
+    int index;
+    long share;                    /* its part of the scenario's work (steps, blocks, rounds) */
+    uint64_t rng;
+    long errors;
+    struct queue *in, *out;        /* the rings it receives from and sends to, where the scenario has them */
+    struct block given;            /* cache-scratch: the object the main thread gave it */
+    uint64_t started, finished;    /* now_ns() after the start barrier and after its work */
+} __attribute__((aligned(2 * CACHE_LINE)));
+
+static long threads;               /* -threads */
+static struct worker *workers;     /* `threads` of them, made by main */
+static pthread_barrier_t start_line;
+
+static void barrier_wait(pthread_barrier_t *b)
+{
+    int e = pthread_barrier_wait(b);
+    if (e != 0 && e != PTHREAD_BARRIER_SERIAL_THREAD)
+        fail("pthread_barrier_wait", e);
+}
+
+static void (*thread_work)(struct worker *);
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    barrier_wait(&start_line);
+    w->started = now_ns();
+    thread_work(w);
+    w->finished = now_ns();
+    return NULL;
+}
+
+/* Runs work on every worker, each on a thread of its own; returns the ms from the first thread's start
+ * to the last one's end. Each thread reads the clock itself: with more threads than cores, the main
+ * thread may not run again, to read it, before some worker has finished. */
+static double run_team(void (*work)(struct worker *))
+{
+    thread_work = work;
+    int e = pthread_barrier_init(&start_line, NULL, (unsigned)threads + 1);
+    if (e != 0)
+        fail("pthread_barrier_init", e);
+    for (long i = 0; i < threads; i++)
+        if ((e = pthread_create(&workers[i].id, NULL, worker_main, &workers[i])) != 0)
+            fail("pthread_create", e);
+    barrier_wait(&start_line);
+    uint64_t t0 = UINT64_MAX, t1 = 0;
+    for (long i = 0; i < threads; i++) {
+        if ((e = pthread_join(workers[i].id, NULL)) != 0)
+            fail("pthread_join", e);
+        t0 = workers[i].started < t0 ? workers[i].started : t0;
+        t1 = workers[i].finished > t1 ? workers[i].finished : t1;
+    }
+    pthread_barrier_destroy(&start_line);
+    return (double)(t1 - t0) / 1e6;
+}
+
+/* ---- Rings between threads ----
+ * A bounded lock-free ring of blocks with one sender and one receiver. Each side keeps its position and
+ * what it last saw of the other's, and publishes its own every RING_BATCH blocks (and when it would wait),
+ * so the two share a cache line once per batch rather than per block. */
+
+#define RING_BATCH 32
+
+struct queue {
+    _Alignas(CACHE_LINE) _Atomic size_t tail;  /* blocks sent so far (published) */
+    _Alignas(CACHE_LINE) _Atomic size_t head;  /* blocks received so far (published) */
+    _Atomic int done;                          /* the sender has sent its last block */
+    _Alignas(CACHE_LINE) size_t sent, head_seen;         /* the sender's */
+    _Alignas(CACHE_LINE) size_t received, tail_seen;     /* the receiver's */
+    _Alignas(CACHE_LINE) struct block *slots;
+    size_t mask;
+};
+
+static struct queue *queues_make(long count, size_t slots)
+{
+    struct queue *q = aligned_alloc(CACHE_LINE, (size_t)count * sizeof *q);
+    if (q == NULL)
+        out_of_memory((size_t)count * sizeof *q);
+    memset(q, 0, (size_t)count * sizeof *q);
+    for (long i = 0; i < count; i++) {
+        q[i].slots = calloc(slots, sizeof *q[i].slots);
+        if (q[i].slots == NULL)
+            out_of_memory(slots * sizeof *q[i].slots);
+        q[i].mask = slots - 1;
+    }
+    return q;
+}
+
+static void queues_free(struct queue *q, long count)
+{
+    for (long i = 0; i < count; i++)
+        free(q[i].slots);
+    free(q);
+}
+
+static inline void ring_publish(struct queue *q)
+{
+    atomic_store_explicit(&q->tail, q->sent, memory_order_release);
+}
+
+/* Puts b in the ring; false when it is full (b stays the caller's). */
+static inline bool ring_send(struct queue *q, struct block b)
+{
+    if (q->sent - q->head_seen > q->mask) {
+        q->head_seen = atomic_load_explicit(&q->head, memory_order_acquire);
+        if (q->sent - q->head_seen > q->mask) {
+            ring_publish(q);
+            return false;
+        }
+    }
+    q->slots[q->sent & q->mask] = b;
+    if (++q->sent % RING_BATCH == 0)
+        ring_publish(q);
+    return true;
+}
+
+/* The sender's last block is in: publish, and say so. */
+static void ring_close(struct queue *q)
+{
+    ring_publish(q);
+    atomic_store_explicit(&q->done, 1, memory_order_release);
+}
+
+/* Takes the next block into *b; false when there is none published. */
+static inline bool ring_receive(struct queue *q, struct block *b)
+{
+    if (q->received == q->tail_seen) {
+        atomic_store_explicit(&q->head, q->received, memory_order_release);
+        q->tail_seen = atomic_load_explicit(&q->tail, memory_order_acquire);
+        if (q->received == q->tail_seen)
+            return false;
+    }
+    *b = q->slots[q->received & q->mask];
+    if (++q->received % RING_BATCH == 0)
+        atomic_store_explicit(&q->head, q->received, memory_order_release);
+    return true;
+}
+
+/* Sends b, receiving (with `take`) what arrives for w meanwhile when the ring is full. */
+static void send_waiting(struct worker *w, struct block b, long (*take)(struct worker *))
+{
+    while (!ring_send(w->out, b))
+        if (take(w) == 0)
+            sched_yield();
+}
+
+/* After w's last send: receives (with `take`) until the sender to w has closed its ring and it is empty. */
+static void drain_to_end(struct worker *w, long (*take)(struct worker *))
+{
+    ring_close(w->out);
+    for (;;) {
+        int closed = atomic_load_explicit(&w->in->done, memory_order_acquire);
+        if (take(w) == 0) {
+            if (closed)
+                return;
+            sched_yield();
+        }
+    }
+}
+
+/* Sets each worker's rings: thread i sends to thread i+1, the last to the first. */
+static struct queue *ring_of_threads(size_t slots)
+{
+    struct queue *q = queues_make(threads, slots);
+    for (long i = 0; i < threads; i++) {
+        workers[i].out = &q[i];
+        workers[i].in = &q[(i + threads - 1) % threads];
+    }
+    return q;
+}
+
+/* ---- larson ---- */
+
+#define LARSON_STEPS 4000000L      /* replacements in all, at scale 1 */
+#define LARSON_WINDOW 5000         /* blocks a thread holds */
+#define LARSON_HANDOVER 10000      /* replacements before a thread hands its window on */
+#define LARSON_MIN 8
+#define LARSON_MAX 1000
+
+/* A window and the chain of threads that work on it, one after the other. */
+struct lineage {
+    struct block *window;
+    long generation, generations, steps;   /* steps: replacements per generation */
+    uint64_t seed;
+    long errors;
+    bool sized;                             /* larson-sized: free with the size */
+    pthread_t previous;                     /* the thread that started this one, to join */
+    pthread_t last;                         /* the last generation's thread, for main to join */
+} __attribute__((aligned(2 * CACHE_LINE)));
+
+static pthread_mutex_t larson_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t larson_finished = PTHREAD_COND_INITIALIZER;
+static long larson_done;
+
+static void *larson_thread(void *arg)
+{
+    struct lineage *l = arg;
+    int e;
+    if (l->generation > 0 && (e = pthread_join(l->previous, NULL)) != 0)
+        fail("pthread_join", e);
+    uint64_t rng = mix64(l->seed ^ (uint64_t)l->generation) | 1;
+    long errors = 0;
+    for (long i = 0; i < l->steps; i++) {
+        struct block *b = &l->window[rng_below(&rng, LARSON_WINDOW)];
+        errors += l->sized ? release_sized(b) : release(b);
+        make(b, rng_between(&rng, LARSON_MIN, LARSON_MAX), &rng);
+    }
+    l->errors += errors;
+    if (++l->generation < l->generations) {
+        pthread_t next;
+        l->previous = pthread_self();
+        if ((e = pthread_create(&next, NULL, larson_thread, l)) != 0)
+            fail("pthread_create", e);
+        return NULL;
+    }
+    l->last = pthread_self();
+    pthread_mutex_lock(&larson_lock);
+    larson_done++;
+    pthread_cond_signal(&larson_finished);
+    pthread_mutex_unlock(&larson_lock);
+    return NULL;
+}
+
+static double larson_run(double scale, long *errors, bool sized)
+{
+    double total = (double)LARSON_STEPS * scale / (double)threads;
+    long per_thread = total < 1 ? 1 : (long)total;
+    long generations = (per_thread + LARSON_HANDOVER - 1) / LARSON_HANDOVER;
+    struct lineage *lines = aligned_alloc(2 * CACHE_LINE, (size_t)threads * sizeof *lines);
+    if (lines == NULL)
+        out_of_memory((size_t)threads * sizeof *lines);
+    uint64_t rng = mix64(SEED ^ (sized ? 2 : 1)) | 1;
+    for (long i = 0; i < threads; i++) { /* untimed: the main thread fills every window */
+        struct lineage *l = &lines[i];
+        *l = (struct lineage){.generations = generations, .steps = per_thread / generations,
+                              .seed = mix64(SEED ^ (uint64_t)i << 32), .sized = sized};
+        l->window = calloc(LARSON_WINDOW, sizeof *l->window);
+        if (l->window == NULL)
+            out_of_memory(LARSON_WINDOW * sizeof *l->window);
+        for (size_t k = 0; k < LARSON_WINDOW; k++)
+            make(&l->window[k], rng_between(&rng, LARSON_MIN, LARSON_MAX), &rng);
+    }
+    larson_done = 0;
+    uint64_t t0 = now_ns();
+    for (long i = 0; i < threads; i++) {
+        pthread_t first;
+        int e = pthread_create(&first, NULL, larson_thread, &lines[i]);
+        if (e != 0)
+            fail("pthread_create", e);
+    }
+    pthread_mutex_lock(&larson_lock);
+    while (larson_done < threads)
+        pthread_cond_wait(&larson_finished, &larson_lock);
+    pthread_mutex_unlock(&larson_lock);
+    for (long i = 0; i < threads; i++) {
+        int e = pthread_join(lines[i].last, NULL);
+        if (e != 0)
+            fail("pthread_join", e);
+    }
+    uint64_t t1 = now_ns();
+    for (long i = 0; i < threads; i++) { /* untimed: the main thread empties the windows */
+        *errors += lines[i].errors;
+        for (size_t k = 0; k < LARSON_WINDOW; k++)
+            *errors += release(&lines[i].window[k]);
+        free(lines[i].window);
+    }
+    free(lines);
+    return (double)(t1 - t0) / 1e6;
+}
+
+static double scenario_larson(double scale, long *errors) { return larson_run(scale, errors, false); }
+static double scenario_larson_sized(double scale, long *errors) { return larson_run(scale, errors, true); }
+
+/* ---- xmalloc ---- */
+
+#define XMALLOC_BLOCKS 6000000L    /* blocks in all, at scale 1 */
+#define XMALLOC_RING 4096
+static const struct band xmalloc_sizes[] = {{1000, 4, 9}};
+
+static long xmalloc_take(struct worker *w)
+{
+    struct block b;
+    long n = 0;
+    while (ring_receive(w->in, &b)) {
+        w->errors += release(&b);
+        n++;
+    }
+    return n;
+}
+
+static long take_nothing(struct worker *w)
+{
+    (void)w;
+    return 0;
+}
+
+static void xmalloc_thread(struct worker *w)
+{
+    if (w->out != NULL) { /* a producer */
+        for (long i = 0; i < w->share; i++) {
+            struct block b;
+            make(&b, draw_size(xmalloc_sizes, &w->rng), &w->rng);
+            send_waiting(w, b, take_nothing);
+        }
+        ring_close(w->out);
+        return;
+    }
+    for (;;) { /* a consumer */
+        int closed = atomic_load_explicit(&w->in->done, memory_order_acquire);
+        if (xmalloc_take(w) == 0) {
+            if (closed)
+                return;
+            sched_yield();
+        }
+    }
+}
+
+static double scenario_xmalloc(double scale, long *errors)
+{
+    (void)errors;
+    long pairs = threads / 2 > 1 ? threads / 2 : 1;
+    threads = 2 * pairs;
+    struct queue *q = queues_make(pairs, XMALLOC_RING);
+    double share = (double)XMALLOC_BLOCKS * scale / (double)pairs;
+    for (long i = 0; i < pairs; i++) {
+        workers[2 * i].out = &q[i];
+        workers[2 * i].share = share < 1 ? 1 : (long)share;
+        workers[2 * i + 1].in = &q[i];
+    }
+    double ms = run_team(xmalloc_thread);
+    queues_free(q, pairs);
+    return ms;
+}
+
+/* ---- cache-thrash and cache-scratch ---- */
+
+#define CACHE_OBJECTS 500000L      /* objects in all, at scale 1 */
+#define CACHE_WRITES 2000          /* writes to each */
+#define CACHE_OBJECT_SIZE 8
+
+/* Allocates, writes and frees w->share objects; returns the errors. */
+static long cache_objects(struct worker *w)
+{
+    long errors = 0;
+    for (long i = 0; i < w->share; i++) {
+        volatile uint64_t *p = alloc_block(CACHE_OBJECT_SIZE);
+        uint64_t start = rng_next(&w->rng);
+        *p = start;
+        for (int k = 0; k < CACHE_WRITES; k++)
+            *p = *p + 1;
+        errors += *p != start + CACHE_WRITES;
+        bench_free((void *)p);
+    }
+    return errors;
+}
+
+static void thrash_thread(struct worker *w) { w->errors += cache_objects(w); }
+
+static void scratch_thread(struct worker *w)
+{
+    w->errors += release(&w->given);
+    w->errors += cache_objects(w);
+}
+
+static void cache_share(double scale)
+{
+    double share = (double)CACHE_OBJECTS * scale / (double)threads;
+    for (long i = 0; i < threads; i++)
+        workers[i].share = share < 1 ? 1 : (long)share;
+}
+
+static double scenario_cache_thrash(double scale, long *errors)
+{
+    (void)errors;
+    cache_share(scale);
+    return run_team(thrash_thread);
+}
+
+static double scenario_cache_scratch(double scale, long *errors)
+{
+    (void)errors;
+    cache_share(scale);
+    uint64_t rng = mix64(SEED ^ 3) | 1;
+    for (long i = 0; i < threads; i++) /* untimed: the main thread's objects, one after the other */
+        make(&workers[i].given, CACHE_OBJECT_SIZE, &rng);
+    return run_team(scratch_thread);
+}
+
+/* ---- alloc-test ---- */
+
+#define ALLOC_TEST_STEPS 6000000L  /* steps in all, at scale 1 */
+#define ALLOC_TEST_SLOTS 4096
+static const struct band alloc_test_sizes[] = {{500, 3, 5}, {250, 5, 7}, {150, 7, 10}, {80, 10, 13},
+                                               {20, 13, 16}};
+
+static void alloc_test_thread(struct worker *w)
+{
+    struct block *slots = calloc(ALLOC_TEST_SLOTS, sizeof *slots);
+    if (slots == NULL)
+        out_of_memory(ALLOC_TEST_SLOTS * sizeof *slots);
+    long errors = 0;
+    for (long i = 0; i < w->share; i++) {
+        uint64_t x = rng_next(&w->rng);
+        struct block *b = &slots[(x >> 32) % ALLOC_TEST_SLOTS];
+        unsigned what = x >> 8 & 7; /* 0: resize, 1: free only, else replace */
+        if (b->p != NULL && what == 0) {
+            errors += resize(b, draw_size(alloc_test_sizes, &w->rng));
+            continue;
+        }
+        if (b->p != NULL)
+            errors += release(b);
+        if (what != 1)
+            make(b, draw_size(alloc_test_sizes, &w->rng), &w->rng);
+    }
+    for (size_t k = 0; k < ALLOC_TEST_SLOTS; k++)
+        if (slots[k].p != NULL)
+            errors += release(&slots[k]);
+    free(slots);
+    w->errors += errors;
+}
+
+static double scenario_alloc_test(double scale, long *errors)
+{
+    (void)errors;
+    double share = (double)ALLOC_TEST_STEPS * scale / (double)threads;
+    for (long i = 0; i < threads; i++)
+        workers[i].share = share < 1 ? 1 : (long)share;
+    return run_team(alloc_test_thread);
+}
+
+/* ---- glibc-simple and glibc-thread ---- */
+
+#define GLIBC_SIMPLE_BLOCKS 12000000L  /* blocks in all, at scale 1 */
+#define GLIBC_THREAD_BLOCKS 40000000L  /* replacements in all, at scale 1 */
+#define GLIBC_WORKING_SET 1024     /* glibc-thread's slots per thread */
+static const size_t glibc_sizes[] = {16, 64, 256, 1024};
+static const size_t glibc_counts[] = {25, 100, 400, 1600};
+#define GLIBC_SIZES (sizeof glibc_sizes / sizeof glibc_sizes[0])
+#define GLIBC_COUNTS (sizeof glibc_counts / sizeof glibc_counts[0])
+
+/* The tight loops write and check two words of a block: its first and its last. */
+static inline uint64_t *glibc_make(size_t size, uint64_t tag)
+{
+    uint64_t *p = alloc_block(size);
+    p[0] = tag;
+    p[size / 8 - 1] = ~tag;
+    return p;
+}
+
+static inline int glibc_free(uint64_t *p, size_t size, uint64_t tag)
+{
+    int bad = p[0] != tag || p[size / 8 - 1] != ~tag;
+    bench_free(p);
+    return bad;
+}
+
+static void glibc_simple_thread(struct worker *w)
+{
+    uint64_t *blocks[1600];
+    long errors = 0;
+    long per_phase = w->share / (long)(GLIBC_SIZES * GLIBC_COUNTS);
+    for (size_t s = 0; s < GLIBC_SIZES; s++)
+        for (size_t c = 0; c < GLIBC_COUNTS; c++) {
+            size_t size = glibc_sizes[s], count = glibc_counts[c];
+            long reps = per_phase / (long)count > 0 ? per_phase / (long)count : 1;
+            uint64_t tag = rng_next(&w->rng);
+            for (long r = 0; r < reps; r++) {
+                for (size_t i = 0; i < count; i++)
+                    blocks[i] = glibc_make(size, tag + i);
+                for (size_t i = 0; i < count; i++)
+                    errors += glibc_free(blocks[i], size, tag + i);
+            }
+        }
+    w->errors += errors;
+}
+
+static void glibc_thread_thread(struct worker *w)
+{
+    uint64_t *blocks[GLIBC_WORKING_SET];
+    long errors = 0;
+    long per_size = w->share / (long)GLIBC_SIZES;
+    for (size_t s = 0; s < GLIBC_SIZES; s++) {
+        size_t size = glibc_sizes[s];
+        uint64_t tags[GLIBC_WORKING_SET];
+        for (size_t i = 0; i < GLIBC_WORKING_SET; i++)
+            blocks[i] = glibc_make(size, tags[i] = rng_next(&w->rng));
+        for (long r = 0; r < per_size; r++) {
+            size_t i = rng_below(&w->rng, GLIBC_WORKING_SET);
+            errors += glibc_free(blocks[i], size, tags[i]);
+            blocks[i] = glibc_make(size, ++tags[i]);
+        }
+        for (size_t i = 0; i < GLIBC_WORKING_SET; i++)
+            errors += glibc_free(blocks[i], size, tags[i]);
+    }
+    w->errors += errors;
+}
+
+static void glibc_share(long blocks, double scale)
+{
+    double share = (double)blocks * scale / (double)threads;
+    for (long i = 0; i < threads; i++)
+        workers[i].share = share < 1 ? 1 : (long)share;
+}
+
+static double scenario_glibc_simple(double scale, long *errors)
+{
+    (void)errors;
+    glibc_share(GLIBC_SIMPLE_BLOCKS, scale);
+    return run_team(glibc_simple_thread);
+}
+
+static double scenario_glibc_thread(double scale, long *errors)
+{
+    (void)errors;
+    glibc_share(GLIBC_THREAD_BLOCKS, scale);
+    return run_team(glibc_thread_thread);
+}
+
+/* ---- rptest ---- */
+
+#define RPTEST_STEPS 2000000L      /* replacements in all, at scale 1 */
+#define RPTEST_SLOTS 2000
+#define RPTEST_RING 1024
+#define RPTEST_TAKE_EVERY 32       /* steps between looks at the ring from the previous thread */
+static const struct band rptest_sizes[] = {{990, 4, 14}, {10, 16, 20}};
+
+static long rptest_take(struct worker *w)
+{
+    struct block b;
+    long n = 0;
+    while (ring_receive(w->in, &b)) {
+        w->errors += release(&b);
+        n++;
+    }
+    return n;
+}
+
+static void rptest_thread(struct worker *w)
+{
+    struct block *slots = calloc(RPTEST_SLOTS, sizeof *slots);
+    if (slots == NULL)
+        out_of_memory(RPTEST_SLOTS * sizeof *slots);
+    for (long i = 0; i < w->share; i++) {
+        uint64_t x = rng_next(&w->rng);
+        struct block *b = &slots[(x >> 32) % RPTEST_SLOTS];
+        if (b->p != NULL && (x >> 8 & 3) == 0) /* a quarter go to the next thread */
+            send_waiting(w, *b, rptest_take);
+        else if (b->p != NULL)
+            w->errors += release(b);
+        make(b, draw_size(rptest_sizes, &w->rng), &w->rng);
+        if (i % RPTEST_TAKE_EVERY == 0)
+            rptest_take(w);
+    }
+    for (size_t k = 0; k < RPTEST_SLOTS; k++)
+        if (slots[k].p != NULL)
+            w->errors += release(&slots[k]);
+    free(slots);
+    drain_to_end(w, rptest_take);
+}
+
+static double scenario_rptest(double scale, long *errors)
+{
+    (void)errors;
+    struct queue *q = ring_of_threads(RPTEST_RING);
+    double share = (double)RPTEST_STEPS * scale / (double)threads;
+    for (long i = 0; i < threads; i++)
+        workers[i].share = share < 1 ? 1 : (long)share;
+    double ms = run_team(rptest_thread);
+    queues_free(q, threads);
+    return ms;
+}
+
+/* ---- malloc-large ---- */
+
+#define LARGE_STEPS 300L           /* replacements in all, at scale 1 */
+#define LARGE_SLOTS 8
+#define LARGE_MIN (5u << 20)
+#define LARGE_MAX (25u << 20)
+
+static void malloc_large_thread(struct worker *w)
+{
+    struct block slots[LARGE_SLOTS] = {{0}};
+    for (long i = 0; i < w->share; i++) {
+        struct block *b = &slots[rng_below(&w->rng, LARGE_SLOTS)];
+        if (b->p != NULL)
+            w->errors += release(b);
+        make(b, rng_between(&w->rng, LARGE_MIN, LARGE_MAX), &w->rng);
+    }
+    for (size_t k = 0; k < LARGE_SLOTS; k++)
+        if (slots[k].p != NULL)
+            w->errors += release(&slots[k]);
+}
+
+static double scenario_malloc_large(double scale, long *errors)
+{
+    (void)errors;
+    double share = (double)LARGE_STEPS * scale / (double)threads;
+    for (long i = 0; i < threads; i++)
+        workers[i].share = share < 1 ? 1 : (long)share;
+    return run_team(malloc_large_thread);
+}
+
+/* ---- ring ---- */
+
+#define RING_BLOCKS 2000000L       /* blocks in all, at scale 1 */
+#define RING_SLOTS 1024
+#define RING_TAKE_EVERY 32         /* blocks made between looks at the ring from the previous thread */
+static const struct band ring_sizes[] = {{970, 4, 14}, {30, 14, 18}};
+
+static long ring_take(struct worker *w)
+{
+    struct block b;
+    long n = 0;
+    while (ring_receive(w->in, &b)) {
+        if (rng_below(&w->rng, 8) == 0)
+            w->errors += resize(&b, draw_size(ring_sizes, &w->rng));
+        w->errors += release(&b);
+        n++;
+    }
+    return n;
+}
+
+static void ring_thread(struct worker *w)
+{
+    for (long i = 0; i < w->share; i++) {
+        struct block b;
+        make(&b, draw_size(ring_sizes, &w->rng), &w->rng);
+        send_waiting(w, b, ring_take);
+        if (i % RING_TAKE_EVERY == 0)
+            ring_take(w);
+    }
+    drain_to_end(w, ring_take);
+}
+
+static double scenario_ring(double scale, long *errors)
+{
+    (void)errors;
+    struct queue *q = ring_of_threads(RING_SLOTS);
+    double share = (double)RING_BLOCKS * scale / (double)threads;
+    for (long i = 0; i < threads; i++)
+        workers[i].share = share < 1 ? 1 : (long)share;
+    double ms = run_team(ring_thread);
+    queues_free(q, threads);
+    return ms;
+}
+
+/* ---- mixed ---- */
+
+#define MIXED_STEPS 1500000L       /* steps in all, at scale 1 */
+#define MIXED_SLOTS 8192
+#define MIXED_MAX (8u << 20)       /* realloc grows a block up to this */
+static const struct band mixed_sizes[] = {{949, 4, 12}, {50, 12, 18}, {1, 18, 22}};
+
+/* A new block for b by one of the family's calls; returns 1 when calloc's zeros or an alignment are wrong. */
+static int mixed_make(struct block *b, uint64_t *rng)
+{
+    size_t size = draw_size(mixed_sizes, rng);
+    unsigned call = (unsigned)rng_below(rng, 20); /* 12 malloc, 3 calloc, 3 posix_memalign, 2 aligned_alloc */
+    void *p;
+    int bad = 0;
+    if (call < 12) {
+        p = alloc_block(size);
+    } else if (call < 15) {
+        p = bench_calloc(1, size);
+        if (p == NULL)
+            out_of_memory(size);
+        bad = check_zero(p, size);
+    } else {
+        size_t align = (size_t)(call < 18 ? 16 : 32) << rng_below(rng, call < 18 ? 9 : 8);
+        if (call < 18) {
+            if (bench_posix_memalign(&p, align, size) != 0)
+                out_of_memory(size);
+        } else {
+            size = (size + align - 1) & ~(align - 1); /* C11 asks for a multiple of the alignment */
+            if ((p = bench_aligned_alloc(align, size)) == NULL)
+                out_of_memory(size);
+        }
+        bad = ((uintptr_t)p & (align - 1)) != 0;
+    }
+    b->p = p;
+    b->size = (uint32_t)size;
+    b->cookie = (uint32_t)rng_next(rng);
+    fill(b->p, size, b->cookie);
+    return bad;
+}
+
+static void mixed_thread(struct worker *w)
+{
+    struct block *slots = calloc(MIXED_SLOTS, sizeof *slots);
+    if (slots == NULL)
+        out_of_memory(MIXED_SLOTS * sizeof *slots);
+    long errors = 0;
+    for (long i = 0; i < w->share; i++) {
+        uint64_t x = rng_next(&w->rng);
+        struct block *b = &slots[(x >> 32) % MIXED_SLOTS];
+        unsigned what = x >> 8 & 7; /* 0: grow by half, 1: shrink by half, 2: free only, else replace */
+        if (b->p != NULL && what == 0 && b->size + b->size / 2 <= MIXED_MAX) {
+            errors += resize(b, b->size + b->size / 2);
+            continue;
+        }
+        if (b->p != NULL && what == 1 && b->size >= 32) {
+            errors += resize(b, b->size / 2);
+            continue;
+        }
+        if (b->p != NULL)
+            errors += release(b);
+        if (what != 2)
+            errors += mixed_make(b, &w->rng);
+    }
+    for (size_t k = 0; k < MIXED_SLOTS; k++)
+        if (slots[k].p != NULL)
+            errors += release(&slots[k]);
+    free(slots);
+    w->errors += errors;
+}
+
+static double scenario_mixed(double scale, long *errors)
+{
+    (void)errors;
+    double share = (double)MIXED_STEPS * scale / (double)threads;
+    for (long i = 0; i < threads; i++)
+        workers[i].share = share < 1 ? 1 : (long)share;
+    return run_team(mixed_thread);
+}
+
+/* ---- strings ---- */
+
+#define STRINGS_ROUNDS 400L        /* strings and arrays built in all, at scale 1 */
+#define STRINGS_KEPT 16            /* the newest kept of each */
+#define STRINGS_PIECE_MAX 256
+static const struct band string_lengths[] = {{1000, 10, 22}};   /* 1 KB .. 4 MB */
+static const struct band array_lengths[] = {{1000, 4, 16}};     /* 16 .. 65536 elements */
+
+/* A string's byte at index i is text_bytes[(i + cookie) % 256]: the table twice over, so that a piece
+ * of up to 256 bytes is one memcpy from it. */
+static unsigned char text_bytes[2 * 256 + STRINGS_PIECE_MAX];
+
+struct text {
+    unsigned char *s;              /* NULL: empty */
+    size_t length;
+    unsigned cookie;
+};
+
+struct array {
+    uint64_t **items;              /* each: word 0 its size and cookie, then the pattern */
+    size_t count;
+};
+
+static int text_check(const struct text *t)
+{
+    const unsigned char *want = text_bytes + (t->cookie & 255);
+    int bad = 0;
+    for (size_t i = 0; i < t->length && i < 64; i++)
+        bad |= t->s[i] != want[i & 255];
+    for (size_t i = 4096; i < t->length; i += 4096)
+        bad |= t->s[i] != want[i & 255];
+    return bad | (t->s[t->length - 1] != want[(t->length - 1) & 255]);
+}
+
+static void text_build(struct text *t, uint64_t *rng)
+{
+    size_t target = draw_size(string_lengths, rng), capacity = 64;
+    t->cookie = (unsigned)rng_next(rng);
+    t->s = alloc_block(capacity);
+    t->length = 0;
+    while (t->length < target) {
+        size_t piece = rng_between(rng, 16, STRINGS_PIECE_MAX);
+        if (t->length + piece > capacity) {
+            while (t->length + piece > capacity)
+                capacity += capacity / 2;
+            t->s = bench_realloc(t->s, capacity);
+            if (t->s == NULL)
+                out_of_memory(capacity);
+        }
+        memcpy(t->s + t->length, text_bytes + ((t->length + t->cookie) & 255), piece);
+        t->length += piece;
+    }
+}
+
+static void array_build(struct array *a, uint64_t *rng)
+{
+    size_t target = draw_size(array_lengths, rng), capacity = 8;
+    a->items = alloc_block(capacity * sizeof *a->items);
+    for (a->count = 0; a->count < target; a->count++) {
+        if (a->count == capacity) {
+            capacity *= 2;
+            a->items = bench_realloc(a->items, capacity * sizeof *a->items);
+            if (a->items == NULL)
+                out_of_memory(capacity * sizeof *a->items);
+        }
+        size_t size = rng_between(rng, 2, 16) * 8;
+        uint32_t cookie = (uint32_t)rng_next(rng);
+        uint64_t *p = alloc_block(size);
+        fill(p, size, cookie);
+        p[0] = (uint64_t)size << 32 | cookie;
+        a->items[a->count] = p;
+    }
+}
+
+static long array_drop(struct array *a)
+{
+    long errors = 0;
+    for (size_t i = 0; i < a->count; i++) {
+        uint64_t *p = a->items[i];
+        size_t size = p[0] >> 32;
+        uint32_t cookie = (uint32_t)p[0];
+        p[0] = pattern(cookie, 0);
+        errors += size < 16 || size > 128 || check(p, size, cookie);
+        bench_free(p);
+    }
+    bench_free(a->items);
+    a->items = NULL;
+    return errors;
+}
+
+static void strings_thread(struct worker *w)
+{
+    struct text texts[STRINGS_KEPT] = {{0}};
+    struct array arrays[STRINGS_KEPT] = {{0}};
+    long errors = 0;
+    for (long r = 0; r < w->share; r++) {
+        struct text *t = &texts[r % STRINGS_KEPT];
+        struct array *a = &arrays[r % STRINGS_KEPT];
+        if (t->s != NULL) { /* the oldest dropped */
+            errors += text_check(t);
+            bench_free(t->s);
+            errors += array_drop(a);
+        }
+        text_build(t, &w->rng);
+        array_build(a, &w->rng);
+    }
+    for (size_t k = 0; k < STRINGS_KEPT; k++)
+        if (texts[k].s != NULL) {
+            errors += text_check(&texts[k]);
+            bench_free(texts[k].s);
+            errors += array_drop(&arrays[k]);
+        }
+    w->errors += errors;
+}
+
+static double scenario_strings(double scale, long *errors)
+{
+    (void)errors;
+    for (size_t i = 0; i < sizeof text_bytes; i++)
+        text_bytes[i] = (unsigned char)((i & 255) * 167 + 13);
+    double share = (double)STRINGS_ROUNDS * scale / (double)threads;
+    for (long i = 0; i < threads; i++)
+        workers[i].share = share < 1 ? 1 : (long)share;
+    return run_team(strings_thread);
+}
+
+/* ---- Command line ---- */
+
+/* VmHWM of /proc/self/status in KB: the high-water mark of the memory map that exec made (read without
+ * allocating). */
+static long peak_rss_kb(void)
+{
+    char text[4096];
+    int fd = open("/proc/self/status", O_RDONLY);
+    if (fd < 0)
+        fail("/proc/self/status", errno);
+    ssize_t n = read(fd, text, sizeof text - 1);
+    int err = errno;
+    close(fd);
+    if (n <= 0)
+        fail("/proc/self/status", n < 0 ? err : EIO);
+    text[n] = '\0';
+    const char *peak = strstr(text, "VmHWM:");
+    if (peak == NULL)
+        fail("/proc/self/status: no VmHWM", EINVAL);
+    return strtol(peak + 6, NULL, 10);
+}
+
+struct scenario {
+    const char *name;
+    double (*run)(double scale, long *errors); /* the ms of its work; adds errors of its own to *errors */
+    long threads;                              /* -threads by default */
+};
+
+static const struct scenario scenarios[] = {
+    {"larson", scenario_larson, 2},
+    {"larson-sized", scenario_larson_sized, 2},
+    {"xmalloc", scenario_xmalloc, 2},
+    {"cache-thrash", scenario_cache_thrash, 2},
+    {"cache-scratch", scenario_cache_scratch, 2},
+    {"alloc-test", scenario_alloc_test, 1},
+    {"glibc-simple", scenario_glibc_simple, 1},
+    {"glibc-thread", scenario_glibc_thread, 2},
+    {"rptest", scenario_rptest, 2},
+    {"malloc-large", scenario_malloc_large, 1},
+    {"ring", scenario_ring, 2},
+    {"mixed", scenario_mixed, 1},
+    {"strings", scenario_strings, 1},
+};
+#define SCENARIO_COUNT (sizeof scenarios / sizeof scenarios[0])
+
+static void usage(FILE *to)
+{
+    fprintf(to, "usage: shapes <scenario> [-threads N] [-scale F]\n       shapes -list\nscenarios:");
+    OPTION_LIST(to, scenarios);
+}
+
+int main(int argc, char **argv)
+{
+    const char *name = NULL;
+    long given_threads = 0;
+    double scale = 1.0;
+    for (int a = 1; a < argc; a++) {
+        const char *value;
+        if (strcmp(argv[a], "-list") == 0 && argc == 2) {
+            for (size_t k = 0; k < SCENARIO_COUNT; k++)
+                printf("%s\n", scenarios[k].name);
+            return 0;
+        } else if ((value = option_value(argc, argv, &a, "-threads")) != NULL) {
+            given_threads = option_count("-threads", value, 1, MAX_THREADS);
+        } else if ((value = option_value(argc, argv, &a, "-scale")) != NULL) {
+            scale = option_positive("-scale", value);
+        } else {
+            int status = option_other(argv[a], &name, usage);
+            if (status >= 0)
+                return status;
+        }
+    }
+    const struct scenario *s = OPTION_NEED(scenarios, name, "scenario", usage);
+    threads = given_threads != 0 ? given_threads : s->threads;
+
+    /* The harness's memory, untimed: room for xmalloc's pairs, which may round threads up by one. */
+    size_t room = (size_t)(threads + 1) * sizeof *workers;
+    workers = aligned_alloc(_Alignof(struct worker), room);
+    if (workers == NULL)
+        out_of_memory(room);
+    memset(workers, 0, room);
+    for (long i = 0; i <= threads; i++) {
+        workers[i].index = (int)i;
+        workers[i].rng = mix64(SEED ^ mix64((uint64_t)(s - scenarios)) ^ (uint64_t)i) | 1;
+    }
+
+    long errors = 0;
+    double ms = s->run(scale, &errors);
+    for (long i = 0; i < threads; i++)
+        errors += workers[i].errors;
+    free(workers);
+
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) {
+        perror("shapes: getrusage");
+        return 1;
+    }
+    printf("shapes %s %.1f %.1f %ld %ld\n", s->name, ms, (double)peak_rss_kb() / 1024.0, (long)ru.ru_minflt,
+           errors);
+    fflush(stdout);
+    if (errors != 0) {
+        fprintf(stderr, "shapes: %ld blocks failed their check\n", errors);
+        return 1;
+    }
+    return 0;
+}
