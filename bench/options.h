@@ -1,5 +1,5 @@
 /* options.h - the `-name value` options of the benchmark programs (micro.c, medium.c, large.c, churn.c,
- * app.c): a value is read whole and checked, or the program stops with a message that names the option,
+ * shapes.c, app.c): a value is read whole and checked, or the program stops with a message that names the option,
  * and exit status 2, the status of every usage error (1 is a failed check of the benchmark itself).
  * Define BENCH_NAME (the program's name in messages) before including it. */
 #ifndef BENCH_OPTIONS_H

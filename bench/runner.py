@@ -1,6 +1,6 @@
 """bench/runner.py - what the benchmark runners (bench/run, micro.py, medium.py, large.py, churn.py,
-engines.py, stress.py, instr.py, cachesim.py) share: their common options and their checks, the columns
-that preload a library (--peer, the peers bench/peers built, --variant), the interleaved order of the
+engines.py, shapes.py, stress.py, instr.py, cachesim.py) share: their common options and their checks,
+the columns that preload a library (--peer, the peers bench/peers built, --variant), the interleaved order of the
 runs, running one benchmark process, the run-by-run ratios with their confidence interval, markdown
 tables, and the report's end: printed, and with --save written to bench/results/DATE-COMMIT.md.
 
