@@ -994,6 +994,41 @@ TEST(shard_collect_releases_the_spare_segments_at_once_and_the_large_cache)
 #endif
 }
 
+/* Memory running out gives the spare segments back before it fails: under a limit that the spare
+ * segments' memory keeps full, a 24 MB block is still had, the spare segments gone, and the limit holds. */
+TEST(an_allocation_past_the_limit_takes_the_spare_segments_back_first)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    struct heavy w = { .with_large = 0 };
+    scene_begin(&s);
+    long long pages = scene_heavy(&s, &w);
+    if (pages) {
+        shard_stats q = check_spare_at_exit(&s, &w, pages);
+        size_t limit = q.committed + ((size_t)8 << 20);
+        CHECKF(q.spare_bytes - s.base.spare_bytes > ((size_t)24 << 20), "%zu spare bytes, more than 24 MB expected",
+               q.spare_bytes - s.base.spare_bytes);
+        size_t was = shard_set_limit(limit);
+        struct blk big;
+        int had = blk_alloc(&big, (size_t)24 << 20, 0x7400);
+        shard_stats after = stats_now();
+        shard_set_limit(was);
+        CHECKF(had, "a 24 MB block under a limit 8 MB above what was committed, with %zu spare bytes: refused",
+               q.spare_bytes);
+        CHECKF(after.spare_segments == 0 && after.committed <= limit,
+               "after it: %zu spare segments, %zu bytes committed under a limit of %zu", after.spare_segments,
+               after.committed, limit);
+        if (had) {
+            blk_check(&big, "24 MB block had after the spare segments went back");
+            blk_free(&big);
+        }
+    }
+    scene_end(&s);
+#endif
+}
+
 /* ---- rounds of threads ---- */
 
 #define CHURN_ROUNDS 50
