@@ -118,6 +118,9 @@ typedef struct shard_stats {
     size_t live_large_bytes;
     size_t live_large_committed; /* memory the live large blocks keep committed, bytes (their headers and
                                     what a block keeps beyond its usable size included) */
+    size_t spare_segments;     /* empty 4 MB segments and arenas that ended threads left for any thread,
+                                  for a second; in no heap, so not in the page and arena counts above */
+    size_t spare_bytes;        /* memory those keep committed, bytes */
 } shard_stats;
 SHARD_API void shard_get_stats(shard_stats *out);
 

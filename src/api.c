@@ -502,6 +502,7 @@ void shard_get_stats(shard_stats *out)
 #endif
     large_live_counts(&out->live_large, &out->live_large_bytes, &out->live_large_committed);
     large_cache_counts(&out->large_cached, &out->large_cached_bytes);
+    segment_spare_counts(&out->spare_segments, &out->spare_bytes);
     out->heaps_free = heap_free_count();
     medium_counts mc = {0, 0, 0, 0, 0};
     small_counts sc = {0, 0, 0, 0, 0, 0};

@@ -62,9 +62,13 @@
 /* The reserve an exiting thread leaves with its heap for the next thread: free small pages and empty
  * medium arenas kept committed (the rest goes back at once), and how long it lasts before it is trimmed
  * to nothing but live blocks. Without it the next thread faults in again what the last one gave back:
- * bench/churn.py compares shard with shard-noreserve (this built with both 0). */
+ * bench/churn.py compares shard with shard-noreserve (this built with both 0). The pages are all of
+ * them: the free pages of a heap's segments that still hold live blocks, which no other heap can use,
+ * stay as long as they would have had the thread lived on (the decommit delay); a limit of 64 pages
+ * cost mimalloc's test-stress half a million page faults (bench/results/2026-12-02-spare.md). Its
+ * empty segments and arenas become spare segments first (SHARD_SPARE_SEGMENTS, below). */
 #ifndef SHARD_RESERVE_PAGES
-#define SHARD_RESERVE_PAGES 64
+#define SHARD_RESERVE_PAGES 0xffffffffu
 #endif
 #ifndef SHARD_RESERVE_ARENAS
 #define SHARD_RESERVE_ARENAS 4
@@ -75,6 +79,13 @@
 /* At most this many heaps wait in the stack with a reserve; the others keep nothing but live blocks. */
 #ifndef SHARD_RESERVE_HEAPS
 #define SHARD_RESERVE_HEAPS 8
+#endif
+/* Empty segments and arenas that exiting threads leave committed for any thread heap (segment.h's spare
+ * segments), at most this many (4 MB each), each for the reserve's delay. A heap's reserve serves only
+ * the next thread that takes that heap; with threads of unequal size the others fault in again what
+ * the last generation gave back (mimalloc's test-stress: 1.2 million page faults without them). */
+#ifndef SHARD_SPARE_SEGMENTS
+#define SHARD_SPARE_SEGMENTS 32
 #endif
 
 /* Heaps of exited threads (heap.c): a thread that would make a new heap first looks for heaps whose
@@ -152,7 +163,7 @@
 #define SHARD_LARGE_EXCESS_MIN ((size_t)16 << 20)
 #endif
 
-#if SHARD_RESERVE_HEAPS < 0 || SHARD_RECLAIM_MIN < 1 || SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || SHARD_KEEP_FREE_PAGES < 0
+#if SHARD_RESERVE_HEAPS < 0 || SHARD_SPARE_SEGMENTS < 0 || SHARD_RECLAIM_MIN < 1 || SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || SHARD_KEEP_FREE_PAGES < 0
 #error "invalid shardmm configuration"
 #endif
 

@@ -20,9 +20,11 @@
  * its heap to shard_thread_done.
  *
  * Thread exit (the port's hook, or shard_thread_done) retires the heap: the blocks other threads freed
- * into it are taken in, the only page a class keeps while its thread runs is retired if empty, and the
- * heap keeps a reserve of SHARD_RESERVE_PAGES free pages and SHARD_RESERVE_ARENAS empty arenas for the
- * next thread; the rest of its free memory goes back to the OS at once. Only SHARD_RESERVE_HEAPS heaps
+ * into it are taken in, the only page a class keeps while its thread runs is retired if empty, its
+ * segments and arenas left without a live block become spare ones for any thread (segment.h), committed,
+ * and the heap keeps a reserve of the free pages of its other segments (SHARD_RESERVE_PAGES: all) and
+ * SHARD_RESERVE_ARENAS empty arenas for the next thread that takes it; the rest of its free memory goes
+ * back to the OS at once. Only SHARD_RESERVE_HEAPS heaps
  * hold a reserve at a time, and a heap with nothing to keep takes no place: when 500 threads end at once,
  * the reserves of 8 wait for new threads, not of 500 (test_hostile.c's idle-heaps-500 shows the memory a
  * reserve each would hold: bench/results/2026-11-30-quoted-in-code.md). Then the heap goes, whole, onto
@@ -252,8 +254,8 @@ static void trim_to(heap *h, unsigned pages, unsigned arenas, int idle)
 static void trim_all(heap *h, int idle)
 {
     trim_to(h, UINT32_MAX, UINT32_MAX, idle); /* the queues taken in, the class pages kept retired */
-    small_release_empty(h);
-    medium_release_empty(h);
+    small_release_empty(h, 0);
+    medium_release_empty(h, 0);
     small_keep(h, 0, 0);
     medium_keep(h, 0);
 }
@@ -307,6 +309,9 @@ void heap_reserve_expire(uint64_t due)
         return;
     if (!cas_acq_rel(&heap_reserve_due, &due, 0)) /* one thread trims */
         return;
+    uint64_t spare_due = segment_spare_expire(os_clock_ms(), options_values.reserve_delay_ms);
+    if (spare_due != 0)
+        arm_due(spare_due);
     if (!spin_try_lock(&trim_lock)) {
         arm_due(due); /* another trim or search is under way; this one is left for the next tick */
         return;
@@ -335,6 +340,13 @@ void heap_foreign_queued(heap *h)
  * A trim is armed when h keeps memory or frees of other threads wait in its queues. */
 static void retire(heap *h)
 {
+    /* First its empty segments and arenas become spare ones, committed, for whichever heap needs one
+     * next (segment.h); what stays is in segments that still hold live blocks. */
+    trim_to(h, UINT32_MAX, UINT32_MAX, 1);
+    small_release_empty(h, 1);
+    medium_release_empty(h, 1);
+    if (segment_spare_bytes() != 0) /* the spare segments' expiry (heap_reserve_expire) */
+        arm_due(os_clock_ms() + options_values.reserve_delay_ms);
     if (counted(__atomic_fetch_add(&reserves_held, 1u, __ATOMIC_RELAXED)) < SHARD_RESERVE_HEAPS) {
         h->reserve_held = 1;
         trim_to(h, SHARD_RESERVE_PAGES, SHARD_RESERVE_ARENAS, 1);
@@ -444,6 +456,7 @@ void heap_collect(void)
         trim_to(h, SHARD_KEEP_FREE_PAGES, 1, 0);
     empty_stack();
     created_reserve_expire(UINT64_MAX);
+    segment_spare_expire(UINT64_MAX, 0);
 }
 
 int heap_relieve(void)
@@ -456,6 +469,7 @@ int heap_relieve(void)
         trim_all(h, 0);
     empty_stack();
     created_reserve_expire(UINT64_MAX);
+    segment_spare_expire(UINT64_MAX, 0);
     os_get_totals(&after);
     return after.reserved < before.reserved || after.committed < before.committed;
 }
@@ -505,12 +519,14 @@ static void fork_prepare(void)
     meta_lock_for_fork(1);
     large_lock_for_fork(1);
     error_lock_for_fork(1);
+    segment_spare_lock_for_fork(1); /* after trim_lock: a retire under it puts spare segments */
     store_release(&fork_tag, os_thread_tag());
 }
 
 static void fork_unlock(void)
 {
     store_release(&fork_tag, 0);
+    segment_spare_lock_for_fork(0);
     error_lock_for_fork(0);
     large_lock_for_fork(0);
     meta_lock_for_fork(0);

@@ -244,8 +244,9 @@ void medium_keep(heap *h, unsigned keep)
         trim_arenas(h, UINT64_MAX, keep);
 }
 
-void medium_release_empty(heap *h)
+void medium_release_empty(heap *h, int spare)
 {
+    spare = spare && !h->created; /* a created heap's memory is charged to it: it keeps to its own */
     arena **link = &h->arenas;
     for (arena *a = *link; a != NULL; a = *link) {
         if (a->live != 0) {
@@ -259,7 +260,8 @@ void medium_release_empty(heap *h)
             empty_list_remove(h, a);
         store_release(link, a->next); /* statistics walk the list (segment_walk_begin) */
         heap_uncharge(h, a->committed);
-        segment_release(&a->seg, a->committed);
+        if (!spare || !segment_spare_put(&a->seg, SEG_MEDIUM, a->committed))
+            segment_release(&a->seg, a->committed);
     }
 }
 
@@ -337,16 +339,23 @@ static void arena_used(heap *h, arena *a)
     a->state = ARENA_USED;
 }
 
+/* A new arena for h: a spare one (segment.h), its memory as committed as it was left, else a fresh one. */
 static int arena_new(heap *h)
 {
-    if (heap_charge(h, ARENA_KEEP) != 0)
-        return -1;
-    arena *a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP);
-    if (a == NULL) {
-        heap_uncharge(h, ARENA_KEEP);
-        return -1;
+    size_t committed = ARENA_KEEP;
+    arena *a = h->created ? NULL : (arena *)segment_spare_take(SEG_MEDIUM, &committed);
+    if (a != NULL) {
+        store_release(&a->seg.owner, h);
+    } else {
+        if (heap_charge(h, ARENA_KEEP) != 0)
+            return -1;
+        a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP);
+        if (a == NULL) {
+            heap_uncharge(h, ARENA_KEEP);
+            return -1;
+        }
     }
-    store_relaxed(&a->committed, ARENA_KEEP);
+    store_relaxed(&a->committed, committed);
     chunk *c = chunk_at(a, ARENA_DATA);
     c->prev_size = 0;
     c->size_flags = ARENA_FIRST_SIZE | CHUNK_FREE;

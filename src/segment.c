@@ -385,3 +385,86 @@ void spin_wait_yield(void)
     if (port_caps.yield != NULL)
         port_caps.yield();
 }
+
+/* ---- spare segments (segment.h) -------------------------------------------------------------------- */
+
+static struct {
+    spinlock lock;
+    unsigned count;           /* entries in use: 0..count-1, oldest first */
+    size_t bytes;             /* committed in them (statistics) */
+    struct spare {
+        segment *seg;
+        size_t committed;
+        uint64_t at;          /* os_clock_ms() when put */
+        unsigned kind;
+    } entries[SHARD_SPARE_SEGMENTS + 1]; /* + 1: no zero-length array when the pool is off */
+} spare;
+
+int segment_spare_put(segment *seg, unsigned kind, size_t committed)
+{
+    if (SHARD_SPARE_SEGMENTS == 0 || !spin_lock_unless_fork(&spare.lock))
+        return 0;
+    int taken = spare.count < SHARD_SPARE_SEGMENTS;
+    if (taken) {
+        store_release(&seg->owner, (struct heap *)NULL); /* a stray free finds no owner */
+        spare.entries[spare.count] = (struct spare){seg, committed, os_clock_ms(), kind};
+        store_relaxed(&spare.count, spare.count + 1);
+        store_relaxed(&spare.bytes, spare.bytes + committed);
+    }
+    spin_unlock(&spare.lock);
+    return taken;
+}
+
+segment *segment_spare_take(unsigned kind, size_t *committed)
+{
+    if (SHARD_SPARE_SEGMENTS == 0 || load_relaxed(&spare.count) == 0 || !spin_lock_unless_fork(&spare.lock))
+        return NULL;
+    segment *seg = NULL;
+    for (unsigned i = spare.count; i-- > 0;) {
+        if (spare.entries[i].kind != kind)
+            continue;
+        seg = spare.entries[i].seg;
+        *committed = spare.entries[i].committed;
+        store_relaxed(&spare.bytes, spare.bytes - *committed);
+        for (; i + 1 < spare.count; i++) /* the order stays oldest first */
+            spare.entries[i] = spare.entries[i + 1];
+        store_relaxed(&spare.count, spare.count - 1);
+        break;
+    }
+    spin_unlock(&spare.lock);
+    return seg;
+}
+
+uint64_t segment_spare_expire(uint64_t now, uint32_t delay)
+{
+    if (SHARD_SPARE_SEGMENTS == 0 || load_relaxed(&spare.count) == 0 || !spin_lock_unless_fork(&spare.lock))
+        return 0;
+    unsigned gone = 0;
+    while (gone < spare.count && (now == UINT64_MAX || now - spare.entries[gone].at >= delay)) {
+        struct spare *e = &spare.entries[gone++];
+        store_relaxed(&spare.bytes, spare.bytes - e->committed);
+        segment_release(e->seg, e->committed); /* no walk sees a spare segment: it goes at once */
+    }
+    for (unsigned i = gone; i < spare.count; i++)
+        spare.entries[i - gone] = spare.entries[i];
+    store_relaxed(&spare.count, spare.count - gone);
+    uint64_t due = spare.count != 0 ? spare.entries[0].at + delay : 0;
+    spin_unlock(&spare.lock);
+    return due;
+}
+
+size_t segment_spare_bytes(void) { return load_relaxed(&spare.bytes); }
+
+void segment_spare_counts(size_t *segments, size_t *bytes)
+{
+    *segments = load_relaxed(&spare.count);
+    *bytes = load_relaxed(&spare.bytes);
+}
+
+void segment_spare_lock_for_fork(int take)
+{
+    if (take)
+        spin_lock_for_fork(&spare.lock);
+    else
+        spin_unlock_for_fork(&spare.lock);
+}

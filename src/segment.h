@@ -97,6 +97,28 @@ segment *segment_create(struct heap *owner, unsigned kind, size_t commit);
  * it out of every list first. */
 void segment_release(segment *seg, size_t committed);
 
+/* Spare segments: empty small segments and empty medium arenas that a thread heap gave up as its
+ * thread ended, kept with their memory committed for whichever thread heap next needs a segment of that
+ * kind, so that a generation of threads reuses what the last one faulted in (a heap's own reserve serves
+ * only the thread that takes that heap; these serve any). At most SHARD_SPARE_SEGMENTS wait, each for
+ * the reserve's delay (SHARDMM_DELAY_MS); then, or at once on shard_collect and under memory pressure,
+ * they are released. A spare segment has no owner (a free into it finds none and reaches the error hook)
+ * and is in no heap's list; its map entry keeps its kind. The pool is one small table under a spin lock,
+ * touched only on thread exit and when a heap would reserve a new segment.
+ *   segment_spare_put: 1 when seg (no block live, out of every list, `committed` bytes committed: the
+ *     page descriptors and free pages, or the arena's committed prefix) was taken in; 0 when the pool is
+ *     full or held by another thread's fork, and the caller releases it as before.
+ *   segment_spare_take: the most recently put segment of the kind, owned by nobody, or NULL; *committed
+ *     gets what was committed. */
+int segment_spare_put(segment *seg, unsigned kind, size_t committed);
+segment *segment_spare_take(unsigned kind, size_t *committed);
+/* Release the spare segments put `delay` ms or more before `now` (UINT64_MAX: all); the time the next
+ * one is due, or 0 when none waits. */
+uint64_t segment_spare_expire(uint64_t now, uint32_t delay);
+size_t segment_spare_bytes(void); /* committed in spare segments */
+void segment_spare_counts(size_t *segments, size_t *bytes); /* for the statistics */
+void segment_spare_lock_for_fork(int take);
+
 /* Other threads walk the heaps' lists of segments and arenas for the statistics (shard_get_stats), while
  * their owners may release them: a walk is bracketed by these two, and a segment given up meanwhile
  * stays mapped until no walk that began before its unlinking is still going. */

@@ -211,8 +211,25 @@ static void trim_at(heap *h, uint64_t now, unsigned keep)
     }
 }
 
-void small_release_empty(heap *h)
+/* The own-segment entry of s's 4 GB slot, if s holds it, goes to another of h's segments in that slot
+ * (heap_check: every segment's slot has an entry), else is cleared: another heap's segment may come
+ * to s's address. */
+static void own_entry_leave(heap *h, const segment *s)
 {
+    uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
+    if (h->own[slot] != (uintptr_t)s)
+        return;
+    h->own[slot] = 0;
+    for (segment *o = h->segments; o != NULL; o = o->next)
+        if (o != s && (uint32_t)(uintptr_t)o >> SEGMENT_SHIFT == slot) {
+            h->own[slot] = (uintptr_t)o;
+            break;
+        }
+}
+
+void small_release_empty(heap *h, int spare)
+{
+    spare = spare && !h->created; /* a created heap's memory is charged to it: it keeps to its own */
     segment **link = &h->segments;
     for (segment *s = *link; s != NULL; s = *link) {
         unsigned free_pages = 0, in_use = 0;
@@ -232,12 +249,37 @@ void small_release_empty(heap *h)
         }
         h->free_count -= free_pages;
         store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
-        uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
-        if (h->own[slot] == (uintptr_t)s)
-            h->own[slot] = 0; /* another segment may come to this address, another heap's */
-        heap_uncharge(h, SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE);
-        segment_release(s, SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE);
+        own_entry_leave(h, s);
+        size_t committed = SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE;
+        heap_uncharge(h, committed);
+        if (!spare || !segment_spare_put(s, SEG_SMALL, committed))
+            segment_release(s, committed);
     }
+}
+
+/* A spare segment (segment.h) becomes h's, its free pages the most recently freed of h's, its cold
+ * pages cold ones; 0, or -1 when there is none. */
+static int adopt_spare(heap *h)
+{
+    size_t committed;
+    segment *s = h->created ? NULL : segment_spare_take(SEG_SMALL, &committed);
+    if (s == NULL)
+        return -1;
+    store_release(&s->owner, h);
+    s->next = h->segments;
+    store_release(&h->segments, s); /* the statistics walk this list from other threads */
+    heap_own_segment(h, s);
+    for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
+        page *pg = (page *)((uint8_t *)s + i * PAGE_DESC_SIZE);
+        pg->freed_at = 0; /* stamped when a trim first sees it */
+        if (pg->state == PAGE_FREE) {
+            list_append(&h->free_pages, pg);
+            h->free_count++;
+        } else {
+            list_push_front(&h->cold_pages, pg);
+        }
+    }
+    return 0;
 }
 
 void small_release_all(heap *h)
@@ -302,9 +344,7 @@ void small_empty_keep(heap *h, unsigned keep)
         for (unsigned i = 1; i < SEGMENT_PAGES; i++)
             list_remove(&h->cold_pages, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
         store_release(link, s->next);
-        uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
-        if (h->own[slot] == (uintptr_t)s)
-            h->own[slot] = 0;
+        own_entry_leave(h, s);
         heap_uncharge(h, SEGMENT_DESC_BYTES);
         segment_release(s, SEGMENT_DESC_BYTES);
     }
@@ -375,6 +415,14 @@ static page *page_acquire(heap *h)
         list_remove(&h->free_pages, pg);
         h->free_count--;
         return pg;
+    }
+    if (h->cold_pages.first == NULL && adopt_spare(h) == 0) {
+        pg = h->free_pages.last;
+        if (pg != NULL) {
+            list_remove(&h->free_pages, pg);
+            h->free_count--;
+            return pg;
+        }
     }
     if (h->cold_pages.first == NULL) {
         if (heap_charge(h, SEGMENT_DESC_BYTES + PAGE_SIZE) != 0)

@@ -65,11 +65,10 @@
 #define ARENA_HEADER ((size_t)4096)        /* ... whose chunks start 4 KB in */
 #define ARENA_KEEP ((size_t)64 << 10)      /* committed in 64 KB steps; kept when it gives memory back */
 #define CHUNK_HEADER ((size_t)16)
-#define RESERVE_PAGES 64                   /* kept by an exiting thread's heap ... */
-#define RESERVE_ARENAS 4
 #define SEGMENT_BYTES ((size_t)4 << 20)    /* small-block pages come 63 to a segment ... */
 #define SEGMENT_PAGES 63
 #define SEGMENT_DESC ((size_t)8 << 10)     /* ... whose first 8 KB (the page descriptors) stay committed */
+#define META_COMMIT ((size_t)64 << 10)     /* heaps come from metadata memory committed 64 KB at a time */
 #define PAST_THE_DELAY_MS 1100             /* the reserve's delay (1 s) and a margin for the clock */
 
 /* Four medium blocks of this size fill an arena to within 30 KB of its end (the fourth fits the rest
@@ -729,6 +728,17 @@ static void exiter_free_job(void *arg)
     blk_free(arg);
 }
 
+static void medium_take_job(void *arg)
+{
+    blk_alloc(arg, QUARTER_ARENA_BLOCK, 0x7300);
+}
+
+static void medium_free_job(void *arg)
+{
+    blk_check(arg, "medium block from a spare arena");
+    blk_free(arg);
+}
+
 static void scene_begin(struct scene *s)
 {
     memset(s, 0, sizeof *s);
@@ -771,100 +781,71 @@ static long long scene_heavy(struct scene *s, struct heavy *w)
     return pages > 100 ? pages : 0;
 }
 
-/* The heavy thread's heap (the only one that changed since base, besides `pages_used_change` and
- * `pages_free_change` of other heaps) holds `pages` free pages and `arenas` empty committed arenas, and
- * no page in use. */
-static void check_heavy_heap(const struct scene *s, const shard_stats *now, long long pages, long long arenas,
-                             long long pages_used_change, long long pages_free_change, const char *when)
+/* The heavy thread's segments: the pages they add from `base` to its end, 63 to a segment. */
+static long long heavy_segments(const struct scene *s, const struct heavy *w)
 {
-    const shard_stats *b = &s->base;
-    CHECKF(delta(b->small_pages_used, now->small_pages_used) == pages_used_change,
-           "%s: the heap holds %lld pages in use, none expected", when,
-           delta(b->small_pages_used, now->small_pages_used) - pages_used_change);
-    CHECKF(delta(b->small_pages_free, now->small_pages_free) == pages + pages_free_change,
-           "%s: the heap holds %lld free pages, %lld expected", when,
-           delta(b->small_pages_free, now->small_pages_free) - pages_free_change, pages);
-    CHECKF(delta(committed_empty_arenas(b), committed_empty_arenas(now)) == arenas &&
-               delta(b->medium_arenas, now->medium_arenas) == HEAVY_ARENAS,
-           "%s: the heap holds %lld empty committed arenas of %lld, %lld expected", when,
-           delta(committed_empty_arenas(b), committed_empty_arenas(now)), delta(b->medium_arenas, now->medium_arenas),
-           arenas);
+    const shard_stats *b = &s->base, *e = &w->at_end;
+    long long pages = delta(b->small_pages_used + b->small_pages_free + b->small_pages_decommitted,
+                            e->small_pages_used + e->small_pages_free + e->small_pages_decommitted);
+    CHECKF(pages == pages / SEGMENT_PAGES * SEGMENT_PAGES && pages >= 3 * SEGMENT_PAGES,
+           "the heavy thread's segments hold %lld pages", pages);
+    return pages / SEGMENT_PAGES;
 }
 
-/* From `was` to `now` exactly `pages` pages and `arenas` arenas were decommitted, and committed memory
- * fell by their bytes and `other_bytes`. */
-static void check_decommitted(const shard_stats *was, const shard_stats *now, long long pages, long long arenas,
-                              size_t other_bytes, const char *when)
-{
-    long long drop = (long long)(was->committed - now->committed);
-    long long expected =
-        pages * (long long)PAGE_BYTES + arenas * (long long)(ARENA_BYTES - ARENA_KEEP) + (long long)other_bytes;
-    CHECKF(delta(was->small_pages_decommitted, now->small_pages_decommitted) == pages,
-           "%s: %lld pages decommitted, %lld expected", when,
-           delta(was->small_pages_decommitted, now->small_pages_decommitted), pages);
-    CHECKF(delta(was->medium_arenas_decommitted, now->medium_arenas_decommitted) == arenas,
-           "%s: %lld arenas decommitted, %lld expected", when,
-           delta(was->medium_arenas_decommitted, now->medium_arenas_decommitted), arenas);
-    CHECKF(drop == expected, "%s: committed fell by %lld bytes, %lld expected (%lld pages, %lld arenas, %zu other)",
-           when, drop, expected, pages, arenas, other_bytes);
-}
-
-/* The heavy thread has ended: its heap, the only one in the stack, keeps 64 free pages and 4 arenas;
- * the rest (its empty class pages too) was decommitted at once. Returns the stats then. */
-static shard_stats check_reserve_at_exit(struct scene *s, struct heavy *w, long long pages)
+/* The heavy thread has ended, every block of it freed: its segments and arenas, all empty, became spare
+ * ones for any thread, committed as they were (its empty class pages free pages of them), so its heap
+ * holds no page and no arena and committed did not fall. Returns the stats then. */
+static shard_stats check_spare_at_exit(struct scene *s, struct heavy *w, long long pages)
 {
     shard_stats q = stats_now();
-    CHECKF(q.heaps == s->base.heaps + 1 && q.heaps_free == 1, "the heavy thread's heap waits: heaps %zu, %zu waiting",
+    const shard_stats *b = &s->base, *e = &w->at_end;
+    long long segments = heavy_segments(s, w);
+    CHECKF(q.heaps == b->heaps + 1 && q.heaps_free == 1, "the heavy thread's heap waits: heaps %zu, %zu waiting",
            q.heaps, q.heaps_free);
-    check_heavy_heap(s, &q, RESERVE_PAGES, RESERVE_ARENAS, 0, 0, "as the heavy thread ended");
-    check_decommitted(&w->at_end, &q, pages - RESERVE_PAGES, HEAVY_ARENAS - RESERVE_ARENAS, 0,
-                      "as the heavy thread ended");
+    CHECKF(delta(b->small_pages_used + b->small_pages_free + b->small_pages_decommitted,
+                 q.small_pages_used + q.small_pages_free + q.small_pages_decommitted) == 0 &&
+               q.medium_arenas == b->medium_arenas,
+           "as the heavy thread ended: its heap holds %lld pages and %lld arenas, none expected",
+           delta(b->small_pages_used + b->small_pages_free + b->small_pages_decommitted,
+                 q.small_pages_used + q.small_pages_free + q.small_pages_decommitted),
+           delta(b->medium_arenas, q.medium_arenas));
+    long long spare = delta(b->spare_segments, q.spare_segments);
+    CHECKF(spare == segments + HEAVY_ARENAS, "as the heavy thread ended: %lld spare segments, %lld expected", spare,
+           segments + HEAVY_ARENAS);
+    long long bytes = delta(b->spare_bytes, q.spare_bytes);
+    long long expected = segments * (long long)SEGMENT_DESC + pages * (long long)PAGE_BYTES +
+                         HEAVY_ARENAS * (long long)ARENA_BYTES;
+    CHECKF(bytes == expected, "as the heavy thread ended: %lld spare bytes, %lld expected (%lld segments, %lld pages)",
+           bytes, expected, segments, pages);
+    CHECKF(q.committed == e->committed, "as the heavy thread ended: committed %+lld bytes, nothing expected",
+           delta(e->committed, q.committed));
     return q;
 }
 
-/* The heavy thread's heap keeps nothing now (its reserve expired, or shard_collect): from `was` (its
- * reserve still kept) the reserve's pages were decommitted and every one of its segments and arenas was
- * released, so committed fell by the reserve's bytes, the decommitted arenas' first 64 KB and the
- * segments' descriptors (and `other_bytes`), and reserved by the segments and arenas (and
- * `other_reserved`). Of the other heaps' pages, `pages_used_change` went in use and `pages_free_change`
- * free. */
-static void check_heavy_gone(const struct scene *s, const struct heavy *w, const shard_stats *was,
-                             const shard_stats *now, long long pages_used_change, long long pages_free_change,
-                             size_t other_bytes, size_t other_reserved, const char *when)
+/* The heavy thread's spare segments are gone (the delay passed, or shard_collect): from `was` committed
+ * fell by their bytes and `other_bytes`, reserved by their 4 MB each and `other_reserved`, and
+ * `spare_left` spare segments of others wait. */
+static void check_spare_gone(const struct scene *s, const struct heavy *w, const shard_stats *was,
+                             const shard_stats *now, long long spare_left, size_t other_bytes, size_t other_reserved,
+                             const char *when)
 {
-    const shard_stats *b = &s->base, *e = &w->at_end;
-    size_t base_pages = b->small_pages_used + b->small_pages_free + b->small_pages_decommitted;
-    size_t end_pages = e->small_pages_used + e->small_pages_free + e->small_pages_decommitted;
-    size_t now_pages = now->small_pages_used + now->small_pages_free + now->small_pages_decommitted;
-    long long segments = delta(base_pages, end_pages) / SEGMENT_PAGES;
-    CHECKF(delta(base_pages, end_pages) == segments * SEGMENT_PAGES && segments >= 3,
-           "%s: the heavy thread's segments hold %lld pages", when, delta(base_pages, end_pages));
-    CHECKF(now_pages == base_pages && delta(b->small_pages_used, now->small_pages_used) == pages_used_change &&
-               delta(b->small_pages_free, now->small_pages_free) == pages_free_change,
-           "%s: pages %zu at the base, %zu now (in use %+lld, free %+lld): the heap's segments were not all released",
-           when, base_pages, now_pages, delta(b->small_pages_used, now->small_pages_used),
-           delta(b->small_pages_free, now->small_pages_free));
-    CHECKF(now->medium_arenas == b->medium_arenas && committed_empty_arenas(now) == committed_empty_arenas(b),
-           "%s: arenas %zu at the base, %zu now: the heap's arenas were not all released", when, b->medium_arenas,
-           now->medium_arenas);
+    long long segments = heavy_segments(s, w);
+    CHECKF(delta(s->base.spare_segments, now->spare_segments) == spare_left,
+           "%s: %lld spare segments, %lld expected", when, delta(s->base.spare_segments, now->spare_segments),
+           spare_left);
     long long drop = (long long)(was->committed - now->committed);
-    long long expected = (long long)(RESERVE_PAGES * PAGE_BYTES + RESERVE_ARENAS * ARENA_BYTES +
-                                     (HEAVY_ARENAS - RESERVE_ARENAS) * ARENA_KEEP + (size_t)segments * SEGMENT_DESC +
-                                     other_bytes);
+    long long expected = (long long)(was->spare_bytes - s->base.spare_bytes) + (long long)other_bytes;
     CHECKF(drop == expected, "%s: committed fell by %lld bytes, %lld expected", when, drop, expected);
     long long released = (long long)(was->reserved - now->reserved);
-    long long expected_released =
-        (long long)((size_t)segments * SEGMENT_BYTES + HEAVY_ARENAS * ARENA_BYTES + other_reserved);
+    long long expected_released = (segments + HEAVY_ARENAS) * (long long)SEGMENT_BYTES + (long long)other_reserved;
     CHECKF(released == expected_released, "%s: reserved fell by %lld bytes, %lld expected", when, released,
            expected_released);
 }
 #endif
 
-/* A thread that used 130 small pages and 6 arenas, all free again, ends: its heap keeps 64 free pages
- * and 4 empty arenas committed for the next thread, holds no page in use (its empty class pages are
- * free pages now), and the rest of its memory was decommitted at once (committed falls by exactly
- * that). */
-TEST(an_ending_thread_keeps_64_free_pages_and_4_arenas_and_decommits_the_rest_at_once)
+/* A thread that used 130 small pages in 3 segments and 6 arenas, all free again, ends: its segments and
+ * arenas wait as spare ones, committed, and its heap keeps nothing of them. */
+TEST(an_ending_thread_leaves_its_empty_segments_and_arenas_spare_and_committed)
 {
 #if !SHARD_RULES
     struct heavy w = { .with_large = 0 };
@@ -876,15 +857,14 @@ TEST(an_ending_thread_keeps_64_free_pages_and_4_arenas_and_decommits_the_rest_at
     scene_begin(&s);
     long long pages = scene_heavy(&s, &w);
     if (pages)
-        check_reserve_at_exit(&s, &w, pages);
+        check_spare_at_exit(&s, &w, pages);
     scene_end(&s);
 #endif
 }
 
-/* The reserve lasts: a slow path of another thread right after the heavy thread ended trims nothing,
- * and neither does shard_get_stats after the delay. The next slow path after the delay leaves the heap
- * nothing but its live blocks (none). */
-TEST(a_slow_path_after_a_second_leaves_a_waiting_heap_nothing_but_live_blocks)
+/* Another thread (not the one that takes the heavy thread's heap) that needs a segment and an arena
+ * takes spare ones: nothing is reserved or committed anew, and its blocks come from the spare memory. */
+TEST(another_thread_takes_the_spare_segments_before_reserving_new_ones)
 {
 #if !SHARD_RULES
     SKIP_TEST();
@@ -894,25 +874,47 @@ TEST(a_slow_path_after_a_second_leaves_a_waiting_heap_nothing_but_live_blocks)
     scene_begin(&s);
     long long pages = scene_heavy(&s, &w);
     if (pages) {
-        shard_stats q = check_reserve_at_exit(&s, &w, pages);
-        agent_do(&s.slow, medium_op_job, NULL);
-        shard_stats early = stats_now();
-        check_heavy_heap(&s, &early, RESERVE_PAGES, RESERVE_ARENAS, 0, 0, "after a slow path before the delay");
-        check_decommitted(&q, &early, 0, 0, 0, "after a slow path before the delay");
-        sleep_ms(PAST_THE_DELAY_MS);
-        shard_stats late = stats_now();
-        check_heavy_heap(&s, &late, RESERVE_PAGES, RESERVE_ARENAS, 0, 0, "after the delay, with no slow path");
-        agent_do(&s.slow, medium_op_job, NULL);
-        shard_stats trimmed = stats_now();
-        check_heavy_gone(&s, &w, &late, &trimmed, 0, 0, 0, 0, "after a slow path after the delay");
+        check_spare_at_exit(&s, &w, pages);
+        struct holders again; /* the heavy thread's heap taken: the next thread makes a new heap */
+        hold_waiting_heaps(&again);
+        shard_stats q = stats_now();
+        CHECKF(q.spare_segments > 0, "%zu spare segments left after the holders took heaps", q.spare_segments);
+        struct agent a;
+        if (agent_start(&a)) {
+            struct blk small, medium;
+            agent_do(&a, exiter_take_job, &small);
+            shard_stats mid = stats_now();
+            agent_do(&a, medium_take_job, &medium);
+            shard_stats after = stats_now();
+            CHECKF(mid.heaps == q.heaps + 1, "the new thread made a heap: heaps %zu -> %zu", q.heaps, mid.heaps);
+            /* Its heap may take 64 KB more of the metadata's memory; a new segment would commit 72 KB. */
+            long long pages = delta(q.small_pages_used + q.small_pages_free + q.small_pages_decommitted,
+                                    mid.small_pages_used + mid.small_pages_free + mid.small_pages_decommitted);
+            CHECKF(delta(q.spare_segments, mid.spare_segments) == -1 && pages == SEGMENT_PAGES &&
+                       delta(q.committed, mid.committed) <= (long long)META_COMMIT,
+                   "the new thread's first small block: spare segments %+lld, pages %+lld, committed %+lld "
+                   "(a spare segment of 63 pages expected, nothing new)", delta(q.spare_segments, mid.spare_segments),
+                   pages, delta(q.committed, mid.committed));
+            CHECKF(delta(mid.spare_segments, after.spare_segments) == -1 && after.reserved == mid.reserved &&
+                       after.committed == mid.committed && after.medium_arenas == mid.medium_arenas + 1,
+                   "the new thread's first medium block: spare segments %+lld, arenas %+lld, reserved %+lld, "
+                   "committed %+lld (a spare arena expected, committed whole, nothing new)",
+                   delta(mid.spare_segments, after.spare_segments), delta(mid.medium_arenas, after.medium_arenas),
+                   delta(mid.reserved, after.reserved), delta(mid.committed, after.committed));
+            agent_do(&a, exiter_free_job, &small);
+            agent_do(&a, medium_free_job, &medium);
+            agent_stop(&a);
+        }
+        release_holders(&again);
     }
     scene_end(&s);
 #endif
 }
 
-/* After the delay, the next thread exit trims the stack: the heap of the thread that ends enters it
- * (its one page free now, in its reserve) and the heavy thread's heap keeps nothing. */
-TEST(a_thread_exit_after_a_second_leaves_a_waiting_heap_nothing_but_live_blocks)
+/* The spare segments last: a slow path of another thread right after the heavy thread ended releases
+ * nothing, and neither does shard_get_stats after the delay. The next slow path after the delay
+ * releases them. */
+TEST(a_slow_path_after_a_second_releases_the_spare_segments)
 {
 #if !SHARD_RULES
     SKIP_TEST();
@@ -922,22 +924,54 @@ TEST(a_thread_exit_after_a_second_leaves_a_waiting_heap_nothing_but_live_blocks)
     scene_begin(&s);
     long long pages = scene_heavy(&s, &w);
     if (pages) {
-        check_reserve_at_exit(&s, &w, pages);
+        shard_stats q = check_spare_at_exit(&s, &w, pages);
+        agent_do(&s.slow, medium_op_job, NULL);
+        shard_stats early = stats_now();
+        CHECKF(early.spare_segments == q.spare_segments && early.committed == q.committed,
+               "after a slow path before the delay: spare segments %+lld, committed %+lld, nothing expected",
+               delta(q.spare_segments, early.spare_segments), delta(q.committed, early.committed));
+        sleep_ms(PAST_THE_DELAY_MS);
+        shard_stats late = stats_now();
+        CHECKF(late.spare_segments == q.spare_segments && late.committed == q.committed,
+               "after the delay, with no slow path: spare segments %+lld, committed %+lld, nothing expected",
+               delta(q.spare_segments, late.spare_segments), delta(q.committed, late.committed));
+        agent_do(&s.slow, medium_op_job, NULL);
+        shard_stats trimmed = stats_now();
+        check_spare_gone(&s, &w, &late, &trimmed, 0, 0, 0, "after a slow path after the delay");
+    }
+    scene_end(&s);
+#endif
+}
+
+/* After the delay, the next thread exit releases them: the thread that ends leaves its own segment (its
+ * one block freed) spare, and the heavy thread's are gone. */
+TEST(a_thread_exit_after_a_second_releases_the_spare_segments)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    struct heavy w = { .with_large = 0 };
+    scene_begin(&s);
+    long long pages = scene_heavy(&s, &w);
+    if (pages) {
+        check_spare_at_exit(&s, &w, pages);
         sleep_ms(PAST_THE_DELAY_MS);
         shard_stats late = stats_now();
         agent_do(&s.exiter, exiter_free_job, &s.exiter_block);
         agent_stop(&s.exiter);
         shard_stats trimmed = stats_now();
         CHECKF(trimmed.heaps_free == 2, "%zu heaps wait, 2 expected", trimmed.heaps_free);
-        check_heavy_gone(&s, &w, &late, &trimmed, -1, 1, 0, 0, "after a thread exit after the delay");
+        /* The exiter's segment: its descriptors and its one page, now free, stay committed as a spare. */
+        check_spare_gone(&s, &w, &late, &trimmed, 1, 0, 0, "after a thread exit after the delay");
     }
     scene_end(&s);
 #endif
 }
 
-/* shard_collect() right after the heavy thread ended (no delay) leaves its heap nothing and empties the
- * large-block cache; committed and reserved fall by all of that. */
-TEST(shard_collect_empties_waiting_heaps_at_once_and_the_large_cache)
+/* shard_collect() right after the heavy thread ended (no delay) releases the spare segments and empties
+ * the large-block cache; committed and reserved fall by all of that. */
+TEST(shard_collect_releases_the_spare_segments_at_once_and_the_large_cache)
 {
 #if !SHARD_RULES
     SKIP_TEST();
@@ -947,14 +981,49 @@ TEST(shard_collect_empties_waiting_heaps_at_once_and_the_large_cache)
     scene_begin(&s);
     long long pages = scene_heavy(&s, &w);
     if (pages) {
-        shard_stats q = check_reserve_at_exit(&s, &w, pages);
+        shard_stats q = check_spare_at_exit(&s, &w, pages);
         CHECKF(q.large_cached == 1 && q.large_cached_bytes >= LARGE_CACHED_SIZE,
                "the freed large block waits in the cache: %zu blocks, %zu bytes", q.large_cached, q.large_cached_bytes);
         shard_collect();
         shard_stats c = stats_now();
         CHECKF(c.large_cached == 0 && c.large_cached_bytes == 0,
                "after shard_collect the cache holds %zu blocks, %zu bytes", c.large_cached, c.large_cached_bytes);
-        check_heavy_gone(&s, &w, &q, &c, 0, 0, q.large_cached_bytes, LARGE_CACHED_SPAN, "after shard_collect");
+        check_spare_gone(&s, &w, &q, &c, 0, q.large_cached_bytes, LARGE_CACHED_SPAN, "after shard_collect");
+    }
+    scene_end(&s);
+#endif
+}
+
+/* Memory running out gives the spare segments back before it fails: under a limit that the spare
+ * segments' memory keeps full, a 24 MB block is still had, the spare segments gone, and the limit holds. */
+TEST(an_allocation_past_the_limit_takes_the_spare_segments_back_first)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    struct heavy w = { .with_large = 0 };
+    scene_begin(&s);
+    long long pages = scene_heavy(&s, &w);
+    if (pages) {
+        shard_stats q = check_spare_at_exit(&s, &w, pages);
+        size_t limit = q.committed + ((size_t)8 << 20);
+        CHECKF(q.spare_bytes - s.base.spare_bytes > ((size_t)24 << 20), "%zu spare bytes, more than 24 MB expected",
+               q.spare_bytes - s.base.spare_bytes);
+        size_t was = shard_set_limit(limit);
+        struct blk big;
+        int had = blk_alloc(&big, (size_t)24 << 20, 0x7400);
+        shard_stats after = stats_now();
+        shard_set_limit(was);
+        CHECKF(had, "a 24 MB block under a limit 8 MB above what was committed, with %zu spare bytes: refused",
+               q.spare_bytes);
+        CHECKF(after.spare_segments == 0 && after.committed <= limit,
+               "after it: %zu spare segments, %zu bytes committed under a limit of %zu", after.spare_segments,
+               after.committed, limit);
+        if (had) {
+            blk_check(&big, "24 MB block had after the spare segments went back");
+            blk_free(&big);
+        }
     }
     scene_end(&s);
 #endif
@@ -1409,7 +1478,13 @@ TEST(statistics_walk_safely_while_segments_and_arenas_are_released)
 #if SHARD_RULES
 #define RESERVE_HEAPS 8 /* heaps in the stack that keep a reserve at a time */
 
-/* Allocates `pages` pages' worth of 16 KB blocks and frees them: the heap has free pages to keep. */
+/* The blocks page_user_job leaves live, one per call, freed by free_pins. */
+static struct blk pins[64];
+static int pin_count;
+
+/* Allocates `pages` pages' worth of 16 KB blocks and frees all but the first: the heap has pages - 1
+ * free pages to keep, in a segment that still holds a live block (an empty one would become a spare
+ * segment, for any thread, and no reserve of its heap). */
 static void page_user_job(void *arg)
 {
     size_t pages = (size_t)(uintptr_t)arg;
@@ -1419,9 +1494,22 @@ static void page_user_job(void *arg)
         return;
     for (size_t i = 0; i < pages * 4; i++)
         blk_alloc(&b[i], 16384, 0x8500 + i);
-    for (size_t i = 0; i < pages * 4; i++)
+    int pin = __atomic_fetch_add(&pin_count, 1, __ATOMIC_RELAXED);
+    CHECK(pin < 64);
+    if (pin < 64)
+        pins[pin] = b[0];
+    for (size_t i = pin < 64 ? 1 : 0; i < pages * 4; i++)
         blk_free(&b[i]);
     free(b);
+}
+
+static void free_pins(void)
+{
+    for (int i = 0; i < pin_count && i < 64; i++) {
+        blk_check(&pins[i], "block left live by a thread with pages to keep");
+        blk_free(&pins[i]);
+    }
+    pin_count = 0;
 }
 
 static void *page_user_thread(void *arg)
@@ -1470,11 +1558,12 @@ TEST(a_heap_with_nothing_to_keep_takes_no_reserve_place)
     hold_waiting_heaps(&h); /* every reserve of earlier tests taken by a running thread */
     agents_run_and_end(2 * RESERVE_HEAPS, hand_on_job, args);
     shard_stats before = stats_now();
-    run_thread(page_user_thread, (void *)(uintptr_t)20); /* takes one of the 16 heaps, frees 20 pages, ends */
+    run_thread(page_user_thread, (void *)(uintptr_t)20); /* takes one of the 16 heaps, frees 19 pages, ends */
     shard_stats after = stats_now();
-    CHECKF(delta(before.small_pages_free, after.small_pages_free) == 20,
-           "a thread that freed 20 pages ended after 16 heaps with nothing to keep: %+lld free pages kept, 20 "
+    CHECKF(delta(before.small_pages_free, after.small_pages_free) == 19,
+           "a thread that freed 19 pages ended after 16 heaps with nothing to keep: %+lld free pages kept, 19 "
            "expected", delta(before.small_pages_free, after.small_pages_free));
+    free_pins();
     for (int i = 0; i < 2 * RESERVE_HEAPS; i++)
         for (int j = 0; j < 4; j++) {
             blk_check(&handed_on[i][j], "block of a thread that handed it on");
@@ -1513,6 +1602,7 @@ TEST(a_new_thread_takes_a_heap_with_a_reserve_first)
                delta(before.small_pages_decommitted, after.small_pages_decommitted), delta(before.heaps, after.heaps));
         agent_stop(&a);
     }
+    free_pins();
     release_holders(&h);
     check_allocator("after a new thread took a heap with a reserve");
 #endif
