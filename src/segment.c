@@ -443,7 +443,7 @@ uint64_t segment_spare_expire(uint64_t now, uint32_t delay)
     while (gone < spare.count && (now == UINT64_MAX || now - spare.entries[gone].at >= delay)) {
         struct spare *e = &spare.entries[gone++];
         store_relaxed(&spare.bytes, spare.bytes - e->committed);
-        segment_release(e->seg, e->committed); /* no walk sees a spare segment: it goes at once */
+        segment_release(e->seg, e->committed); /* after any walk that still holds it (above) */
     }
     for (unsigned i = gone; i < spare.count; i++)
         spare.entries[i - gone] = spare.entries[i];
