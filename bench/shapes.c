@@ -295,6 +295,14 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* Each worker's share of `total` steps at `scale`: an equal part, at least one. */
+static void share_out(long total, double scale)
+{
+    double share = (double)total * scale / (double)threads;
+    for (long i = 0; i < threads; i++)
+        workers[i].share = share < 1 ? 1 : (long)share;
+}
+
 /* Runs work on every worker, each on a thread of its own; returns the ms from the first thread's start
  * to the last one's end. Each thread reads the clock itself: with more threads than cores, the main
  * thread may not run again, to read it, before some worker has finished. */
@@ -627,24 +635,17 @@ static void scratch_thread(struct worker *w)
     w->errors += cache_objects(w);
 }
 
-static void cache_share(double scale)
-{
-    double share = (double)CACHE_OBJECTS * scale / (double)threads;
-    for (long i = 0; i < threads; i++)
-        workers[i].share = share < 1 ? 1 : (long)share;
-}
-
 static double scenario_cache_thrash(double scale, long *errors)
 {
     (void)errors;
-    cache_share(scale);
+    share_out(CACHE_OBJECTS, scale);
     return run_team(thrash_thread);
 }
 
 static double scenario_cache_scratch(double scale, long *errors)
 {
     (void)errors;
-    cache_share(scale);
+    share_out(CACHE_OBJECTS, scale);
     uint64_t rng = mix64(SEED ^ 3) | 1;
     for (long i = 0; i < threads; i++) /* untimed: the main thread's objects, one after the other */
         make(&workers[i].given, CACHE_OBJECT_SIZE, &rng);
@@ -687,9 +688,7 @@ static void alloc_test_thread(struct worker *w)
 static double scenario_alloc_test(double scale, long *errors)
 {
     (void)errors;
-    double share = (double)ALLOC_TEST_STEPS * scale / (double)threads;
-    for (long i = 0; i < threads; i++)
-        workers[i].share = share < 1 ? 1 : (long)share;
+    share_out(ALLOC_TEST_STEPS, scale);
     return run_team(alloc_test_thread);
 }
 
@@ -760,24 +759,17 @@ static void glibc_thread_thread(struct worker *w)
     w->errors += errors;
 }
 
-static void glibc_share(long blocks, double scale)
-{
-    double share = (double)blocks * scale / (double)threads;
-    for (long i = 0; i < threads; i++)
-        workers[i].share = share < 1 ? 1 : (long)share;
-}
-
 static double scenario_glibc_simple(double scale, long *errors)
 {
     (void)errors;
-    glibc_share(GLIBC_SIMPLE_BLOCKS, scale);
+    share_out(GLIBC_SIMPLE_BLOCKS, scale);
     return run_team(glibc_simple_thread);
 }
 
 static double scenario_glibc_thread(double scale, long *errors)
 {
     (void)errors;
-    glibc_share(GLIBC_THREAD_BLOCKS, scale);
+    share_out(GLIBC_THREAD_BLOCKS, scale);
     return run_team(glibc_thread_thread);
 }
 
@@ -827,9 +819,7 @@ static double scenario_rptest(double scale, long *errors)
 {
     (void)errors;
     struct queue *q = ring_of_threads(RPTEST_RING);
-    double share = (double)RPTEST_STEPS * scale / (double)threads;
-    for (long i = 0; i < threads; i++)
-        workers[i].share = share < 1 ? 1 : (long)share;
+    share_out(RPTEST_STEPS, scale);
     double ms = run_team(rptest_thread);
     queues_free(q, threads);
     return ms;
@@ -859,9 +849,7 @@ static void malloc_large_thread(struct worker *w)
 static double scenario_malloc_large(double scale, long *errors)
 {
     (void)errors;
-    double share = (double)LARGE_STEPS * scale / (double)threads;
-    for (long i = 0; i < threads; i++)
-        workers[i].share = share < 1 ? 1 : (long)share;
+    share_out(LARGE_STEPS, scale);
     return run_team(malloc_large_thread);
 }
 
@@ -901,9 +889,7 @@ static double scenario_ring(double scale, long *errors)
 {
     (void)errors;
     struct queue *q = ring_of_threads(RING_SLOTS);
-    double share = (double)RING_BLOCKS * scale / (double)threads;
-    for (long i = 0; i < threads; i++)
-        workers[i].share = share < 1 ? 1 : (long)share;
+    share_out(RING_BLOCKS, scale);
     double ms = run_team(ring_thread);
     queues_free(q, threads);
     return ms;
@@ -982,9 +968,7 @@ static void mixed_thread(struct worker *w)
 static double scenario_mixed(double scale, long *errors)
 {
     (void)errors;
-    double share = (double)MIXED_STEPS * scale / (double)threads;
-    for (long i = 0; i < threads; i++)
-        workers[i].share = share < 1 ? 1 : (long)share;
+    share_out(MIXED_STEPS, scale);
     return run_team(mixed_thread);
 }
 
@@ -1108,9 +1092,7 @@ static double scenario_strings(double scale, long *errors)
     (void)errors;
     for (size_t i = 0; i < sizeof text_bytes; i++)
         text_bytes[i] = (unsigned char)((i & 255) * 167 + 13);
-    double share = (double)STRINGS_ROUNDS * scale / (double)threads;
-    for (long i = 0; i < threads; i++)
-        workers[i].share = share < 1 ? 1 : (long)share;
+    share_out(STRINGS_ROUNDS, scale);
     return run_team(strings_thread);
 }
 

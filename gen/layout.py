@@ -31,7 +31,7 @@ OFFSETS = [
     # struct page (src/small.h): the owner's first cache line
     ("PAGE_FREE", 0, "page.free: the list the owner allocates from"),
     ("PAGE_LOCAL_FREE", 8, "page.local_free: other threads' frees, once drained"),
-    ("PAGE_USED", 16, "page.used (int32): items out, minus PAGE_FULL_BIAS while full"),
+    ("PAGE_USED", 16, "page.used (int32): items out, or while full the items to its wake"),
     ("PAGE_CARVED_END", 20, "page.carved_end (uint32): offset of the end of the carved items"),
     ("PAGE_DIVISOR", 24, "page.divisor (uint64): ceil(2^64 / block_size), the item test"),
     ("PAGE_BLOCK_SIZE", 32, "page.block_size (uint32)"),

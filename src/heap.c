@@ -680,7 +680,7 @@ int heap_check(heap *h)
                        "heap: the own-segment table differs from the heap's segments; entries:", entries);
     for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++)
         for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next)
-            problems += insist(pg->state == PAGE_IN_USE && pg->cls == cls && pg->used >= 0 && segment_of(pg)->owner == h &&
+            problems += insist(pg->state == PAGE_IN_USE && pg->cls == cls && !pg->full && pg->used >= 0 && segment_of(pg)->owner == h &&
                                    pg->sole == (h->classes[cls].first == h->classes[cls].last),
                                "heap: a page in the wrong class list, or its only-page mark wrong:", pg);
     for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++) {

@@ -12,7 +12,7 @@
 #define SHARD_L_SMALL_MAX 16384          /* largest small block */
 #define SHARD_L_PAGE_FREE 0              /* page.free: the list the owner allocates from */
 #define SHARD_L_PAGE_LOCAL_FREE 8        /* page.local_free: other threads' frees, once drained */
-#define SHARD_L_PAGE_USED 16             /* page.used (int32): items out, minus PAGE_FULL_BIAS while full */
+#define SHARD_L_PAGE_USED 16             /* page.used (int32): items out, or while full the items to its wake */
 #define SHARD_L_PAGE_CARVED_END 20       /* page.carved_end (uint32): offset of the end of the carved items */
 #define SHARD_L_PAGE_DIVISOR 24          /* page.divisor (uint64): ceil(2^64 / block_size), the item test */
 #define SHARD_L_PAGE_BLOCK_SIZE 32       /* page.block_size (uint32) */

@@ -151,6 +151,8 @@ static void page_init(page *pg, unsigned cls)
     pg->free = pg->local_free = NULL;
     pg->used = 0;
     pg->sole = 0;
+    pg->full = 0;
+    pg->full_out = 0;
     pg->capacity = class_capacity[cls];
     pg->carved = 0;
     store_relaxed(&pg->carved_end, 0u);
@@ -160,6 +162,25 @@ static void page_init(page *pg, unsigned cls)
     pg->state = PAGE_IN_USE;
     store_relaxed(&pg->shared_divisor, divisor);
     store_relaxed(&pg->shared_block_size, size);
+}
+
+/* pg leaves its class list with no free item: `used` counts down to its wake (small.h). */
+static void page_set_full(page *pg)
+{
+    int32_t wake = page_wake(pg);
+    if (wake > pg->used)
+        wake = pg->used; /* every item out is one to come back (used >= 1 here) */
+    pg->full_out = pg->used - wake;
+    pg->used = wake;
+    pg->full = 1;
+}
+
+/* pg goes back into its list, or is retired: `used` is the items out again. */
+static void page_clear_full(page *pg)
+{
+    pg->used += pg->full_out;
+    pg->full_out = 0;
+    pg->full = 0;
 }
 
 /* Link up to SHARD_CARVE_BATCH untouched items into `free`, in ascending address order, and no more
@@ -318,6 +339,8 @@ void small_empty_keep(heap *h, unsigned keep)
                 pg->free = pg->local_free = NULL;
                 pg->used = 0;
                 pg->sole = 0;
+                pg->full = 0;
+                pg->full_out = 0;
                 pg->carved = 0;
                 store_relaxed(&pg->carved_end, 0u);
                 h->pages_retired++;
@@ -473,8 +496,8 @@ void *small_alloc_slow(heap *h, unsigned cls)
             page_carve(pg);
             goto take;
         }
-        class_remove(h, pg); /* full: out of the list until an item comes back */
-        pg->used -= PAGE_FULL_BIAS;
+        class_remove(h, pg); /* full: out of the list until its wake count of items comes back */
+        page_set_full(pg);
     }
     small_trim(h);
     pg = page_acquire(h);
@@ -497,7 +520,7 @@ void small_free_local_slow(heap *h, page *pg, block *b)
         error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b); /* also the second free of its last item */
         return;
     }
-    if (unlikely(!page_has_item(pg, b) || pg->used == pg->sole)) {
+    if (unlikely(!page_has_item(pg, b) || page_used(pg) == pg->sole)) {
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b);
         return;
     }
@@ -510,13 +533,13 @@ void small_free_local_slow(heap *h, page *pg, block *b)
     pg->free = b;
     pg->used--;
     debug_check_page(pg, "page inconsistent after a free");
-    if (pg->used == 0) {
+    if (pg->used > 0)
+        return; /* an ordinary free: the C fast path sends none here, a caller that skips its tests may */
+    if (!pg->full) {
         page_emptied(h, pg, 1);
         return;
     }
-    if (pg->used > 0)
-        return; /* an ordinary free: the C fast path sends none here, a caller that skips its tests may */
-    pg->used += PAGE_FULL_BIAS; /* a full page got an item back: to the tail of its class */
+    page_clear_full(pg); /* a full page had its wake count of items back: to the tail of its class */
     if (pg->used == 0)
         page_emptied(h, pg, 0);
     else
@@ -589,11 +612,12 @@ void small_drain_delayed(heap *h)
         block *tail = (block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4));
         link_set(tail, pg->local_free);
         pg->local_free = head;
-        int was_full = pg->used < 0;
+        int was_full = pg->full;
+        if (was_full)
+            page_clear_full(pg); /* other threads' frees bring a full page back at once */
         pg->used -= (int32_t)THREAD_FREE_COUNT(w);
         debug_check_page(pg, "page inconsistent after taking its thread-free list");
         if (was_full) {
-            pg->used += PAGE_FULL_BIAS;
             if (pg->used == 0)
                 page_emptied(h, pg, 0);
             else
@@ -616,8 +640,8 @@ void small_count(heap *h, small_counts *c)
             unsigned state = load_relaxed(&pg->state);
             if (state == PAGE_IN_USE) {
                 long used = load_relaxed(&pg->used);
-                if (used < 0)
-                    used += PAGE_FULL_BIAS;
+                if (load_relaxed(&pg->full))
+                    used += load_relaxed(&pg->full_out);
                 used -= load_relaxed(&pg->sole); /* the extra one of a class's only page */
                 uint64_t w = load_relaxed(&pg->thread_free);
                 size_t live = (size_t)used - (size_t)THREAD_FREE_COUNT(w); /* freed by others, not yet taken in */
@@ -699,7 +723,7 @@ int small_check_page(const page *pg)
     int problems = 0;
     long cap = pg->capacity;
     long nfree = list_length(pg, pg->free, cap), nlocal = list_length(pg, pg->local_free, cap);
-    long used = (pg->used < 0 ? (long)pg->used + PAGE_FULL_BIAS : pg->used) - pg->sole;
+    long used = (long)page_used(pg) - pg->sole;
     uint64_t w = load_acquire(&pg->thread_free);
     long nthread = 0;
     if (w != 0) {
@@ -719,7 +743,10 @@ int small_check_page(const page *pg)
     else
         problems += insist(nfree + nlocal + used == pg->carved, "small: free + local_free + used != carved in page", pg);
     problems += insist(nthread <= used, "small: more items in thread_free than are out, in page", pg);
-    problems += insist(pg->sole <= 1 && !(pg->sole && pg->used < 0), "small: a full page counted as its class's only one:", pg);
+    problems += insist(pg->sole <= 1 && !(pg->sole && pg->full), "small: a full page counted as its class's only one:", pg);
+    problems += insist(pg->full ? pg->full <= 1 && pg->used >= 0 && pg->used <= page_wake(pg) && pg->full_out >= 0
+                                : pg->full_out == 0 && pg->used >= 0,
+                       "small: a full page's count to its wake, or a page's count, out of range:", pg);
     problems += insist(pg->carved <= pg->capacity && pg->carved_end == (uint32_t)pg->carved * pg->block_size,
                        "small: carved beyond the capacity, or carved_end differs from carved, in page", pg);
     problems += insist(pg->block_size == class_size[pg->cls] && load_relaxed(&pg->shared_block_size) == pg->block_size &&

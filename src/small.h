@@ -26,9 +26,15 @@
  *
  * `used` counts items handed out, including those waiting in thread_free, plus 1 (`sole`) while the
  * page is the only one of its class list, which keeps it even when empty. A page with no free item
- * left is taken out of its class list and `used` gets PAGE_FULL_BIAS subtracted, so that the owner's
- * free fast path tests one thing: the decremented `used` is <= 0 when the page became empty (0: not
- * its class's only page) or was full (negative) and has to be retired or go back into its list.
+ * left is taken out of its class list (`full`), and then `used` counts down to its wake: it holds the
+ * wake count (a sixteenth of the page's items, at least one: page_wake) and `full_out` the rest of the
+ * items out. So the owner's free fast path tests one thing: the decremented `used` is <= 0 when the
+ * page became empty (not its class's only page) or when a full page has had its wake count of items
+ * back, and the slow path retires the page or puts it at the tail of its list, with those items on
+ * its free list. Until then the owner's frees into a full page are fast-path pushes: when frees land
+ * at random over many pages, a page that went back into its list at its first free would be drained
+ * by the next allocation and go out again, a slow path per block (bench/shapes.py's glibc-thread:
+ * bench/results/2026-12-02-spare.md). page_used() is the true count.
  *
  * The descriptor is laid out by cache lines: the first line holds what the owner reads and writes on
  * every operation, the second what other threads write, so a foreign free does not take the owner's
@@ -74,13 +80,12 @@ enum page_state {
     PAGE_IN_USE = 2  /* serves class `cls` */
 };
 
-#define PAGE_FULL_BIAS 0x40000000
-
 typedef struct page {
     /* line 0: the owner's */
     block *free;
     block *local_free;
-    int32_t used;            /* items out, + sole; minus PAGE_FULL_BIAS while the page is out of its list */
+    int32_t used;            /* items out, + sole; while `full`: the items still to come back before the
+                              * page goes back into its list (page_used: the items out) */
     uint32_t carved_end;     /* offset of the end of the carved items: carved * block_size; stored as a
                               * relaxed atomic, since other threads read it (page_has_item_any_thread) */
     uint64_t divisor;        /* ceil(2^64 / block_size): the item test of page_has_item() */
@@ -91,7 +96,8 @@ typedef struct page {
     uint8_t cls;
     uint8_t state;
     uint8_t sole;            /* 1 while the page is the only one of its class list, counted in `used` too */
-    uint8_t pad0[5];
+    uint8_t full;            /* 1 while the page is out of its list for want of free items */
+    int32_t full_out;        /* while `full`: the items out besides `used` */
     /* line 1: what other threads write, and copies of what they read, so that a foreign free does
      * not touch line 0 at all (item offsets come from the address: a page's items start at its
      * 64 KB boundary) */
@@ -109,6 +115,12 @@ _Static_assert(offsetof(page, used) >= 16 && offsetof(page, carved_end) + sizeof
 _Static_assert(offsetof(page, shared_divisor) >= offsetof(segment, pad) &&
                    offsetof(page, shared_block_size) + sizeof(uint32_t) <= PAGE_DESC_SIZE,
                "the fields that a foreign free tests overlay the zero padding of the segment header");
+
+/* The items pg has out (with the extra one of a class's only page), full or not. */
+static inline int32_t page_used(const page *pg) { return pg->used + (pg->full ? pg->full_out : 0); }
+
+/* How many of its items a full page waits for before it goes back into its list: a sixteenth. */
+static inline int32_t page_wake(const page *pg) { return pg->capacity >= 32 ? pg->capacity / 16 : 1; }
 
 /* The first item of a page: its 64 KB boundary, found from the descriptor's place in page 0. */
 static inline uint8_t *page_start(const page *pg)

@@ -473,14 +473,15 @@ enum field {
     F_SEGMENTS = 1, F_OWN_ENTERED, F_OWNER, F_FREE_COUNT, F_PAGES_RETIRED, F_DIRECT, F_CLASS_FIRST,
     F_CLASS_LAST, F_FREE_FIRST, F_FREE_LAST, F_COLD_FIRST, F_EMPTY_ARENAS, F_STATE, F_CLS, F_USED,
     F_CARVED, F_CARVED_END, F_BLOCK_SIZE, F_CAPACITY, F_DIVISOR, F_SHARED_BLOCK_SIZE, F_SHARED_DIVISOR,
-    F_THREAD_FREE, F_NEXT, F_PREV, F_FREE_ITEM, F_FREE_LENGTH, F_LOCAL_ITEM, F_LOCAL_LENGTH, F_FIELDS
+    F_THREAD_FREE, F_NEXT, F_PREV, F_FREE_ITEM, F_FREE_LENGTH, F_LOCAL_ITEM, F_LOCAL_LENGTH, F_FULL,
+    F_FULL_OUT, F_FIELDS
 };
 static const char *const field_names[F_FIELDS] = {
     "?", "segment count", "own-segment entry", "segment owner", "free_count", "pages_retired", "direct",
     "classes.first", "classes.last", "free_pages.first", "free_pages.last", "cold_pages", "empty_arena_count",
     "state", "cls", "used", "carved", "carved_end", "block_size", "capacity", "divisor", "shared_block_size",
     "shared_divisor", "thread_free", "next", "prev", "free item", "free length", "local_free item",
-    "local_free length"};
+    "local_free length", "full", "full_out"};
 
 #define PAGE_NONE 0xffffffffull
 #define PAGE_EMPTY 0xfffffffeull   /* small_empty_page */
@@ -577,6 +578,8 @@ static void snapshot_heap(const heap *h, snapshot *s)
             snap_put(s, F_STATE, k, i, 0, pg->state);
             snap_put(s, F_CLS, k, i, 0, pg->cls);
             snap_put(s, F_USED, k, i, 0, (uint32_t)pg->used);
+            snap_put(s, F_FULL, k, i, 0, pg->full);
+            snap_put(s, F_FULL_OUT, k, i, 0, (uint32_t)pg->full_out);
             snap_put(s, F_CARVED, k, i, 0, pg->carved);
             snap_put(s, F_CARVED_END, k, i, 0, pg->carved_end);
             snap_put(s, F_BLOCK_SIZE, k, i, 0, pg->block_size);
@@ -1011,7 +1014,7 @@ static int pages_full(const heap *h)
     for (const segment *g = h ? h->segments : NULL; g != NULL; g = g->next)
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             const page *pg = (const page *)((uintptr_t)g + (uintptr_t)i * PAGE_DESC_SIZE);
-            n += pg->state == PAGE_IN_USE && pg->used < 0;
+            n += pg->state == PAGE_IN_USE && pg->full;
         }
     return n;
 }
@@ -1311,6 +1314,25 @@ static void fast_path_cases(void *unused)
         step_case f = {"free in the only page of the class", OP_FREE, x[i], 0, 1};
         step(&f);
     }
+    /* A full page of 1 KB blocks (64 items) waits for 4 of them (a sixteenth) before it goes back into
+     * its list: the owner's first 3 frees into it are fast, the 4th is slow. */
+    enum { KB_ITEMS = 64, KB_WAKE = 4 };
+    static unsigned char *y[KB_ITEMS + 1];
+    for (int i = 0; i <= KB_ITEMS; i++)
+        y[i] = (unsigned char *)(uintptr_t)checked_call(asm_entries.fn[OP_MALLOC], 1024, 0, "malloc");
+    const page *yp = page_of(y[0]);
+    CHECKF(page_of(y[KB_ITEMS - 1]) == yp && page_of(y[KB_ITEMS]) != yp && yp->full && yp->used == KB_WAKE,
+           "64 blocks of 1 KB fill a page, marked full with %d to come back: full %d, used %d", KB_WAKE, yp->full,
+           yp->used);
+    for (int i = 0; i < KB_WAKE; i++) {
+        step_case f = {i + 1 < KB_WAKE ? "free into a full page before its wake" : "the free that wakes a full page",
+                       OP_FREE, y[i], 0, i + 1 < KB_WAKE};
+        step(&f);
+    }
+    CHECKF(!yp->full && yp->used == KB_ITEMS - KB_WAKE, "after the wake: full %d, used %d (%d expected)", yp->full,
+           yp->used, KB_ITEMS - KB_WAKE);
+    for (int i = KB_WAKE; i <= KB_ITEMS; i++)
+        checked_call(asm_entries.fn[OP_FREE], (uint64_t)(uintptr_t)y[i], 0, "free");
     step_case zero = {"malloc(0)", OP_MALLOC, NULL, 0, 1};
     checked_call(asm_entries.fn[OP_FREE], (uint64_t)(uintptr_t)step(&zero), 0, "free");
     step_case medium = {"malloc of a medium size", OP_MALLOC, NULL, SHARD_SMALL_MAX + 1, 0};
