@@ -342,14 +342,13 @@ static void retire(heap *h)
 {
     /* First its empty segments and arenas become spare ones, committed, for whichever heap needs one
      * next (segment.h); what stays is in segments that still hold live blocks. */
-    trim_to(h, UINT32_MAX, UINT32_MAX, 1);
-    small_release_empty(h, 1);
-    medium_release_empty(h, 1);
-    if (segment_spare_bytes() != 0) /* the spare segments' expiry (heap_reserve_expire) */
+    trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* the queues taken in, the class pages kept retired */
+    if (small_release_empty(h, 1) + medium_release_empty(h, 1) != 0) /* their expiry: heap_reserve_expire */
         arm_due(os_clock_ms() + options_values.reserve_delay_ms);
     if (counted(__atomic_fetch_add(&reserves_held, 1u, __ATOMIC_RELAXED)) < SHARD_RESERVE_HEAPS) {
         h->reserve_held = 1;
-        trim_to(h, SHARD_RESERVE_PAGES, SHARD_RESERVE_ARENAS, 1);
+        small_keep(h, SHARD_RESERVE_PAGES, 0);
+        medium_keep(h, SHARD_RESERVE_ARENAS);
     } else {
         (void)counted(__atomic_fetch_sub(&reserves_held, 1u, __ATOMIC_RELAXED));
         trim_all(h, 1);

@@ -244,9 +244,10 @@ void medium_keep(heap *h, unsigned keep)
         trim_arenas(h, UINT64_MAX, keep);
 }
 
-void medium_release_empty(heap *h, int spare)
+unsigned medium_release_empty(heap *h, int spare)
 {
     spare = spare && !h->created; /* a created heap's memory is charged to it: it keeps to its own */
+    unsigned spared = 0;
     arena **link = &h->arenas;
     for (arena *a = *link; a != NULL; a = *link) {
         if (a->live != 0) {
@@ -260,9 +261,12 @@ void medium_release_empty(heap *h, int spare)
             empty_list_remove(h, a);
         store_release(link, a->next); /* statistics walk the list (segment_walk_begin) */
         heap_uncharge(h, a->committed);
-        if (!spare || !segment_spare_put(&a->seg, SEG_MEDIUM, a->committed))
+        if (spare && segment_spare_put(&a->seg, SEG_MEDIUM, a->committed))
+            spared++;
+        else
             segment_release(&a->seg, a->committed);
     }
+    return spared;
 }
 
 void medium_release_all(heap *h)

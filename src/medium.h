@@ -81,8 +81,9 @@ void *medium_resize_in_place(struct heap *h, void *p, size_t size);
 void medium_keep(struct heap *h, unsigned keep);
 
 /* Release h's arenas that hold no block (their address space goes back too); with `spare`, a thread
- * heap's go to the spare segments (segment.h) while there is room, as committed as they are. */
-void medium_release_empty(struct heap *h, int spare);
+ * heap's go to the spare segments (segment.h) while there is room, as committed as they are. Returns
+ * how many went there. */
+unsigned medium_release_empty(struct heap *h, int spare);
 /* Release all of h's arenas, live blocks and all (a created heap's destroy or reset: engine.c); the
  * caller clears h's bins and lists. */
 void medium_release_all(struct heap *h);

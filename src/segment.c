@@ -453,8 +453,6 @@ uint64_t segment_spare_expire(uint64_t now, uint32_t delay)
     return due;
 }
 
-size_t segment_spare_bytes(void) { return load_relaxed(&spare.bytes); }
-
 void segment_spare_counts(size_t *segments, size_t *bytes)
 {
     *segments = load_relaxed(&spare.count);

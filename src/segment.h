@@ -116,7 +116,6 @@ segment *segment_spare_take(unsigned kind, size_t *committed);
 /* Release the spare segments put `delay` ms or more before `now` (UINT64_MAX: all); the time the next
  * one is due, or 0 when none waits. */
 uint64_t segment_spare_expire(uint64_t now, uint32_t delay);
-size_t segment_spare_bytes(void); /* committed in spare segments */
 void segment_spare_counts(size_t *segments, size_t *bytes); /* for the statistics */
 void segment_spare_lock_for_fork(int take);
 

@@ -234,7 +234,7 @@ static void trim_at(heap *h, uint64_t now, unsigned keep)
 
 /* The own-segment entry of s's 4 GB slot, if s holds it, goes to another of h's segments in that slot
  * (heap_check: every segment's slot has an entry), else is cleared: another heap's segment may come
- * to s's address. */
+ * to s's address. The caller has taken s out of h's list. */
 static void own_entry_leave(heap *h, const segment *s)
 {
     uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
@@ -242,15 +242,16 @@ static void own_entry_leave(heap *h, const segment *s)
         return;
     h->own[slot] = 0;
     for (segment *o = h->segments; o != NULL; o = o->next)
-        if (o != s && (uint32_t)(uintptr_t)o >> SEGMENT_SHIFT == slot) {
+        if ((uint32_t)(uintptr_t)o >> SEGMENT_SHIFT == slot) {
             h->own[slot] = (uintptr_t)o;
             break;
         }
 }
 
-void small_release_empty(heap *h, int spare)
+unsigned small_release_empty(heap *h, int spare)
 {
     spare = spare && !h->created; /* a created heap's memory is charged to it: it keeps to its own */
+    unsigned spared = 0;
     segment **link = &h->segments;
     for (segment *s = *link; s != NULL; s = *link) {
         unsigned free_pages = 0, in_use = 0;
@@ -273,9 +274,12 @@ void small_release_empty(heap *h, int spare)
         own_entry_leave(h, s);
         size_t committed = SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE;
         heap_uncharge(h, committed);
-        if (!spare || !segment_spare_put(s, SEG_SMALL, committed))
+        if (spare && segment_spare_put(s, SEG_SMALL, committed))
+            spared++;
+        else
             segment_release(s, committed);
     }
+    return spared;
 }
 
 /* A spare segment (segment.h) becomes h's, its free pages the most recently freed of h's, its cold

@@ -271,8 +271,9 @@ void small_drain_delayed(struct heap *h);
  * their thread runs (the only page of a class, empty) are retired first. */
 void small_keep(struct heap *h, unsigned keep, int exiting);
 /* Release h's segments with no page in use (free pages and all): their address space goes back too;
- * with `spare`, a thread heap's go to the spare segments (segment.h) while there is room, committed. */
-void small_release_empty(struct heap *h, int spare);
+ * with `spare`, a thread heap's go to the spare segments (segment.h) while there is room, committed.
+ * Returns how many went there. */
+unsigned small_release_empty(struct heap *h, int spare);
 /* Release all of h's segments, live blocks and all (a created heap's destroy or reset: engine.c); the
  * caller clears h's lists. */
 void small_release_all(struct heap *h);
