@@ -43,6 +43,7 @@
 #define BENCH_NAME "churn"
 #include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
 #include "options.h"   /* -name value options */
+#include "rng.h"       /* mix64, rng_next */
 
 #include <errno.h>
 #include <math.h>
@@ -85,26 +86,6 @@ static const struct mix mixes[] = {
 };
 
 /* ---- Helpers ---- */
-
-/* splitmix64 step: spreads a (round, thread) pair into a seed. */
-static uint64_t mix64(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15u;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
-/* xorshift64*: the generator of one thread in one round (state never 0). */
-static inline uint64_t rng_next(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545f4914f6cdd1du;
-}
 
 /* ---- Objects ---- */
 

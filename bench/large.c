@@ -53,6 +53,7 @@
 #define BENCH_NAME "large"
 #include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
 #include "options.h"   /* -name value options */
+#include "rng.h"       /* mix64, rng_next */
 
 #include <errno.h>
 #include <math.h>
@@ -85,17 +86,6 @@ static inline unsigned char *resize_block(unsigned char *p, size_t size)
     if (__builtin_expect(q == NULL, 0))
         out_of_memory(size);
     return q;
-}
-
-/* xorshift64*: one state per thread and scenario, fixed seeds. */
-static inline uint64_t rng_next(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545f4914f6cdd1du;
 }
 
 /* A 64-bit mix (the splitmix64 finaliser): the value of a sample word from its offset. */

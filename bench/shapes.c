@@ -83,6 +83,7 @@
 #define BENCH_NAME "shapes"
 #include "allocator.h" /* the allocator under test (one ALLOC_* define) and now_ns() */
 #include "options.h"   /* -name value options */
+#include "rng.h"       /* mix64, rng_next */
 
 #include <errno.h>
 #include <fcntl.h>
@@ -111,26 +112,6 @@ __attribute__((noreturn, cold)) static void fail(const char *what, int err)
 {
     fprintf(stderr, "shapes: %s: %s\n", what, strerror(err));
     exit(1);
-}
-
-/* splitmix64 step: spreads a (scenario, thread) pair into a seed. */
-static uint64_t mix64(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15u;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
-/* xorshift64*: the generator of one thread (state never 0). */
-static inline uint64_t rng_next(uint64_t *state)
-{
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545f4914f6cdd1du;
 }
 
 /* A number in [0, n), n below 2^32 (the high half of the draw, multiplied: no division). */
@@ -440,6 +421,16 @@ static struct queue *ring_of_threads(size_t slots)
         workers[i].in = &q[(i + threads - 1) % threads];
     }
     return q;
+}
+
+/* A team on a ring of queues of `slots` each, `total` steps shared out at `scale`: ms, as run_team. */
+static double run_ring(size_t slots, long total, double scale, void (*work)(struct worker *))
+{
+    struct queue *q = ring_of_threads(slots);
+    share_out(total, scale);
+    double ms = run_team(work);
+    queues_free(q, threads);
+    return ms;
 }
 
 /* ---- larson ---- */
@@ -818,11 +809,7 @@ static void rptest_thread(struct worker *w)
 static double scenario_rptest(double scale, long *errors)
 {
     (void)errors;
-    struct queue *q = ring_of_threads(RPTEST_RING);
-    share_out(RPTEST_STEPS, scale);
-    double ms = run_team(rptest_thread);
-    queues_free(q, threads);
-    return ms;
+    return run_ring(RPTEST_RING, RPTEST_STEPS, scale, rptest_thread);
 }
 
 /* ---- malloc-large ---- */
@@ -888,11 +875,7 @@ static void ring_thread(struct worker *w)
 static double scenario_ring(double scale, long *errors)
 {
     (void)errors;
-    struct queue *q = ring_of_threads(RING_SLOTS);
-    share_out(RING_BLOCKS, scale);
-    double ms = run_team(ring_thread);
-    queues_free(q, threads);
-    return ms;
+    return run_ring(RING_SLOTS, RING_BLOCKS, scale, ring_thread);
 }
 
 /* ---- mixed ---- */
