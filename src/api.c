@@ -512,6 +512,7 @@ void shard_get_stats(shard_stats *out)
         medium_count(h, &mc);
         small_count(h, &sc);
     }
+    small_orphan_count(&sc, &out->orphan_segments);
     segment_walk_end();
     out->live_small = sc.live;
     out->live_small_bytes = sc.live_bytes;

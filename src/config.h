@@ -88,6 +88,12 @@
 #define SHARD_SPARE_SEGMENTS 32
 #endif
 
+/* Free pages of orphan segments (small.h) kept committed, at most, for any thread heap: those around
+ * the live blocks of threads that ended without a reserve. */
+#ifndef SHARD_ORPHAN_PAGES
+#define SHARD_ORPHAN_PAGES 2048
+#endif
+
 /* Heaps of exited threads (heap.c): a thread that would make a new heap first looks for heaps whose
  * threads no longer live once there are this many heaps, and then whenever there are twice as many as
  * threads were found alive, plus this. */
@@ -163,7 +169,7 @@
 #define SHARD_LARGE_EXCESS_MIN ((size_t)16 << 20)
 #endif
 
-#if SHARD_RESERVE_HEAPS < 0 || SHARD_SPARE_SEGMENTS < 0 || SHARD_RECLAIM_MIN < 1 || SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || SHARD_KEEP_FREE_PAGES < 0
+#if SHARD_RESERVE_HEAPS < 0 || SHARD_SPARE_SEGMENTS < 0 || SHARD_ORPHAN_PAGES < 0 || SHARD_RECLAIM_MIN < 1 || SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || SHARD_KEEP_FREE_PAGES < 0
 #error "invalid shardmm configuration"
 #endif
 

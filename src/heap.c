@@ -27,7 +27,9 @@
  * back to the OS at once. Only SHARD_RESERVE_HEAPS heaps
  * hold a reserve at a time, and a heap with nothing to keep takes no place: when 500 threads end at once,
  * the reserves of 8 wait for new threads, not of 500 (test_hostile.c's idle-heaps-500 shows the memory a
- * reserve each would hold: bench/results/2026-11-30-quoted-in-code.md). Then the heap goes, whole, onto
+ * reserve each would hold: bench/results/2026-11-30-quoted-in-code.md). A heap that finds no place
+ * gives its small segments with live blocks, and their free pages, to the orphans (small.h), where any
+ * thread heap that needs a page takes them. Then the heap goes, whole, onto
  * one of two stacks of free heaps - the warm one if it holds a reserve, else the cold one - and a new
  * thread pops one, warm first, before it makes a new heap. A stack's top is a pointer and a change
  * counter swapped together by cmpxchg16b: a pop that read top A and A->next_free could otherwise succeed
@@ -43,7 +45,8 @@
  * batch trim every 64 queued pages). A heap that entered the stack less than the reserve's delay ago
  * (SHARDMM_DELAY_MS, options.h; SHARD_RESERVE_DELAY_MS by default) keeps its reserve; after that, and at
  * once on shard_collect or under memory pressure, it keeps nothing but its live blocks: segments without
- * a page in use and empty arenas released, the other free pages decommitted. A thread that finds the
+ * a page in use and empty arenas released, the other free pages decommitted, and its small segments that
+ * hold live blocks given to the orphans. A thread that finds the
  * stacks empty while they are being trimmed waits for the heaps to come back rather than make a new heap:
  * `trimming` is odd while the stacks are taken, and a pop believes empty tops only when `trimming` was
  * even and unchanged around reading them.
@@ -258,6 +261,8 @@ static void trim_all(heap *h, int idle)
     medium_release_empty(h, 0);
     small_keep(h, 0, 0);
     medium_keep(h, 0);
+    if (idle)
+        small_orphan_give(h); /* its segments with live blocks serve any thread (small.h) */
 }
 
 static int has_reserve(const heap *h) { return h->free_count > 0 || h->empty_arena_count > 0; }
@@ -318,6 +323,9 @@ void heap_reserve_expire(uint64_t due)
     }
     trim_stack(0);
     spin_unlock(&trim_lock);
+    uint64_t orphan_due = small_orphan_expire(os_clock_ms());
+    if (orphan_due != 0)
+        arm_due(orphan_due);
     uint64_t created_due = created_reserve_expire(os_clock_ms());
     if (created_due != 0)
         arm_due(created_due);
@@ -351,6 +359,7 @@ static void retire(heap *h)
         medium_keep(h, SHARD_RESERVE_ARENAS);
     } else {
         (void)counted(__atomic_fetch_sub(&reserves_held, 1u, __ATOMIC_RELAXED));
+        small_orphan_give(h); /* with its free pages, committed for any thread (small.h) */
         trim_all(h, 1);
     }
     int reserve = has_reserve(h);
@@ -454,6 +463,7 @@ void heap_collect(void)
     if (h != NULL)
         trim_to(h, SHARD_KEEP_FREE_PAGES, 1, 0);
     empty_stack();
+    small_orphan_expire(UINT64_MAX);
     created_reserve_expire(UINT64_MAX);
     segment_spare_expire(UINT64_MAX, 0);
 }
@@ -467,6 +477,7 @@ int heap_relieve(void)
     if (h != NULL)
         trim_all(h, 0);
     empty_stack();
+    small_orphan_expire(UINT64_MAX);
     created_reserve_expire(UINT64_MAX);
     segment_spare_expire(UINT64_MAX, 0);
     os_get_totals(&after);
@@ -483,7 +494,7 @@ int heap_check_stack(void)
         problems += heap_check(h);
     put_back_stack(first);
     spin_unlock(&trim_lock);
-    return problems;
+    return problems + small_orphan_check();
 }
 
 void heap_visit_stack(visitor *v)
@@ -498,6 +509,8 @@ void heap_visit_stack(visitor *v)
     }
     put_back_stack(first);
     spin_unlock(&trim_lock);
+    if (!v->stop)
+        small_orphan_visit(v);
 }
 
 /* ---- fork ---------------------------------------------------------------------------------------- */
@@ -515,6 +528,7 @@ static void fork_prepare(void)
 #endif
     created_lock_for_fork(1); /* first: it is held around calls that take the others (engine.c) */
     spin_lock_for_fork(&trim_lock);
+    small_orphan_lock_for_fork(1); /* after trim_lock: a retire under it gives segments to the orphans */
     meta_lock_for_fork(1);
     large_lock_for_fork(1);
     error_lock_for_fork(1);
@@ -529,6 +543,7 @@ static void fork_unlock(void)
     error_lock_for_fork(0);
     large_lock_for_fork(0);
     meta_lock_for_fork(0);
+    small_orphan_lock_for_fork(0);
     spin_unlock_for_fork(&trim_lock);
     created_lock_for_fork(0);
 #if SHARD_FULL_DEBUG

@@ -3,7 +3,8 @@
  * A heap is created the first time a thread allocates (a free alone creates none) and is never freed:
  * when its thread exits it goes on a stack of free heaps (one 16-byte CAS on the top with a change
  * counter against ABA) and the next new thread takes it, warm, with the pages that still hold live
- * blocks. Pages never change their owner, so the owner recorded in a segment stays valid. heap.c has
+ * blocks, unless its segments with live blocks went to the orphans for any thread (small.h). Heaps are
+ * never freed, so the owner recorded in a segment is always a heap, if not always the same. heap.c has
  * the life of a heap: start-up and its re-entrancy, exit, the reserve, the heaps of threads that exited
  * without a hook, and fork.
  *
@@ -34,8 +35,8 @@ typedef struct heap {
      * own small segment when own[(uint32_t)p >> 22] == p & ~SEGMENT_MASK; one load, where the segment
      * map and the owner would take four. A segment whose entry is taken (one 4 GB apart, rare) is not
      * entered, and its blocks take the slow path. Entry 0 holds 1, no segment's address: a pointer below
-     * 4 MB (NULL) must not match an empty entry. Written when the heap makes a segment, never cleared
-     * (segments stay with their heap). */
+     * 4 MB (NULL) must not match an empty entry. Written when the heap makes or takes a segment, and
+     * cleared (or given to another of its segments in that slot) when a segment leaves the heap. */
     uintptr_t own[HEAP_OWN_SLOTS];
     page_list classes[SHARD_CLASS_COUNT]; /* pages with (possibly) free items; refilled ones at the tail */
     page_list free_pages;    /* committed, no class; the oldest first */
@@ -54,6 +55,8 @@ typedef struct heap {
     uint32_t medium_ops;     /* counts medium operations: every 256th checks the empty arenas' age */
     uint64_t retired_at;     /* os_clock_ms() when it last went onto the stack of free heaps */
     uint32_t reserve_held;   /* 1 while it waits in the stack with a reserve (heap.c) */
+    uint32_t forwards;       /* 1 once it gave segments to the orphans (small.h): its drains look at
+                              * each page's owner */
     /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own,
      * with the owner word, which those frees read (heap.c: generation << 32 | the thread's number,
      * 0 while no thread has the heap, PORT_THREAD_NONE for a parent's thread's heap in a fork child). */

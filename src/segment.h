@@ -45,10 +45,11 @@ enum seg_kind {
 
 struct heap;
 
-/* Descriptor 0. The owner is written at creation, and again only while the segment holds no live
- * block (it becomes spare, and another heap's: below), so the "is this block mine" test of a free
- * reads a line that nobody writes while the block lives. `zero` and `pad` are never written: they overlay the
- * fields of a page descriptor that the free paths test (`used`, `carved_end`, the shared divisor), so
+/* Descriptor 0. The owner is written at creation, and again only when the segment changes heaps: while
+ * it holds no live block (it becomes spare, and another heap's: below), or with its live blocks, when
+ * the heap of an ended thread gives it to the orphans and another heap takes it (small.h). So the "is
+ * this block mine" test of a free reads a line that is written at most twice per thread that ends.
+ * `zero` and `pad` are never written: they overlay the fields of a page descriptor that the free paths test (`used`, `carved_end`, the shared divisor), so
  * a pointer into page 0 looks like one into a page with no items and reaches the error hook. The
  * other fields overlay page fields that no free path reads (block_size is read only after carved_end
  * has failed the pointer). */

@@ -434,7 +434,8 @@ void small_keep(heap *h, unsigned keep, int exiting)
         trim_at(h, UINT64_MAX, keep);
 }
 
-/* A page to serve a class: the most recently freed committed one, else a cold one, else a new segment's. */
+/* A page to serve a class: the most recently freed committed one, else a cold one, else a spare or new
+ * segment's. */
 static page *page_acquire(heap *h)
 {
     page *pg = h->free_pages.last;
@@ -482,6 +483,8 @@ static page *page_acquire(heap *h)
 
 /* ---- allocation and free ------------------------------------------------------------------------- */
 
+static int adopt_orphan(heap *h);
+
 void *small_alloc_slow(heap *h, unsigned cls)
 {
     heap_reserve_tick();
@@ -490,6 +493,7 @@ void *small_alloc_slow(heap *h, unsigned cls)
     if (load_relaxed(&h->delayed_arenas) != NULL) /* medium chunks freed by others: on slow paths too */
         medium_drain_delayed(h);
     page *pg;
+again:
     for (;;) {
         pg = h->classes[cls].first;
         if (pg == NULL)
@@ -503,6 +507,10 @@ void *small_alloc_slow(heap *h, unsigned cls)
         class_remove(h, pg); /* full: out of the list until its wake count of items comes back */
         page_set_full(pg);
     }
+    /* Without a free page of its own, h takes an orphan segment's free pages, and its pages in use,
+     * which may serve this class (at most once: h has a free page after it). */
+    if (h->free_pages.last == NULL && adopt_orphan(h) == 0)
+        goto again;
     small_trim(h);
     pg = page_acquire(h);
     if (pg == NULL)
@@ -550,6 +558,16 @@ void small_free_local_slow(heap *h, page *pg, block *b)
         class_append(h, pg);
 }
 
+/* Put pg, whose thread_free word is not 0, on owner's `delayed` list. */
+static void page_queue(heap *owner, page *pg)
+{
+    page *head = load_relaxed(&owner->delayed);
+    do {
+        pg->next_delayed = head;
+    } while (!cas_release(&owner->delayed, &head, pg));
+    heap_foreign_queued(owner);
+}
+
 void small_free_foreign(page *pg, block *b)
 {
     uint8_t *start = (uint8_t *)((uintptr_t)b & ~(uintptr_t)(PAGE_SIZE - 1));
@@ -573,12 +591,7 @@ void small_free_foreign(page *pg, block *b)
     /* First item since the owner's last drain: queue the page at its owner, exactly once. The CAS that
      * found 0 read the owner's exchange in small_drain_delayed and acquired with it, so the owner's read
      * of next_delayed there comes before this write (on x86 the same lock cmpxchg as a release CAS). */
-    heap *owner = segment_of(pg)->owner;
-    page *head = load_relaxed(&owner->delayed);
-    do {
-        pg->next_delayed = head;
-    } while (!cas_release(&owner->delayed, &head, pg));
-    heap_foreign_queued(owner);
+    page_queue(load_acquire(&segment_of(pg)->owner), pg);
 }
 
 void small_link_damaged(page *pg, block *b, block *freed)
@@ -609,6 +622,17 @@ void small_drain_delayed(heap *h)
     page *pg = exchange_acq_rel(&h->delayed, NULL);
     while (pg != NULL) {
         page *next = pg->next_delayed; /* before the exchange: then the page may be queued again */
+        if (unlikely(h->forwards)) {
+            /* A page of a segment h gave to the orphans was queued here by a free that read the owner
+             * before the change: it goes on to the segment's owner now, still queued (thread_free is
+             * not 0, so no free queues it again meanwhile). Only h's own thread moves a segment to h. */
+            heap *owner = load_acquire(&segment_of(pg)->owner);
+            if (owner != h) {
+                page_queue(owner, pg);
+                pg = next;
+                continue;
+            }
+        }
         uint64_t w = exchange_acq_rel(&pg->thread_free, 0);
         shard_assert(w != 0, "a queued page has items in thread_free");
         uint8_t *start = page_start(pg);
@@ -631,6 +655,139 @@ void small_drain_delayed(heap *h)
         }
         pg = next;
     }
+}
+
+/* ---- orphan segments ------------------------------------------------------------------------------- */
+
+/* The orphans: a heap that no thread runs, its lists changed only under orphan_lock. Its owner word is 0,
+ * so a foreign free that queues a page here arms the stack's trim (heap_foreign_queued), which drains
+ * it (small_orphan_expire). It is not in the list of all heaps; the statistics and walks ask for it. */
+static heap orphans = {
+    .direct = {[0 ... SHARD_DIRECT_COUNT - 1] = &small_empty_page},
+    .own = {[0] = 1},
+    .forwards = 1, /* segments leave it: pages queued at it after that go on to their new owner */
+};
+static spinlock orphan_lock;
+
+/* pg, a page of a segment that moves from `from` to `to`, leaves from's lists for to's, as it is. A full
+ * page is in no list and stays so; its items come back to whoever owns it then. */
+static void page_move(heap *from, heap *to, page *pg)
+{
+    if (pg->state == PAGE_FREE) {
+        list_remove(&from->free_pages, pg);
+        from->free_count--;
+        list_append(&to->free_pages, pg); /* keeps its freed_at: its delay goes on */
+        to->free_count++;
+    } else if (pg->state == PAGE_COLD) {
+        list_remove(&from->cold_pages, pg);
+        list_append(&to->cold_pages, pg);
+    } else if (!pg->full) {
+        class_remove(from, pg); /* takes the extra one of an only page away */
+        if (pg->used == 0)
+            page_emptied(to, pg, 0);
+        else
+            class_append(to, pg);
+    }
+}
+
+/* Segment s, with its pages, blocks and all, leaves `from` for `to`: the owner word first changes, so a
+ * foreign free that queues a page from then on queues it at `to`; one that read `from` before queues it
+ * there, and from's next drain sends it on (`forwards`). */
+static void segment_move(heap *from, heap *to, segment *s)
+{
+    segment **link = &from->segments;
+    while (*link != s)
+        link = &(*link)->next;
+    store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
+    own_entry_leave(from, s);
+    store_release(&s->owner, to);
+    for (unsigned i = 1; i < SEGMENT_PAGES; i++)
+        page_move(from, to, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
+    store_relaxed(&s->next, to->segments); /* a walk that was at s goes on in to's list */
+    store_release(&to->segments, s);
+    heap_own_segment(to, s);
+}
+
+void small_orphan_give(heap *h)
+{
+    if (h->segments == NULL || !spin_lock_unless_fork(&orphan_lock))
+        return; /* nothing to give; or another thread's fork holds the orphans: h keeps its segments */
+    h->forwards = 1; /* before the first owner word changes */
+    while (h->segments != NULL)
+        segment_move(h, &orphans, h->segments);
+    if (orphans.free_count > SHARD_ORPHAN_PAGES)
+        trim_at(&orphans, UINT64_MAX, SHARD_ORPHAN_PAGES); /* the oldest first */
+    int due = orphans.free_count != 0;
+    debug_check_heap(&orphans, "the orphans inconsistent after a heap gave its segments");
+    spin_unlock(&orphan_lock);
+    if (due)
+        heap_arm_reserve_due(os_clock_ms() + options_values.reserve_delay_ms);
+}
+
+/* The segment of the orphans' most recently freed page becomes h's, with its free pages and its pages in
+ * use; 0, or -1 when the orphans have no free page. */
+static int adopt_orphan(heap *h)
+{
+    if (h->created || load_relaxed(&orphans.free_count) == 0 || !spin_lock_unless_fork(&orphan_lock))
+        return -1;
+    if (load_relaxed(&orphans.delayed) != NULL)
+        small_drain_delayed(&orphans); /* what other threads freed into it, before its pages move */
+    page *pg = orphans.free_pages.last;
+    if (pg != NULL)
+        segment_move(&orphans, h, segment_of(pg));
+    debug_check_heap(&orphans, "the orphans inconsistent after a heap took a segment");
+    spin_unlock(&orphan_lock);
+    return pg != NULL ? 0 : -1;
+}
+
+uint64_t small_orphan_expire(uint64_t now)
+{
+    if ((load_relaxed(&orphans.segments) == NULL && load_relaxed(&orphans.delayed) == NULL) ||
+        !spin_lock_unless_fork(&orphan_lock))
+        return 0;
+    if (load_relaxed(&orphans.delayed) != NULL)
+        small_drain_delayed(&orphans);
+    small_keep(&orphans, UINT32_MAX, 1); /* a class's only page, if empty, is free: no thread keeps it */
+    trim_at(&orphans, now, 0); /* with now UINT64_MAX all of them, else those free for the delay */
+    small_release_empty(&orphans, now != UINT64_MAX);
+    uint64_t due = orphans.free_count != 0 ? (now != UINT64_MAX ? now : os_clock_ms()) + options_values.decommit_delay_ms : 0;
+    debug_check_heap(&orphans, "the orphans inconsistent after their trim");
+    spin_unlock(&orphan_lock);
+    return due;
+}
+
+void small_orphan_count(small_counts *c, size_t *segments)
+{
+    small_count(&orphans, c);
+    size_t n = 0;
+    for (segment *s = load_acquire(&orphans.segments); s != NULL; s = load_acquire(&s->next))
+        n++;
+    *segments = n;
+}
+
+void small_orphan_visit(visitor *v)
+{
+    if (!spin_lock_unless_fork(&orphan_lock))
+        return;
+    small_visit(&orphans, v);
+    spin_unlock(&orphan_lock);
+}
+
+int small_orphan_check(void)
+{
+    if (!spin_lock_unless_fork(&orphan_lock))
+        return 0;
+    int problems = heap_check(&orphans);
+    spin_unlock(&orphan_lock);
+    return problems;
+}
+
+void small_orphan_lock_for_fork(int take)
+{
+    if (take)
+        spin_lock_for_fork(&orphan_lock);
+    else
+        spin_unlock_for_fork(&orphan_lock);
 }
 
 /* ---- statistics and checker ------------------------------------------------------------------------ */

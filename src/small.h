@@ -289,6 +289,23 @@ typedef struct small_counts {
  * racy counters, exact when no other thread allocates or frees meanwhile). */
 void small_count(struct heap *h, small_counts *c);
 
+/* Orphan segments: the small segments with live blocks of a thread heap that ends without a place
+ * among the reserves, or whose reserve expired, go to the orphans, a heap that no thread runs, and any
+ * thread heap takes one when it needs a page (segment.h's spare segments are the empty ones). So the
+ * free pages around blocks that outlive their thread serve whichever thread needs pages next, and its
+ * frees into them become its own. A segment changes its owner word under the orphans' lock; a foreign
+ * free that read the old owner queues its page there, and that heap's next drain sends the page on
+ * (heap.h's `forwards`). The orphans keep SHARD_ORPHAN_PAGES free pages committed at most, each for
+ * the decommit delay; segments left empty go to the spare segments or back to the OS.
+ *   small_orphan_give: every segment of h (a thread heap no thread runs, trimmed) becomes the orphans'.
+ *   small_orphan_expire: take in what other threads freed into them, decommit the pages free for the
+ *     delay (all with now UINT64_MAX) and release the segments left empty; when the next is due, or 0. */
+void small_orphan_give(struct heap *h);
+uint64_t small_orphan_expire(uint64_t now);
+void small_orphan_count(small_counts *c, size_t *segments); /* statistics: between segment_walk_begin, _end */
+void small_orphan_visit(visitor *v);
+int small_orphan_check(void);
+void small_orphan_lock_for_fork(int take);
 /* Report h's live small blocks to v, page by page: the items carved but on none of the page's three free
  * lists. Only for the calling thread's heap or one that no thread uses (the walk takes it from the stack
  * meanwhile); other threads' frees pushed during the walk may be reported still live. */

@@ -14,12 +14,18 @@
  *   become free pages and empty arenas. live_small drops at the free itself; live_medium counts a block
  *   freed by another thread until its owner takes it.
  * - A thread that ends (thread exit or shard_thread_done) retires its heap: its empty class pages
- *   become free pages; it keeps the 64 most recently freed free pages and 4 empty arenas committed
- *   and decommits the rest at once (an arena keeps its first 64 KB); the heap enters the stack.
+ *   become free pages; its segments and arenas without a live block become spare ones, committed, for
+ *   any thread; while fewer than 8 heaps wait with a reserve it keeps the free pages of its other
+ *   segments and 4 empty arenas committed and decommits the rest at once (an arena keeps its first
+ *   64 KB); else its small segments with live blocks go to the orphans, their free pages committed, and
+ *   the next thread heap that needs a page and has no free one takes one of them. The heap enters the
+ *   stack.
  * - One second after a heap with a reserve entered the stack, the next slow path of any thread (every
  *   medium allocation is one) or the next thread exit leaves it nothing but its live blocks: every free
- *   page decommitted, and every segment without a committed page and every empty arena released
- *   (address space and all). Before that second nothing is trimmed; shard_get_stats triggers nothing.
+ *   page decommitted, every segment without a committed page and every empty arena released (address
+ *   space and all), and its small segments with live blocks given to the orphans. The spare segments
+ *   go too, and orphan segments whose blocks were all freed become spare ones. Before that second
+ *   nothing is trimmed; shard_get_stats triggers nothing.
  * - shard_collect() does the same at once, and empties the large-block cache.
  * - shard_thread_done(): the heap goes back as at exit (heaps_free + 1) and only once (the exit that
  *   follows gives nothing back again); blocks stay valid; an allocation after it takes a heap again.
@@ -1605,5 +1611,236 @@ TEST(a_new_thread_takes_a_heap_with_a_reserve_first)
     free_pins();
     release_holders(&h);
     check_allocator("after a new thread took a heap with a reserve");
+#endif
+}
+
+/* ---- orphan segments ---- */
+
+/* A thread heap that ends where no reserve place is left (SHARD_RESERVE_HEAPS heaps wait with one), or
+ * whose reserve expired, gives its segments that still hold live blocks to the orphans, and the next
+ * thread heap that needs a page takes one, with its free pages, its pages in use and its blocks. */
+#define RESERVE_PLACES 8   /* heaps that may wait in the stack with a reserve at once */
+#define ORPHAN_KB 640      /* the orphaning thread's 1024-byte blocks: 10 pages of 64 ... */
+#define ORPHAN_KB_EVERY 64 /* ... of which the first of each page stays live */
+#define ORPHAN_BIG 40      /* and 16384-byte blocks, 10 pages of 4, all freed: 10 free pages */
+#define ORPHAN_PAGES 20
+
+#if SHARD_RULES
+struct filler {
+    struct agent agent;
+    struct blk keep, big[8];
+};
+
+/* A thread that will leave a reserve: two free pages of 16384-byte blocks, around one live 64-byte
+ * block, which keeps its segment from going spare. */
+static void filler_job(void *arg)
+{
+    struct filler *f = arg;
+    for (size_t i = 0; i < 8; i++)
+        blk_alloc(&f->big[i], 16384, 0x8000 + i);
+    blk_alloc(&f->keep, 64, 0x8100);
+    for (size_t i = 0; i < 8; i++) {
+        blk_check(&f->big[i], "16384-byte block of a thread that leaves a reserve");
+        blk_free(&f->big[i]);
+    }
+}
+
+struct orphaner {
+    struct agent agent;
+    struct blk kb[ORPHAN_KB], big[ORPHAN_BIG];
+    shard_stats at_end;
+};
+
+/* Ten pages of 1024-byte blocks with one live block each, and ten free pages, in one new segment. */
+static void orphaner_job(void *arg)
+{
+    struct orphaner *o = arg;
+    for (size_t i = 0; i < ORPHAN_KB; i++)
+        blk_alloc(&o->kb[i], 1024, 0x8200 + i);
+    for (size_t i = 0; i < ORPHAN_BIG; i++)
+        blk_alloc(&o->big[i], 16384, 0x8600 + i);
+    for (size_t i = 0; i < ORPHAN_KB; i++) {
+        blk_check(&o->kb[i], "1024-byte block of a thread whose segment becomes an orphan");
+        if (i % ORPHAN_KB_EVERY != 0)
+            blk_free(&o->kb[i]);
+    }
+    for (size_t i = 0; i < ORPHAN_BIG; i++) {
+        blk_check(&o->big[i], "16384-byte block of a thread whose segment becomes an orphan");
+        blk_free(&o->big[i]);
+    }
+}
+
+static void orphaner_end_job(void *arg)
+{
+    struct orphaner *o = arg;
+    o->at_end = stats_now();
+}
+
+static uintptr_t segment_base(const void *p) { return (uintptr_t)p & ~(uintptr_t)(SEGMENT_BYTES - 1); }
+
+/* The orphaner's live blocks: all in one segment, their patterns whole. Returns that segment. */
+static uintptr_t orphaner_segment(const struct orphaner *o, const char *when)
+{
+    uintptr_t seg = segment_base(o->kb[0].p);
+    for (size_t i = 0; i < ORPHAN_KB; i += ORPHAN_KB_EVERY) {
+        blk_check(&o->kb[i], when);
+        CHECKF(segment_base(o->kb[i].p) == seg, "%s: block %zu lies in another segment", when, i);
+    }
+    return seg;
+}
+
+struct adopter_job_arg {
+    struct orphaner *o;
+    struct blk kb, big;
+};
+
+/* A thread with a new heap takes a 1024-byte and a 16384-byte block, then frees the orphaner's. */
+static void adopter_alloc_job(void *arg)
+{
+    struct adopter_job_arg *a = arg;
+    blk_alloc(&a->kb, 1024, 0x8a00);
+    blk_alloc(&a->big, 16384, 0x8a01);
+}
+
+static void adopter_free_job(void *arg)
+{
+    struct adopter_job_arg *a = arg;
+    for (size_t i = 0; i < ORPHAN_KB; i += ORPHAN_KB_EVERY) {
+        blk_check(&a->o->kb[i], "orphaner's block freed by the thread that took its segment");
+        blk_free(&a->o->kb[i]);
+    }
+    blk_check(&a->kb, "1024-byte block from an orphan segment");
+    blk_check(&a->big, "16384-byte block from an orphan segment");
+    blk_free(&a->kb);
+    blk_free(&a->big);
+}
+#endif
+
+/* Eight heaps wait with a reserve; a ninth thread ends with live blocks in a segment that also has free
+ * pages: the segment goes to the orphans as it is, committed, blocks and all. Another thread, whose
+ * heap has no free page, then takes it before it commits a page of its own: its blocks come from that
+ * segment's pages in use and free pages, nothing is committed, and it frees the orphaned blocks as its
+ * own. */
+TEST(a_heap_without_a_reserve_place_gives_its_segment_with_live_blocks_to_the_next_thread)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    scene_begin(&s);
+    static struct filler fillers[RESERVE_PLACES];
+    static struct orphaner o;
+    memset(&o, 0, sizeof o);
+    struct agent a; /* the thread that takes the orphan: a heap of its own from the start, no free page */
+    struct adopter_job_arg job = {.o = &o};
+    if (agent_start(&a))
+        agent_do(&a, small_op_job, NULL);
+    if (agent_start(&o.agent))
+        agent_do(&o.agent, orphaner_job, &o);
+    for (int i = 0; i < RESERVE_PLACES; i++) {
+        memset(&fillers[i], 0, sizeof fillers[i]);
+        if (agent_start(&fillers[i].agent))
+            agent_do(&fillers[i].agent, filler_job, &fillers[i]);
+    }
+    for (int i = 0; i < RESERVE_PLACES; i++)
+        agent_stop(&fillers[i].agent);
+    agent_do(&o.agent, orphaner_end_job, &o);
+    agent_stop(&o.agent);
+    shard_stats q = stats_now();
+    const shard_stats *e = &o.at_end;
+    uintptr_t seg = orphaner_segment(&o, "1024-byte block of an orphan segment");
+    CHECKF(q.heaps_free == RESERVE_PLACES + 1, "%zu heaps wait, %d expected", q.heaps_free, RESERVE_PLACES + 1);
+    CHECKF(delta(e->orphan_segments, q.orphan_segments) == 1,
+           "the thread without a reserve place ended: orphan segments %+lld, 1 expected",
+           delta(e->orphan_segments, q.orphan_segments));
+    /* Its empty page of 16384-byte blocks, which a class keeps while its thread runs, became free. */
+    CHECKF(q.committed == e->committed && q.reserved == e->reserved && q.live_small == e->live_small &&
+               delta(e->small_pages_free, q.small_pages_free) == 1 &&
+               delta(e->small_pages_used, q.small_pages_used) == -1,
+           "as it ended: committed %+lld, reserved %+lld, live small blocks %+lld, free pages %+lld, pages in "
+           "use %+lld; nothing expected but one page free (its segment waits as it was)",
+           delta(e->committed, q.committed), delta(e->reserved, q.reserved), delta(e->live_small, q.live_small),
+           delta(e->small_pages_free, q.small_pages_free), delta(e->small_pages_used, q.small_pages_used));
+    check_allocator("with an orphan segment");
+    shard_stats before = stats_now();
+    if (a.running) {
+        agent_do(&a, adopter_alloc_job, &job);
+        shard_stats after = stats_now();
+        CHECKF(delta(before.orphan_segments, after.orphan_segments) == -1 && after.reserved == before.reserved &&
+                   after.committed == before.committed,
+               "the new thread's first blocks: orphan segments %+lld, reserved %+lld, committed %+lld (the orphan "
+               "segment expected, nothing new)",
+               delta(before.orphan_segments, after.orphan_segments), delta(before.reserved, after.reserved),
+               delta(before.committed, after.committed));
+        CHECKF(job.kb.p != NULL && segment_base(job.kb.p) == seg && job.big.p != NULL && segment_base(job.big.p) == seg,
+               "the new thread's blocks %p and %p lie outside the orphan segment %p", (void *)job.kb.p,
+               (void *)job.big.p, (void *)seg);
+        agent_do(&a, adopter_free_job, &job);
+        shard_stats freed = stats_now();
+        CHECKF(delta(after.live_small, freed.live_small) == -(long long)(ORPHAN_KB / ORPHAN_KB_EVERY + 2),
+               "the new thread freed the orphaned blocks and its own: live small blocks %+lld, %d expected",
+               delta(after.live_small, freed.live_small), -(ORPHAN_KB / ORPHAN_KB_EVERY + 2));
+        check_allocator("after the thread that took the orphan segment freed its blocks");
+        agent_stop(&a);
+    }
+    for (int i = 0; i < RESERVE_PLACES; i++) {
+        blk_check(&fillers[i].keep, "64-byte block of a thread that left a reserve");
+        blk_free(&fillers[i].keep);
+    }
+    scene_end(&s);
+#endif
+}
+
+/* A heap whose reserve expired gives its segment with live blocks to the orphans, its free pages
+ * decommitted. Blocks freed into the orphan segment wait in its queue; the next trim after the delay
+ * takes them in, and the segment, empty now, becomes a spare one. */
+TEST(an_expired_reserve_gives_its_segment_to_the_orphans_until_its_blocks_are_freed)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    scene_begin(&s);
+    static struct orphaner o;
+    memset(&o, 0, sizeof o);
+    if (agent_start(&o.agent)) {
+        agent_do(&o.agent, orphaner_job, &o);
+        agent_do(&o.agent, orphaner_end_job, &o);
+        agent_stop(&o.agent);
+    }
+    shard_stats q = stats_now();
+    CHECKF(q.orphan_segments == o.at_end.orphan_segments && q.committed == o.at_end.committed,
+           "a heap with a reserve place ended: orphan segments %+lld, committed %+lld, nothing expected",
+           delta(o.at_end.orphan_segments, q.orphan_segments), delta(o.at_end.committed, q.committed));
+    sleep_ms(PAST_THE_DELAY_MS);
+    agent_do(&s.slow, medium_op_job, NULL);
+    shard_stats expired = stats_now();
+    uintptr_t seg = orphaner_segment(&o, "1024-byte block of an orphan segment");
+    (void)seg;
+    CHECKF(delta(q.orphan_segments, expired.orphan_segments) == 1 &&
+               delta(q.committed, expired.committed) == -(long long)(ORPHAN_PAGES / 2 * PAGE_BYTES) &&
+               expired.reserved == q.reserved && expired.live_small == q.live_small,
+           "after the reserve's expiry: orphan segments %+lld (1 expected), committed %+lld (its %d free pages "
+           "expected to go), reserved %+lld, live small blocks %+lld",
+           delta(q.orphan_segments, expired.orphan_segments), delta(q.committed, expired.committed), ORPHAN_PAGES / 2,
+           delta(q.reserved, expired.reserved), delta(q.live_small, expired.live_small));
+    for (size_t i = 0; i < ORPHAN_KB; i += ORPHAN_KB_EVERY)
+        blk_free(&o.kb[i]);
+    shard_stats freed = stats_now();
+    CHECKF(delta(expired.live_small, freed.live_small) == -(long long)(ORPHAN_KB / ORPHAN_KB_EVERY) &&
+               freed.orphan_segments == expired.orphan_segments,
+           "its blocks freed: live small blocks %+lld (%d expected), orphan segments %+lld (nothing expected before "
+           "the next trim)",
+           delta(expired.live_small, freed.live_small), -(ORPHAN_KB / ORPHAN_KB_EVERY),
+           delta(expired.orphan_segments, freed.orphan_segments));
+    check_allocator("with frees waiting in an orphan segment");
+    sleep_ms(PAST_THE_DELAY_MS);
+    agent_do(&s.slow, medium_op_job, NULL);
+    shard_stats trimmed = stats_now();
+    CHECKF(delta(freed.orphan_segments, trimmed.orphan_segments) == -1 &&
+               delta(freed.spare_segments, trimmed.spare_segments) == 1,
+           "after the next trim: orphan segments %+lld (-1 expected), spare segments %+lld (1 expected)",
+           delta(freed.orphan_segments, trimmed.orphan_segments), delta(freed.spare_segments, trimmed.spare_segments));
+    scene_end(&s);
 #endif
 }
