@@ -46,7 +46,7 @@
 #define MB ((size_t)1 << 20)
 #define SMALL_PAGE (64 * KB)   /* a small-block page */
 #define LARGE_HEADER ((size_t)32)
-#define OS_PAGE (4 * KB)
+#define HUGE_PAGE (2 * MB) /* a large block above 2 MB is committed to a multiple of it (src/large.c, commit_end) */
 #define KEEP_FREE_PAGES 16     /* free small pages a thread keeps committed through shard_collect */
 
 static void *(*volatile c_malloc)(size_t) = malloc;
@@ -168,7 +168,7 @@ TEST(mallinfo2_is_shard_get_stats_in_glibcs_fields_as_blocks_come_and_go)
         if (i < SMALL + MEDIUM)
             small_medium += u;
         else
-            large += round_up(u + LARGE_HEADER, OS_PAGE);
+            large += round_up(u + LARGE_HEADER, HUGE_PAGE); /* committed to the next 2 MB: test_large.c */
     }
     CHECK(mallinfo2_beside_stats(&m1, &s1));
     check_mallinfo2(&m1, &s1, "with the blocks live");

@@ -8,22 +8,26 @@
  * megabytes) and checked after realloc, after a hand-over to another thread and before it is freed.
  *
  * The rules, as this file reads them (the large-block issue's rules, README.md, include/shardmm.h):
- * - n > 1 MB is large, n <= 1 MB small or medium. need(n) = round_up(n + 32, 4 KB) is committed for a
- *   fresh block (a 32-byte header included), at p with p % 4 MB == 32; its usable size is need(n) - 32.
+ * - n > 1 MB is large, n <= 1 MB small or medium. need(n) = round_up(n + 32, 4 KB) is what a fresh block
+ *   needs (a 32-byte header included), at p with p % 4 MB == 32; its usable size is need(n) - 32.
  *   Its reservation, counted from the header, is R(n) = round_up(need + min(need, 1 GB), 64 KB) while the
- *   address space is unlimited (under RLIMIT_AS it is round_up(need, 64 KB): test_hostile.c).
+ *   address space is unlimited (under RLIMIT_AS it is round_up(need, 64 KB): test_hostile.c). It
+ *   commits K(need, R): need, but on Linux a need above 2 MB up to the next 2 MB boundary if R reaches
+ *   it, so that its last 2 MB can be a transparent huge page (commit_end below; the Windows port
+ *   commits need).
  * - realloc(p, m) of a large block with C committed: m <= 1 MB moves to a small or medium block;
- *   need(m) <= C stays, decommitting the tail exactly when need(m) < C / 2; C < need(m) <= R stays and
- *   commits need(m) - C; beyond R it moves to a block of t = m + m/16 bytes (usable need(t) - 32 when
- *   fresh) whose reservation is R(t), but at least 16 MB, contents kept up to the old usable size. A small or medium block that moves into the large
- *   range gets the same 1/16. The usable size is need(m) - 32 after every in-place change. What becomes
+ *   need(m) <= C stays, decommitting the tail down to K(need(m), R) exactly when need(m) < C / 2;
+ *   C < need(m) <= R stays and commits K(need(m), R) - C; beyond R it moves to a block of t = m + m/16
+ *   bytes (usable need(t) - 32, committing need(t)) whose reservation is R(t), but at least 16 MB,
+ *   contents kept up to the old usable size. A small or medium block that moves into the large range
+ *   gets the same 1/16. The usable size is need(m) - 32 after every in-place change. What becomes
  *   of the old block of a move the rules leave open: cached like a free, or its memory given back or
  *   handed to the new block (Linux moves the pages); either way it is accounted for.
  * - free(p) of a block with C <= 128 MB puts it into the process's cache, still committed (large_cached
  *   and large_cached_bytes count it); above 128 MB it is released at once. At most 32 blocks and 128 MB
  *   are cached; a free that passes either releases the oldest cached blocks until both hold.
  * - malloc(n > 1 MB) takes a cached block whose R >= need(n): the one with the smallest C >= need(n),
- *   else the one with the most C (committed up to need(n) in place). The excess C - need(n) goes back
+ *   else the one with the most C (committed up to K(need(n), R) in place). The excess beyond K goes back
  *   when it is both above 4 need(n) and above 16 MB (the seed: a block "may keep up to 16 MB, or four
  *   times the request, committed beyond what it needs"); otherwise the block keeps it (growth into it
  *   is free).
@@ -112,6 +116,29 @@ static size_t reservation(size_t n)
 {
     size_t c = need(n);
     return round_up(c + (c < RESERVE_EXTRA_MAX ? c : RESERVE_EXTRA_MAX), RESERVE_GRANULE);
+}
+
+/* Where the platform gives large pages (the Linux port; not Windows'), a block whose need c is above
+ * 2 MB is committed up to the next 2 MB boundary from its header when its reservation r reaches it, so
+ * that its last 2 MB can be a large page too; elsewhere, and for a block that moved to grow, exactly c. */
+#ifdef _WIN32
+#define COMMITS_WHOLE_LARGE_PAGES 0
+#else
+#define COMMITS_WHOLE_LARGE_PAGES 1
+#endif
+#define HUGE_PAGE (2 * MB)
+static size_t commit_end(size_t c, size_t r)
+{
+    if (!COMMITS_WHOLE_LARGE_PAGES || c <= HUGE_PAGE)
+        return c;
+    size_t e = round_up(c, HUGE_PAGE);
+    return e <= r ? e : c;
+}
+
+/* What a fresh block of n bytes commits, its header included. */
+static size_t fresh_commit(size_t n)
+{
+    return commit_end(need(n), reservation(n));
 }
 
 /* The reservation of a block that moved to grow to n bytes: as a fresh one's, but at least 16 MB (it is
@@ -444,7 +471,7 @@ static int compare_placed(const void *a, const void *b)
 
 /* One allocation of n bytes (how: 0 malloc, 1 calloc, 2 realloc(NULL)) on a drained cache: 16-byte
  * aligned, usable >= n; a large one is fresh: 32 bytes into 4 MB, usable need(n) - 32, committing
- * need(n), live_large + 1, the cache untouched; 1 MB and less is not large. */
+ * fresh_commit(n), live_large + 1, the cache untouched; 1 MB and less is not large. */
 static unsigned char *alloc_checked(size_t n, int how)
 {
     static const char *const names[] = { "shard_malloc", "shard_calloc", "shard_realloc(NULL)" };
@@ -470,7 +497,7 @@ static unsigned char *alloc_checked(size_t n, int how)
                (size_t)((uintptr_t)p % LARGE_GRANULE));
         CHECKF(u == fresh_usable(n), "%s(%zu): usable %zu, expected need - 32 = %zu", names[how], n, u,
                fresh_usable(n));
-        CHECK_COMMITTED(a.committed, b.committed, (long long)need(n), 1, "%s(%zu) fresh", names[how], n);
+        CHECK_COMMITTED(a.committed, b.committed, (long long)fresh_commit(n), 1, "%s(%zu) fresh", names[how], n);
         CHECK_CACHE(b, 0, 0, "%s(%zu) on a drained cache", names[how], n);
     } else {
         CHECKF(u < MEDIUM_MAX + 256, "%s(%zu): usable %zu of a medium block", names[how], n, u);
@@ -555,7 +582,7 @@ TEST(a_freed_large_block_stays_committed_in_the_cache_and_the_next_malloc_that_f
     shard_free(p);
 #if SHARD_RULES
     shard_stats s1 = stats_now();
-    CHECK_CACHE(s1, 1, need(n), "after free(%zu bytes)", n);
+    CHECK_CACHE(s1, 1, fresh_commit(n), "after free(%zu bytes)", n);
     CHECK_EQ(s1.live_large + 1, s0.live_large);
     CHECK_COMMITTED(s0.committed, s1.committed, 0, 0, "free into the cache");
     CHECK_EQ(s1.reserved, s0.reserved);
@@ -582,7 +609,7 @@ TEST(a_freed_large_block_stays_committed_in_the_cache_and_the_next_malloc_that_f
     CHECK(shard_realloc(q, 0) == NULL);
 #if SHARD_RULES
     shard_stats s3 = stats_now();
-    CHECK_CACHE(s3, 1, need(n), "after realloc(p, 0)");
+    CHECK_CACHE(s3, 1, fresh_commit(n), "after realloc(p, 0)");
     CHECK_EQ(s3.live_large + 1, s0.live_large);
 #endif
     q = shard_malloc(smaller);
@@ -665,22 +692,22 @@ TEST(a_block_holding_more_than_128mb_committed_is_released_at_once_and_128mb_is_
 #if SHARD_RULES
     shard_stats s2 = stats_now();
     CHECKF(p == q, "growing a 128 MB block by a page within its reservation moved it");
-    CHECK_COMMITTED(s1.committed, s2.committed, (long long)LARGE_PAGE, 0, "growing to 128 MB + 4 KB");
+    const size_t grown = commit_end(need(at_limit + 1), reservation(at_limit)); /* 128 MB + 4 KB, or 130 MB */
+    CHECK_COMMITTED(s1.committed, s2.committed, (long long)(grown - CACHE_MAX_BYTES), 0, "growing to 128 MB + 4 KB");
 #endif
     shard_free(p);
 #if SHARD_RULES
     shard_stats s3 = stats_now();
     CHECK_CACHE(s3, 0, 0, "after free of a block committing 128 MB + 4 KB");
-    CHECK_COMMITTED(s2.committed, s3.committed, -(long long)(CACHE_MAX_BYTES + LARGE_PAGE), 0,
-                    "free of a block committing 128 MB + 4 KB");
+    CHECK_COMMITTED(s2.committed, s3.committed, -(long long)grown, 0, "free of a block committing 128 MB + 4 KB");
     CHECKF(s2.reserved - s3.reserved >= reservation(at_limit), "free of a 128 MB + 4 KB block: reserved %zu -> %zu, "
            "expected a drop of %zu or more", s2.reserved, s3.reserved, reservation(at_limit));
     CHECK_EQ(s3.live_large + 1, s2.live_large);
 #endif
-    /* 200 MB shrunk to 100 MB: need is above half of what is committed, nothing goes back, the block
+    /* 200 MB shrunk to 110 MB: need is above half of what is committed, nothing goes back, the block
      * still holds 200 MB when it is freed. */
     for (int below_half = 0; below_half <= 1; below_half++) {
-        size_t to = below_half ? 90 * MB : 100 * MB;
+        size_t to = below_half ? 90 * MB : 110 * MB;
         p = shard_malloc(big);
         CHECK(p != NULL);
         if (!p)
@@ -699,10 +726,11 @@ TEST(a_block_holding_more_than_128mb_committed_is_released_at_once_and_128mb_is_
 #if SHARD_RULES
         shard_stats b = stats_now();
         CHECKF(q == p, "shrinking 200 MB to %zu moved the block", to);
-        CHECK_EQ(shrink_decommits(need(big), to), below_half);
-        CHECK_COMMITTED(a.committed, b.committed, below_half ? -(long long)(need(big) - need(to)) : 0, 0,
+        size_t big_c = fresh_commit(big), to_c = commit_end(need(to), reservation(big));
+        CHECK_EQ(shrink_decommits(big_c, to), below_half);
+        CHECK_COMMITTED(a.committed, b.committed, below_half ? -(long long)(big_c - to_c) : 0, 0,
                         "shrinking 200 MB to %zu bytes", to);
-        size_t held = below_half ? need(to) : need(big);
+        size_t held = below_half ? to_c : big_c;
 #endif
         shard_free(q);
 #if SHARD_RULES
@@ -746,7 +774,8 @@ static int cache_flush(void)
 
 /* realloc(from -> to) of a fresh block: the contents up to the smaller of its usable size and `to`
  * survive. A large block stays in place exactly while need(to) fits its reservation
- * (and `to` is above 1 MB), with usable need(to) - 32 and the commit or decommit of the rules; it moves
+ * (and `to` is above 1 MB), with usable need(to) - 32 and the commit or decommit of the rules (up to
+ * commit_end); it moves
  * beyond to a block of need(to + to/16) - 32 usable bytes, and its old block goes into the cache. A
  * small or medium block moving into the large range gets the same 1/16. */
 static void check_large_pair(size_t from, size_t to, uint64_t seed)
@@ -763,7 +792,7 @@ static void check_large_pair(size_t from, size_t to, uint64_t seed)
     fill64(p, keep, seed); /* what must survive; the rest of a block to shrink is left as it is */
 #if SHARD_RULES
     enum kind kf = kind_of_size(from);
-    size_t c = need(from), r = reservation(from);
+    size_t c = fresh_commit(from), r = reservation(from);
     if (kf == KIND_LARGE)
         CHECKF(u == fresh_usable(from) && large_address(p), "shard_malloc(%zu) on an empty cache = %p, usable %zu",
                from, (void *)p, u);
@@ -797,12 +826,12 @@ static void check_large_pair(size_t from, size_t to, uint64_t seed)
             rule = "within the committed part: stays";
             in_place = 1;
             want = fresh_usable(to);
-            grew = shrink_decommits(c, to) ? -(long long)(c - need(to)) : 0;
+            grew = shrink_decommits(c, to) ? -(long long)(c - commit_end(need(to), r)) : 0;
         } else if (need(to) <= r) {
             rule = "within the reservation: stays";
             in_place = 1;
             want = fresh_usable(to);
-            grew = (long long)(need(to) - c);
+            grew = (long long)(commit_end(need(to), r) - c);
         } else {
             rule = "beyond the reservation: moves with 1/16";
             want = fresh_usable(move_target(to));
@@ -873,7 +902,7 @@ static int track_alloc(struct tracked *b, size_t n, size_t fill_bytes, uint64_t 
     CHECKF(b->p != NULL, "shard_malloc(%zu) returned NULL", n);
     if (!b->p)
         return 0;
-    b->c = need(n);
+    b->c = fresh_commit(n);
     b->r = reservation(n);
     b->seed = seed;
     b->valid = min_size(fill_bytes, shard_usable_size(b->p));
@@ -902,14 +931,14 @@ static int track_realloc(struct tracked *b, size_t m, drained *d)
     } else if (need(m) <= b->c) {
         rule = "within the committed part: stays";
         in_place = 1;
-        c2 = shrink_decommits(b->c, m) ? need(m) : b->c;
+        c2 = shrink_decommits(b->c, m) ? commit_end(need(m), b->r) : b->c;
         r2 = b->r;
         want = fresh_usable(m);
         grew = (long long)c2 - (long long)b->c;
     } else if (need(m) <= b->r) {
         rule = "within the reservation: stays";
         in_place = 1;
-        c2 = need(m);
+        c2 = commit_end(need(m), b->r);
         r2 = b->r;
         want = fresh_usable(m);
         grew = (long long)(c2 - b->c);
@@ -1181,13 +1210,14 @@ TEST(live_large_bytes_and_committed_follow_allocation_resize_move_and_free)
             continue;
         }
         bytes += fresh_usable(first[i]);
-        committed += need(first[i]);
+        committed += fresh_commit(first[i]);
 #if SHARD_RULES
         CHECK_LARGE_BYTES(s0, bytes, committed, "fresh block of %zu bytes", first[i]);
 #endif
     }
     /* Aligned blocks, fresh: 2 MB aligned starts 2 MB into its granule and commits from the header to its
-     * end; 4 MB aligned commits its header page and itself. */
+     * end (commit_end of that, its reservation twice it); 4 MB aligned commits its header page and
+     * itself. */
     static const size_t aligned_size[2] = { 2 * MB + 1, LARGE_MIN }, align[2] = { 2 * MB, 4 * MB };
     unsigned char *aligned[2] = { NULL, NULL };
 #if SHARD_RULES
@@ -1198,7 +1228,8 @@ TEST(live_large_bytes_and_committed_follow_allocation_resize_move_and_free)
                aligned_size[i], align[i], (void *)aligned[i]);
         if (!aligned[i])
             continue;
-        size_t u = round_up(aligned_size[i], LARGE_PAGE), c = (i == 0 ? align[i] : LARGE_PAGE) + u;
+        size_t u = round_up(aligned_size[i], LARGE_PAGE);
+        size_t c = i == 0 ? commit_end(align[i] + u, 2 * (align[i] + u)) : LARGE_PAGE + u;
         CHECK_EQ(shard_usable_size(aligned[i]), u);
         fill64(aligned[i], u, 0x4e80 + i);
         bytes += u;
@@ -1260,7 +1291,7 @@ TEST(live_large_bytes_and_committed_follow_allocation_resize_move_and_free)
         struct held_block h = { aligned[0], round_up(aligned_size[0], LARGE_PAGE), 0x4e80 };
         run_thread(check_and_free_held, &h);
         bytes -= h.n;
-        committed -= align[0] + h.n;
+        committed -= commit_end(align[0] + h.n, 2 * (align[0] + h.n));
 #if SHARD_RULES
         CHECK_LARGE_BYTES(s0, bytes, committed, "after another thread freed the 2 MB-aligned block");
 #endif
@@ -1315,7 +1346,7 @@ TEST(calloc_of_a_large_size_is_zero_over_its_usable_size_on_a_dirty_cached_block
         shard_free(p);
 #if SHARD_RULES
         shard_stats a = stats_now();
-        CHECK_CACHE(a, 1, need(cases[i].dirty), "after freeing the dirty block of case %zu", i);
+        CHECK_CACHE(a, 1, fresh_commit(cases[i].dirty), "after freeing the dirty block of case %zu", i);
 #endif
         q = shard_calloc(cases[i].count, cases[i].size);
         CHECKF(q != NULL, "shard_calloc(%zu, %zu) returned NULL", cases[i].count, cases[i].size);
@@ -1327,12 +1358,12 @@ TEST(calloc_of_a_large_size_is_zero_over_its_usable_size_on_a_dirty_cached_block
                    cases[i].dirty);
 #if SHARD_RULES
         shard_stats s = stats_now();
-        size_t held = need(cases[i].dirty);
+        size_t held = fresh_commit(cases[i].dirty), grown = commit_end(need(total), reservation(cases[i].dirty));
         CHECKF(q == p, "shard_calloc(%zu, %zu) did not take the cached block of %zu bytes", cases[i].count,
                cases[i].size, cases[i].dirty);
         CHECK_EQ(u, fresh_usable(total));
         CHECK_CACHE(s, 0, 0, "after shard_calloc(%zu, %zu)", cases[i].count, cases[i].size);
-        CHECK_COMMITTED(a.committed, s.committed, held >= need(total) ? 0 : (long long)(need(total) - held), 0,
+        CHECK_COMMITTED(a.committed, s.committed, held >= need(total) ? 0 : (long long)(grown - held), 0,
                         "shard_calloc(%zu, %zu) on a cached block holding %zu", cases[i].count, cases[i].size, held);
         if (held > need(total)) {
             /* Growing into the kept memory: in place, nothing committed, the zeros stay. */
@@ -1356,11 +1387,11 @@ TEST(calloc_of_a_large_size_is_zero_over_its_usable_size_on_a_dirty_cached_block
 
 /* ---- the cache: which block a malloc takes ---- */
 
-/* Four cached blocks (committed 6, 4, 8 and 3 MB; reservations 12, 8, 16 and 20 MB), freed in that
+/* Four cached blocks (committed 6, 4, 8 and 2 MB; reservations 12, 8, 16 and 20 MB), freed in that
  * order: need 3 MB + 4 KB takes the smallest committed-enough (4 MB, neither the oldest nor the newest);
  * need 10 MB, which none holds, the most committed (8 MB, committing 2 MB in place); need 17 MB only fits
- * the 20 MB reservation, though another holds more; need 17 MB again fits none and is fresh; 1 MB + 1
- * takes the last. */
+ * the 20 MB reservation, though another holds more (committing up to commit_end); need 17 MB again fits
+ * none and is fresh; 1 MB + 1 takes the last. */
 TEST(malloc_takes_the_smallest_cached_block_committed_enough_else_the_most_committed_that_fits)
 {
 #if !SHARD_RULES
@@ -1377,7 +1408,7 @@ TEST(malloc_takes_the_smallest_cached_block_committed_enough_else_the_most_commi
         if (blocks[i])
             fill_edges(blocks[i], sizes[i], 0x5000 + (uint64_t)i);
     }
-    unsigned char *dd = blocks[D] ? shard_realloc(blocks[D], 3 * MB - 32) : NULL; /* 3 MB in a 20 MB reservation */
+    unsigned char *dd = blocks[D] ? shard_realloc(blocks[D], 2 * MB - 32) : NULL; /* 2 MB in a 20 MB reservation */
     CHECK(dd == blocks[D]);
     int ok = 1;
     for (int i = 0; i < N; i++)
@@ -1388,7 +1419,7 @@ TEST(malloc_takes_the_smallest_cached_block_committed_enough_else_the_most_commi
         cache_undrain(&d);
         return;
     }
-    const size_t held[N] = { 6 * MB, 4 * MB, 8 * MB, 3 * MB };
+    const size_t held[N] = { 6 * MB, 4 * MB, 8 * MB, 2 * MB };
     for (int i = 0; i < N; i++)
         shard_free(blocks[i]);
     shard_stats s = stats_now();
@@ -1425,12 +1456,14 @@ TEST(malloc_takes_the_smallest_cached_block_committed_enough_else_the_most_commi
         if (e >= 0) {
             cached--;
             bytes -= held[e];
-            long long grew = held[e] >= need(takes[i].n) ? 0 : (long long)(need(takes[i].n) - held[e]);
+            size_t end = commit_end(need(takes[i].n), reservation(sizes[e]));
+            long long grew = held[e] >= need(takes[i].n) ? 0 : (long long)(end - held[e]);
             CHECK_COMMITTED(a.committed, b.committed, grew, 0, "malloc(%zu) taking the block holding %zu", takes[i].n,
                             held[e]);
             CHECK_EQ(b.reserved, a.reserved);
         } else {
-            CHECK_COMMITTED(a.committed, b.committed, (long long)need(takes[i].n), 1, "malloc(%zu) fresh", takes[i].n);
+            CHECK_COMMITTED(a.committed, b.committed, (long long)fresh_commit(takes[i].n), 1, "malloc(%zu) fresh",
+                            takes[i].n);
         }
         CHECK_CACHE(b, cached, bytes, "after malloc(%zu) (%s)", takes[i].n, takes[i].why);
         fill64(got[i], shard_usable_size(got[i]), 0x5100 + i);
@@ -1447,8 +1480,8 @@ TEST(malloc_takes_the_smallest_cached_block_committed_enough_else_the_most_commi
 
 /* A cached block taken for a smaller size gives back its committed memory beyond need when that excess is
  * both above 4 need and above 16 MB, and keeps it otherwise: 80 MB for need 16 MB (an excess of exactly
- * 4 need) is kept and growing back into it commits nothing, for a page less it is trimmed (and growing by
- * that page commits it); 64 MB for need 16 MB - 4 KB (48 MB more, but not 4 need) is kept; 20 MB for
+ * 4 need) is kept and growing back into it commits nothing, for a page less it is trimmed, down to
+ * commit_end of its need (and growing a page beyond that commits again); 64 MB for need 16 MB - 4 KB (48 MB more, but not 4 need) is kept; 20 MB for
  * need 4 MB (exactly 16 MB more) is kept, for a page less trimmed; 40 MB for need 12 MB - 4 KB (28 MB
  * more, but not 4 need) is kept. */
 TEST(a_cached_block_taken_for_a_smaller_size_gives_back_an_excess_beyond_4x_and_16mb)
@@ -1484,14 +1517,15 @@ TEST(a_cached_block_taken_for_a_smaller_size_gives_back_an_excess_beyond_4x_and_
         kept[i] = q;
         shard_stats b = stats_now();
         int trims = take_trims(held, n);
+        size_t r_held = reservation(with_need(held)), trimmed_to = commit_end(need(n), r_held);
         CHECKF(q == p, "malloc(%zu) did not take the only cached block", n);
         CHECK_EQ(shard_usable_size(q), fresh_usable(n));
         CHECK_CACHE(b, 0, 0, "after malloc(%zu) took the block", n);
-        CHECK_COMMITTED(a.committed, b.committed, trims ? -(long long)(held - need(n)) : 0, 0,
+        CHECK_COMMITTED(a.committed, b.committed, trims ? -(long long)(held - trimmed_to) : 0, 0,
                         "malloc(%zu) taking a block holding %zu (%s)", n, held, trims ? "trimmed" : "kept");
         fill64(q, shard_usable_size(q), 0x5210 + i);
         /* Growing back: free into kept memory, or committing again what was trimmed. */
-        size_t to = trims ? with_need(need(n) + LARGE_PAGE) : with_need(held);
+        size_t to = trims ? with_need(trimmed_to + LARGE_PAGE) : with_need(held);
         unsigned char *r = shard_realloc(q, to);
         CHECK(r != NULL);
         if (!r)
@@ -1499,7 +1533,8 @@ TEST(a_cached_block_taken_for_a_smaller_size_gives_back_an_excess_beyond_4x_and_
         kept[i] = r;
         shard_stats c = stats_now();
         CHECKF(r == q, "growing a taken block to %zu moved it", to);
-        CHECK_COMMITTED(b.committed, c.committed, trims ? (long long)LARGE_PAGE : 0, 0,
+        CHECK_COMMITTED(b.committed, c.committed,
+                        trims ? (long long)(commit_end(trimmed_to + LARGE_PAGE, r_held) - trimmed_to) : 0, 0,
                         "growing a block taken for %zu bytes to %zu (%s)", n, to, trims ? "trimmed" : "kept");
         CHECK_BLOCK(r, fresh_usable(n), 0x5210 + i, "block taken from the cache and grown");
     }
@@ -1699,6 +1734,9 @@ TEST(cached_blocks_expire_a_second_after_their_free_on_a_large_call_a_freed_smal
     const long step_ms = 550; /* 0.45 s to spare below the delay, 0.1 s above it after two steps */
     /* Committed 2, 3, 5, 6 and 7 MB: reservations of twice that, which a malloc of 17 MB never takes. */
     static const size_t held[GROUPS] = { 2 * MB, 3 * MB, 5 * MB, 6 * MB, 7 * MB };
+    size_t c_held[GROUPS]; /* what each holds committed: commit_end of its need */
+    for (int g = 0; g < GROUPS; g++)
+        c_held[g] = commit_end(held[g], reservation(with_need(held[g])));
     const size_t big = 17 * MB;
     unsigned char *blocks[N], *m = NULL, *x = NULL, *small[SMALL];
     drained d;
@@ -1731,28 +1769,28 @@ TEST(cached_blocks_expire_a_second_after_their_free_on_a_large_call_a_freed_smal
     FREE_GROUP(A);
     m = shard_malloc(big);
     CHECK(m != NULL);
-    CACHE_IS(PER, PER * held[A], "A freed, then a large malloc at once");
+    CACHE_IS(PER, PER * c_held[A], "A freed, then a large malloc at once");
     sleep_ms(step_ms);
     /* 0.55 s */
     FREE_GROUP(B);
-    CACHE_IS(2 * PER, PER * (held[A] + held[B]), "B freed");
+    CACHE_IS(2 * PER, PER * (c_held[A] + c_held[B]), "B freed");
     sleep_ms(step_ms);
     /* 1.1 s: a large malloc releases A. */
-    CACHE_IS(2 * PER, PER * (held[A] + held[B]), "1.1 s after A: shard_get_stats alone");
+    CACHE_IS(2 * PER, PER * (c_held[A] + c_held[B]), "1.1 s after A: shard_get_stats alone");
     x = shard_malloc(big);
     CHECK(x != NULL);
-    CACHE_IS(PER, PER * held[B], "a large malloc 1.1 s after A, 0.55 s after B");
+    CACHE_IS(PER, PER * c_held[B], "a large malloc 1.1 s after A, 0.55 s after B");
     FREE_GROUP(C);
     sleep_ms(step_ms);
     /* 1.65 s: small blocks of one class, allocated and freed; the free that empties a page releases B. */
-    CACHE_IS(2 * PER, PER * (held[B] + held[C]), "1.1 s after B: shard_get_stats alone");
+    CACHE_IS(2 * PER, PER * (c_held[B] + c_held[C]), "1.1 s after B: shard_get_stats alone");
     for (size_t i = 0; i < SMALL; i++) {
         small[i] = shard_malloc(SMALL_SIZE);
         CHECK(small[i] != NULL);
         if (small[i])
             fill64(small[i], SMALL_SIZE, 0x7100 + i);
     }
-    CACHE_IS(2 * PER, PER * (held[B] + held[C]), "after small allocations");
+    CACHE_IS(2 * PER, PER * (c_held[B] + c_held[C]), "after small allocations");
     int page_freed = 0;
     for (size_t i = 0; i < SMALL; i++) {
         if (!small[i])
@@ -1764,33 +1802,33 @@ TEST(cached_blocks_expire_a_second_after_their_free_on_a_large_call_a_freed_smal
             continue;
         page_freed = stats_now().small_pages_retired > retired;
         if (page_freed)
-            CACHE_IS(PER, PER * held[C], "the free that emptied a small page, 1.1 s after B, 0.55 s after C");
+            CACHE_IS(PER, PER * c_held[C], "the free that emptied a small page, 1.1 s after B, 0.55 s after C");
         else
-            CACHE_IS(2 * PER, PER * (held[B] + held[C]), "a small free that emptied no page");
+            CACHE_IS(2 * PER, PER * (c_held[B] + c_held[C]), "a small free that emptied no page");
     }
     CHECKF(page_freed, "%d small blocks of %d bytes freed, and no small page became free", SMALL, SMALL_SIZE);
     FREE_GROUP(D);
     sleep_ms(step_ms);
     /* 2.2 s: a thread that exits releases C. */
-    CACHE_IS(2 * PER, PER * (held[C] + held[D]), "1.1 s after C: shard_get_stats alone");
+    CACHE_IS(2 * PER, PER * (c_held[C] + c_held[D]), "1.1 s after C: shard_get_stats alone");
     struct exit_trigger e = { 0 };
     run_thread(medium_and_exit, &e);
     CHECKF(e.seen_before == 2 * PER, "the cache held %zu blocks before the thread's exit, expected %d (a medium "
            "allocation and free are no trigger)", e.seen_before, 2 * PER);
-    CACHE_IS(PER, PER * held[D], "after a thread exited 1.1 s after C, 0.55 s after D");
+    CACHE_IS(PER, PER * c_held[D], "after a thread exited 1.1 s after C, 0.55 s after D");
     FREE_GROUP(E);
     sleep_ms(step_ms);
     /* 2.75 s: a large free releases D; the freed block stays. */
-    CACHE_IS(2 * PER, PER * (held[D] + held[E]), "1.1 s after D: shard_get_stats alone");
+    CACHE_IS(2 * PER, PER * (c_held[D] + c_held[E]), "1.1 s after D: shard_get_stats alone");
     shard_free(m);
-    CACHE_IS(PER + 1, PER * held[E] + need(big), "a large free 1.1 s after D, 0.55 s after E");
+    CACHE_IS(PER + 1, PER * c_held[E] + fresh_commit(big), "a large free 1.1 s after D, 0.55 s after E");
     sleep_ms(step_ms);
     /* 3.3 s: a large realloc in place releases E, not the block freed 0.55 s ago. */
-    CACHE_IS(PER + 1, PER * held[E] + need(big), "1.1 s after E: shard_get_stats alone");
+    CACHE_IS(PER + 1, PER * c_held[E] + fresh_commit(big), "1.1 s after E: shard_get_stats alone");
     unsigned char *y = x ? shard_realloc(x, big - LARGE_PAGE) : NULL;
     CHECKF(y == x && y != NULL, "shard_realloc(%zu -> %zu) = %p, not in place (%p)", big, big - LARGE_PAGE,
            (void *)y, (void *)x);
-    CACHE_IS(1, need(big), "a large realloc 1.1 s after E, 0.55 s after the last free");
+    CACHE_IS(1, fresh_commit(big), "a large realloc 1.1 s after E, 0.55 s after the last free");
 #undef FREE_GROUP
 #undef CACHE_IS
     shard_free(y ? y : x);
@@ -1892,7 +1930,7 @@ TEST(a_double_free_of_a_large_block_reaches_the_error_hook_and_the_block_comes_b
     run_thread(check_not_live_from_thread, p);
     shard_set_error_hook(previous, NULL);
     shard_stats s = stats_now();
-    CHECK_CACHE(s, 1, need(n), "after the double frees");
+    CHECK_CACHE(s, 1, fresh_commit(n), "after the double frees");
     check_allocator("after double frees of a cached block");
     r1 = shard_malloc(n);
     r2 = shard_malloc(n);
@@ -1978,7 +2016,7 @@ TEST(interior_pointers_of_live_and_cached_large_blocks_reach_the_error_hook_and_
     check_offsets(&cached_p);
     shard_set_error_hook(previous, NULL);
     shard_stats s = stats_now();
-    CHECK_CACHE(s, 1, need(n), "after interior pointers of the cached block");
+    CHECK_CACHE(s, 1, fresh_commit(n), "after interior pointers of the cached block");
     unsigned char *q = shard_malloc(n);
     CHECKF(q == p, "malloc(%zu) = %p, the cached block is %p", n, (void *)q, (void *)p);
     if (q) {
@@ -2186,8 +2224,8 @@ TEST(large_blocks_resized_and_freed_by_another_thread_keep_contents_and_share_on
     for (int moved_17 = 0; moved_17 <= 1; moved_17++)
         for (int moved_40 = 0; moved_40 <= 1; moved_40++)
             consistent |= s1.large_cached == (size_t)(1 + moved_17 + moved_40) &&
-                          s1.large_cached_bytes == need(3 * MB) + (moved_17 ? need(17 * MB) : 0) +
-                                                       (moved_40 ? need(40 * MB) : 0);
+                          s1.large_cached_bytes == fresh_commit(3 * MB) + (moved_17 ? fresh_commit(17 * MB) : 0) +
+                                                       (moved_40 ? fresh_commit(40 * MB) : 0);
     CHECKF(consistent, "after another thread's free of 3 MB and moves out of 17 and 40 MB blocks, the cache holds "
            "%zu blocks of %zu bytes", s1.large_cached, s1.large_cached_bytes);
     CHECKF(s1.live_large + 2 == s0.live_large, "live_large %zu -> %zu: one block freed, one moved to medium",
