@@ -248,6 +248,16 @@ static void own_entry_leave(heap *h, const segment *s)
         }
 }
 
+/* s becomes one of h's segments: first in its list, which other threads walk for the statistics (the
+ * link an atomic: a walk that was at s in another heap's list goes on in h's), and in its own-segment
+ * table, where the fast paths of free and realloc find it. */
+static void segment_enter(heap *h, segment *s)
+{
+    store_relaxed(&s->next, h->segments);
+    store_release(&h->segments, s);
+    heap_own_segment(h, s);
+}
+
 unsigned small_release_empty(heap *h, int spare)
 {
     spare = spare && !h->created; /* a created heap's memory is charged to it: it keeps to its own */
@@ -291,9 +301,7 @@ static int adopt_spare(heap *h)
     if (s == NULL)
         return -1;
     store_release(&s->owner, h);
-    s->next = h->segments;
-    store_release(&h->segments, s); /* the statistics walk this list from other threads */
-    heap_own_segment(h, s);
+    segment_enter(h, s);
     for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
         page *pg = (page *)((uint8_t *)s + i * PAGE_DESC_SIZE);
         pg->freed_at = 0; /* stamped when a trim first sees it */
@@ -461,9 +469,7 @@ static page *page_acquire(heap *h)
             heap_uncharge(h, SEGMENT_DESC_BYTES);
             return NULL;
         }
-        seg->next = h->segments;
-        store_release(&h->segments, seg); /* the statistics walk this list from other threads */
-        heap_own_segment(h, seg);         /* the fast paths of free and realloc find it there */
+        segment_enter(h, seg);
         for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
             page *p = (page *)((uint8_t *)seg + i * PAGE_DESC_SIZE);
             p->state = PAGE_COLD;
@@ -703,9 +709,7 @@ static void segment_move(heap *from, heap *to, segment *s)
     store_release(&s->owner, to);
     for (unsigned i = 1; i < SEGMENT_PAGES; i++)
         page_move(from, to, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
-    store_relaxed(&s->next, to->segments); /* a walk that was at s goes on in to's list */
-    store_release(&to->segments, s);
-    heap_own_segment(to, s);
+    segment_enter(to, s);
 }
 
 void small_orphan_give(heap *h)
@@ -750,7 +754,7 @@ uint64_t small_orphan_expire(uint64_t now)
     small_keep(&orphans, UINT32_MAX, 1); /* a class's only page, if empty, is free: no thread keeps it */
     trim_at(&orphans, now, 0); /* with now UINT64_MAX all of them, else those free for the delay */
     small_release_empty(&orphans, now != UINT64_MAX);
-    uint64_t due = orphans.free_count != 0 ? (now != UINT64_MAX ? now : os_clock_ms()) + options_values.decommit_delay_ms : 0;
+    uint64_t due = orphans.free_count != 0 && now != UINT64_MAX ? now + options_values.decommit_delay_ms : 0;
     debug_check_heap(&orphans, "the orphans inconsistent after their trim");
     spin_unlock(&orphan_lock);
     return due;
