@@ -226,6 +226,16 @@ static inline int release_sized(struct block *b)
     return bad;
 }
 
+/* release() of every slot that holds a block; returns how many failed their check. */
+static long release_slots(struct block *slots, size_t n)
+{
+    long bad = 0;
+    for (size_t k = 0; k < n; k++)
+        if (slots[k].p != NULL)
+            bad += release(&slots[k]);
+    return bad;
+}
+
 /* Resizes b's block by realloc, checks the part kept and fills the rest; returns 1 when the check failed. */
 static inline int resize(struct block *b, size_t size)
 {
@@ -669,9 +679,7 @@ static void alloc_test_thread(struct worker *w)
         if (what != 1)
             make(b, draw_size(alloc_test_sizes, &w->rng), &w->rng);
     }
-    for (size_t k = 0; k < ALLOC_TEST_SLOTS; k++)
-        if (slots[k].p != NULL)
-            errors += release(&slots[k]);
+    errors += release_slots(slots, ALLOC_TEST_SLOTS);
     free(slots);
     w->errors += errors;
 }
@@ -799,9 +807,7 @@ static void rptest_thread(struct worker *w)
         if (i % RPTEST_TAKE_EVERY == 0)
             rptest_take(w);
     }
-    for (size_t k = 0; k < RPTEST_SLOTS; k++)
-        if (slots[k].p != NULL)
-            w->errors += release(&slots[k]);
+    w->errors += release_slots(slots, RPTEST_SLOTS);
     free(slots);
     drain_to_end(w, rptest_take);
 }
@@ -828,9 +834,7 @@ static void malloc_large_thread(struct worker *w)
             w->errors += release(b);
         make(b, rng_between(&w->rng, LARGE_MIN, LARGE_MAX), &w->rng);
     }
-    for (size_t k = 0; k < LARGE_SLOTS; k++)
-        if (slots[k].p != NULL)
-            w->errors += release(&slots[k]);
+    w->errors += release_slots(slots, LARGE_SLOTS);
 }
 
 static double scenario_malloc_large(double scale, long *errors)
@@ -941,9 +945,7 @@ static void mixed_thread(struct worker *w)
         if (what != 2)
             errors += mixed_make(b, &w->rng);
     }
-    for (size_t k = 0; k < MIXED_SLOTS; k++)
-        if (slots[k].p != NULL)
-            errors += release(&slots[k]);
+    errors += release_slots(slots, MIXED_SLOTS);
     free(slots);
     w->errors += errors;
 }
