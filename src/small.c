@@ -729,10 +729,13 @@ void small_orphan_give(heap *h)
 }
 
 /* The segment of the orphans' most recently freed page becomes h's, with its free pages and its pages in
- * use; 0, or -1 when the orphans have no free page. */
+ * use; 0, or -1 when the orphans have no free page. What other threads freed into the orphans is taken
+ * in first: it may empty pages of a segment whose free pages went back to the OS (an expired reserve's),
+ * and a heap that took a new page instead would leave those pages waiting for the next trim. */
 static int adopt_orphan(heap *h)
 {
-    if (h->created || load_relaxed(&orphans.free_count) == 0 || !spin_lock_unless_fork(&orphan_lock))
+    if (h->created || (load_relaxed(&orphans.free_count) == 0 && load_relaxed(&orphans.delayed) == NULL) ||
+        !spin_lock_unless_fork(&orphan_lock))
         return -1;
     if (load_relaxed(&orphans.delayed) != NULL)
         small_drain_delayed(&orphans); /* what other threads freed into it, before its pages move */

@@ -1714,6 +1714,14 @@ static void adopter_free_job(void *arg)
     blk_free(&a->kb);
     blk_free(&a->big);
 }
+
+static void adopter_kb_job(void *arg) { blk_alloc(arg, 1024, 0x8b00); }
+
+static void adopter_kb_free_job(void *arg)
+{
+    blk_check(arg, "1024-byte block from an orphan segment whose blocks were freed");
+    blk_free(arg);
+}
 #endif
 
 /* Eight heaps wait with a reserve; a ninth thread ends with live blocks in a segment that also has free
@@ -1841,6 +1849,55 @@ TEST(an_expired_reserve_gives_its_segment_to_the_orphans_until_its_blocks_are_fr
                delta(freed.spare_segments, trimmed.spare_segments) == 1,
            "after the next trim: orphan segments %+lld (-1 expected), spare segments %+lld (1 expected)",
            delta(freed.orphan_segments, trimmed.orphan_segments), delta(freed.spare_segments, trimmed.spare_segments));
+    scene_end(&s);
+#endif
+}
+
+/* Blocks freed into an orphan segment whose free pages went back to the OS wait in the orphans' queue.
+ * A thread heap that needs a page takes them in before it commits one of its own, and takes the
+ * segment their pages emptied. (Before, it looked only for free pages the orphans already had: with
+ * every heap's segments orphaned, larson's memory grew to a gigabyte within the delay.) */
+TEST(a_thread_that_needs_a_page_takes_in_what_was_freed_into_the_orphans)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    scene_begin(&s);
+    static struct orphaner o;
+    memset(&o, 0, sizeof o);
+    struct agent a; /* the thread that takes the orphan: a heap of its own from the start, no free page */
+    struct blk kb = {0};
+    if (agent_start(&a))
+        agent_do(&a, small_op_job, NULL);
+    if (agent_start(&o.agent)) {
+        agent_do(&o.agent, orphaner_job, &o);
+        agent_stop(&o.agent);
+    }
+    sleep_ms(PAST_THE_DELAY_MS);
+    agent_do(&s.slow, medium_op_job, NULL); /* the reserve expires: the segment becomes an orphan */
+    uintptr_t seg = orphaner_segment(&o, "1024-byte block of an orphan segment");
+    for (size_t i = 0; i < ORPHAN_KB; i += ORPHAN_KB_EVERY)
+        blk_free(&o.kb[i]);
+    shard_stats before = stats_now();
+    CHECKF(before.orphan_segments == s.base.orphan_segments + 1 && before.live_small == s.base.live_small,
+           "the orphaner's blocks freed: orphan segments %+lld (1 expected), live small blocks %+lld (none expected)",
+           delta(s.base.orphan_segments, before.orphan_segments), delta(s.base.live_small, before.live_small));
+    if (a.running) {
+        agent_do(&a, adopter_kb_job, &kb);
+        shard_stats after = stats_now();
+        CHECKF(delta(before.orphan_segments, after.orphan_segments) == -1 && after.committed == before.committed &&
+                   after.reserved == before.reserved,
+               "the thread's first 1024-byte block: orphan segments %+lld (-1 expected), committed %+lld, reserved "
+               "%+lld (nothing expected: a page the frees emptied serves it)",
+               delta(before.orphan_segments, after.orphan_segments), delta(before.committed, after.committed),
+               delta(before.reserved, after.reserved));
+        CHECKF(kb.p != NULL && segment_base(kb.p) == seg, "the thread's block %p lies outside the orphan segment %p",
+               (void *)kb.p, (void *)seg);
+        check_allocator("after a thread took an orphan segment whose blocks were freed");
+        agent_do(&a, adopter_kb_free_job, &kb);
+        agent_stop(&a);
+    }
     scene_end(&s);
 #endif
 }
