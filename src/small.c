@@ -756,8 +756,12 @@ uint64_t small_orphan_expire(uint64_t now)
         small_drain_delayed(&orphans);
     small_keep(&orphans, UINT32_MAX, 1); /* a class's only page, if empty, is free: no thread keeps it */
     trim_at(&orphans, now, 0); /* with now UINT64_MAX all of them, else those free for the delay */
-    small_release_empty(&orphans, now != UINT64_MAX);
-    uint64_t due = orphans.free_count != 0 && now != UINT64_MAX ? now + options_values.decommit_delay_ms : 0;
+    unsigned spared = small_release_empty(&orphans, now != UINT64_MAX);
+    uint64_t due = 0; /* the next trim: the free pages' decommit, the spare segments' expiry */
+    if (now != UINT64_MAX && orphans.free_count != 0)
+        due = now + options_values.decommit_delay_ms;
+    if (now != UINT64_MAX && spared != 0 && (due == 0 || options_values.reserve_delay_ms < options_values.decommit_delay_ms))
+        due = now + options_values.reserve_delay_ms;
     debug_check_heap(&orphans, "the orphans inconsistent after their trim");
     spin_unlock(&orphan_lock);
     return due;

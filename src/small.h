@@ -299,8 +299,9 @@ void small_count(struct heap *h, small_counts *c);
  * the decommit delay; segments left empty go to the spare segments or back to the OS.
  *   small_orphan_give: every segment of h (a thread heap no thread runs, trimmed) becomes the orphans'.
  *   small_orphan_expire: take in what other threads freed into them, decommit the pages free for the
- *     delay (all with now UINT64_MAX) and release the segments left empty; when the next is due, or 0
- *     (always with now UINT64_MAX). */
+ *     delay (all with now UINT64_MAX) and make the segments left empty spare ones (released, with now
+ *     UINT64_MAX); when the next decommit or the spare segments' expiry is due, or 0 (always with now
+ *     UINT64_MAX). */
 void small_orphan_give(struct heap *h);
 uint64_t small_orphan_expire(uint64_t now);
 void small_orphan_count(small_counts *c, size_t *segments); /* statistics: between segment_walk_begin, _end */

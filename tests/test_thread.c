@@ -1849,6 +1849,13 @@ TEST(an_expired_reserve_gives_its_segment_to_the_orphans_until_its_blocks_are_fr
                delta(freed.spare_segments, trimmed.spare_segments) == 1,
            "after the next trim: orphan segments %+lld (-1 expected), spare segments %+lld (1 expected)",
            delta(freed.orphan_segments, trimmed.orphan_segments), delta(freed.spare_segments, trimmed.spare_segments));
+    /* That trim armed the next, at which the spare segment, unused for the delay, goes back. */
+    sleep_ms(PAST_THE_DELAY_MS);
+    agent_do(&s.slow, medium_op_job, NULL);
+    shard_stats gone = stats_now();
+    CHECKF(gone.spare_segments == trimmed.spare_segments - 1 && gone.reserved == trimmed.reserved - SEGMENT_BYTES,
+           "after the delay: spare segments %+lld (-1 expected), reserved %+lld (the segment's 4 MB expected to go)",
+           delta(trimmed.spare_segments, gone.spare_segments), delta(trimmed.reserved, gone.reserved));
     scene_end(&s);
 #endif
 }
