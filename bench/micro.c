@@ -7,6 +7,8 @@
  *   mixed-fifo      the same batches, freed oldest first.
  *   lifo-1000       1000 blocks of 64 bytes, freed newest first.
  *   fifo-1000       1000 blocks of 64 bytes, freed oldest first.
+ *   fill-free       batches of 100000 mixed sizes (16..1024, skewed to small), about 30 MB: each fills
+ *                   many pages and segments before it is freed, oldest first.
  *   random-replace  10000 live blocks of 16..2048 bytes; each step frees a random one and allocates a
  *                   new random size into its slot (a fragmented steady state, cache-missing).
  *   foreign-free    a producer thread allocates 64-byte blocks, a consumer thread frees them (the
@@ -82,11 +84,13 @@ static size_t random_size(size_t lo, size_t hi)
 #define MIXED_BATCH 100
 #define MIXED_TABLE (MIXED_BATCH * 256)   /* sizes cycled through by the mixed rows */
 #define SAME_BATCH 1000
+#define FILL_BATCH 100000
 #define SAME_SIZE 64
 
 static uint16_t mixed_sizes[MIXED_TABLE];
 static uint16_t same_sizes[SAME_BATCH];
-static unsigned char *batch_ptr[SAME_BATCH]; /* a global: the blocks escape, nothing can be folded */
+static uint16_t fill_sizes[FILL_BATCH];
+static unsigned char *batch_ptr[FILL_BATCH]; /* a global: the blocks escape, nothing can be folded */
 
 static void batch_tables(void)
 {
@@ -99,6 +103,8 @@ static void batch_tables(void)
         mixed_sizes[i] = (uint16_t)random_size(16, 1024);
     for (size_t i = 0; i < SAME_BATCH; i++)
         same_sizes[i] = SAME_SIZE;
+    for (size_t i = 0; i < FILL_BATCH; i++)
+        fill_sizes[i] = (uint16_t)random_size(16, 1024);
 }
 
 /* Runs batches of `batch` blocks whose sizes are read in turn from sizes[0..table_len) (a multiple of
@@ -156,6 +162,12 @@ static double row_fifo_1000(long pairs)
 {
     batch_tables();
     return batch_row(pairs, SAME_BATCH, same_sizes, SAME_BATCH, false);
+}
+
+static double row_fill_free(long pairs)
+{
+    batch_tables();
+    return batch_row(pairs, FILL_BATCH, fill_sizes, FILL_BATCH, false);
 }
 
 /* ---- fixed-32: malloc(32), touch, free ---- */
@@ -346,6 +358,7 @@ static const struct row rows[] = {
     {"mixed-fifo", row_mixed_fifo, 6000000},
     {"lifo-1000", row_lifo_1000, 8000000},
     {"fifo-1000", row_fifo_1000, 8000000},
+    {"fill-free", row_fill_free, 2000000},
     {"random-replace", row_random_replace, 2000000},
     {"foreign-free", row_foreign_free, 1000000},
 };

@@ -27,7 +27,7 @@ import runner
 from runner import BASELINE
 
 # The rows of bench/micro.c, in its order (keep in sync with its row table).
-ROWS = ["fixed-32", "mixed-lifo", "mixed-fifo", "lifo-1000", "fifo-1000",
+ROWS = ["fixed-32", "mixed-lifo", "mixed-fifo", "lifo-1000", "fifo-1000", "fill-free",
         "random-replace", "foreign-free"]
 DEFAULT_ALLOCS = ["shard", "mimalloc", "jemalloc", "system"]
 OPTIONAL_ALLOCS = ["shard-purec", "tcmalloc"]  # added to the default when their binaries exist

@@ -36,7 +36,7 @@ OFFSETS = [
     ("PAGE_DIVISOR", 24, "page.divisor (uint64): ceil(2^64 / block_size), the item test"),
     ("PAGE_BLOCK_SIZE", 32, "page.block_size (uint32)"),
     # struct segment (src/segment.h): descriptor 0
-    ("SEGMENT_SECRET", 104, "segment.secret (uint64): the hardened build's key of its free lists"),
+    ("SEGMENT_SECRET", 48, "segment.secret (uint64): the hardened build's key of its free lists"),
     # struct heap (src/heap.h)
     ("HEAP_DIRECT", 0, "heap.direct[]: page per (size + 15) >> 4, pointers"),
     ("HEAP_OWN", DIRECT_COUNT * 8, "heap.own[]: own small segments by address bits 22..31"),

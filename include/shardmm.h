@@ -121,8 +121,9 @@ typedef struct shard_stats {
     size_t spare_segments;     /* empty 4 MB segments and arenas that ended threads left for any thread,
                                   for a second; in no heap, so not in the page and arena counts above */
     size_t spare_bytes;        /* memory those keep committed, bytes */
-    size_t orphan_segments;    /* small-block segments with live blocks that ended threads left for any
-                                  thread to take (their pages are in the page counts above) */
+    size_t orphan_segments;    /* small-block segments with live blocks that ended threads left, or whose
+                                  every page was full, for any thread to take (their pages are in the
+                                  page counts above) */
 } shard_stats;
 SHARD_API void shard_get_stats(shard_stats *out);
 

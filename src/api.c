@@ -194,6 +194,8 @@ void api_free_slow(void *p)
     if (kind == SEG_SMALL) {
         heap *h = owner_heap(p);
         page *pg = page_of(p);
+        if (h == NULL && (h = heap_mine()) != NULL && small_take_back(h, segment_of(p)) != 0)
+            h = NULL; /* the segment is another heap's (unless h gave it to the orphans: then h's again) */
         if (h != NULL) {
             small_free_local_slow(h, pg, p); /* tests the item; takes the ordinary case too */
             return;

@@ -680,11 +680,14 @@ int heap_check(heap *h)
         uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
         entered += h->own[slot] == (uintptr_t)s;
         problems += insist(h->own[slot] != 0 || slot == 0, "heap: a segment missing from its free own-segment entry:", s);
+        unsigned full = 0;
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
             problems += small_check_page(pg);
             all_cold += pg->state == PAGE_COLD;
+            full += pg->state == PAGE_IN_USE && pg->full;
         }
+        problems += insist(s->full_pages == full, "heap: a segment's count of full pages is wrong:", s);
     }
     /* Every own-segment entry is one of these segments (entry 0 holds 1), each at most once. */
     size_t entries = 0;

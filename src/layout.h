@@ -16,7 +16,7 @@
 #define SHARD_L_PAGE_CARVED_END 20       /* page.carved_end (uint32): offset of the end of the carved items */
 #define SHARD_L_PAGE_DIVISOR 24          /* page.divisor (uint64): ceil(2^64 / block_size), the item test */
 #define SHARD_L_PAGE_BLOCK_SIZE 32       /* page.block_size (uint32) */
-#define SHARD_L_SEGMENT_SECRET 104       /* segment.secret (uint64): the hardened build's key of its free lists */
+#define SHARD_L_SEGMENT_SECRET 48        /* segment.secret (uint64): the hardened build's key of its free lists */
 #define SHARD_L_HEAP_DIRECT 0            /* heap.direct[]: page per (size + 15) >> 4, pointers */
 #define SHARD_L_HEAP_OWN 1032            /* heap.own[]: own small segments by address bits 22..31 */
 #define SHARD_L_HEAP_CLASSES 9224        /* heap.classes[]: {first, last} per class */

@@ -69,10 +69,10 @@ void shard_print_stats(shard_output_fn out, void *arg)
     row_count(&o, "  arenas", s.medium_arenas, "");
     row_count(&o, "  without a live block", s.medium_arenas_empty, "");
     row_count(&o, "  of those, decommitted", s.medium_arenas_decommitted, "");
-    out_str(&o, "segments ended threads left for any thread (4 MB)\n");
+    out_str(&o, "segments for any thread (4 MB)\n");
     row_count(&o, "  spare: empty", s.spare_segments, "segments and arenas");
     row_bytes(&o, "  spare: committed", s.spare_bytes, "");
-    row_count(&o, "  orphans: with live blocks", s.orphan_segments, "small segments; pages counted above");
+    row_count(&o, "  orphans: with live blocks", s.orphan_segments, "small segments (ended threads', or full); pages above");
     out_str(&o, "large-block cache\n");
     row_count(&o, "  blocks", s.large_cached, "");
     row_bytes(&o, "  committed", s.large_cached_bytes, "");

@@ -49,24 +49,29 @@ struct heap;
  * it holds no live block (it becomes spare, and another heap's: below), or with its live blocks, when
  * the heap of an ended thread gives it to the orphans and another heap takes it (small.h). So the "is
  * this block mine" test of a free reads a line that is written at most twice per thread that ends.
- * `zero` and `pad` are never written: they overlay the fields of a page descriptor that the free paths test (`used`, `carved_end`, the shared divisor), so
- * a pointer into page 0 looks like one into a page with no items and reaches the error hook. The
- * other fields overlay page fields that no free path reads (block_size is read only after carved_end
- * has failed the pointer). */
+ * `zero` and `pad` are never written: they overlay the fields of a page descriptor that the free paths
+ * test (`used`, `carved_end`, the shared divisor), so a pointer into page 0 looks like one into a page
+ * with no items and reaches the error hook. The other fields overlay page fields that no free path
+ * reads for a pointer that failed those tests. */
 typedef struct segment {
     struct heap *owner;
     struct segment *next;          /* the owner's segments */
     uint8_t zero[16];
     struct segment *next_released; /* in the list of segments waiting for their release (segment_release) */
     size_t released_committed;      /* bytes still committed when it was given up, for the accounting */
-    uint8_t pad[56];
     uint64_t secret;                /* hardened builds: the key of its free lists (small.h); else 0 */
-    uint8_t pad_end[16];
+    uint8_t pad_line0[8];
+    /* line 1, which the owner's slow paths write: not the line of the owner word and the secret, which
+     * other threads' frees read */
+    uint32_t full_pages;            /* small: its pages out of their class lists as full (small.c) */
+    uint32_t pad_full;
+    struct heap *given_by;          /* small: the heap that gave it to the orphans last (small.h) */
+    uint8_t pad[48];
 } segment;
-_Static_assert(sizeof(segment) == PAGE_DESC_SIZE && offsetof(segment, zero) == 16 && offsetof(segment, pad) == 48 &&
-                   offsetof(segment, secret) == 104,
-               "the header is descriptor 0, with zero bytes where small.h expects them, and the secret where "
-               "a page descriptor has padding that nothing reads");
+_Static_assert(sizeof(segment) == PAGE_DESC_SIZE && offsetof(segment, zero) == 16 && offsetof(segment, secret) == 48 &&
+                   offsetof(segment, full_pages) == 64 && offsetof(segment, pad) == 80,
+               "the header is descriptor 0, with zero bytes where small.h expects them, and the fields that "
+               "change in a line of their own");
 
 #define SEGMAP_TOP_BITS 15      /* address bits 32..46 */
 #define SEGMAP_LEAF_BYTES 1024  /* 4 GB / 4 MB */

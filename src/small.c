@@ -6,7 +6,9 @@
  *   `free` item, the slow path takes the page's `local_free`, else carves up to 64 more items from the
  *   untouched part in ascending address order, else takes the page out of the list as full (and
  *   biases `used`, see small.h) and looks at the next page. With no page left it takes a page: the most
- *   recently freed committed one, else a cold one (committing it), else a new segment.
+ *   recently freed committed one, else an orphan segment's (small.h), else a cold one (committing it),
+ *   else a new segment. A segment whose every page went out of its list as full goes to the orphans,
+ *   and comes back at its heap's first free into it.
  * - A page that gets items back after being full goes to the tail of its list, so that by the time
  *   allocation reaches it more than one item has gathered. Only a brand-new page goes to the head.
  * - Foreign frees are drained lazily, when an allocation found its page dry: the heap's `delayed`
@@ -173,6 +175,7 @@ static void page_set_full(page *pg)
     pg->full_out = pg->used - wake;
     pg->used = wake;
     pg->full = 1;
+    segment_of(pg)->full_pages++;
 }
 
 /* pg goes back into its list, or is retired: `used` is the items out again. */
@@ -181,6 +184,7 @@ static void page_clear_full(page *pg)
     pg->used += pg->full_out;
     pg->full_out = 0;
     pg->full = 0;
+    segment_of(pg)->full_pages--;
 }
 
 /* Link up to SHARD_CARVE_BATCH untouched items into `free`, in ascending address order, and no more
@@ -340,6 +344,7 @@ void small_empty_keep(heap *h, unsigned keep)
     h->free_count = 0;
     store_relaxed(&h->delayed, (page *)NULL); /* the queued pages' frees are void: their pages empty now */
     for (segment *s = h->segments; s != NULL; s = s->next) {
+        s->full_pages = 0;
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             page *pg = (page *)((uint8_t *)s + i * PAGE_DESC_SIZE);
             if (pg->state == PAGE_IN_USE) { /* as page_retire, whatever its items */
@@ -490,6 +495,7 @@ static page *page_acquire(heap *h)
 /* ---- allocation and free ------------------------------------------------------------------------- */
 
 static int adopt_orphan(heap *h);
+static void give_full_segment(heap *h, segment *s);
 
 void *small_alloc_slow(heap *h, unsigned cls)
 {
@@ -512,6 +518,8 @@ again:
         }
         class_remove(h, pg); /* full: out of the list until its wake count of items comes back */
         page_set_full(pg);
+        if (segment_of(pg)->full_pages == SEGMENT_PAGES - 1)
+            give_full_segment(h, segment_of(pg));
     }
     /* Without a free page of its own, h takes an orphan segment's free pages, and its pages in use,
      * which may serve this class (at most once: h has a free page after it). */
@@ -707,8 +715,10 @@ static void segment_move(heap *from, heap *to, segment *s)
     store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
     own_entry_leave(from, s);
     store_release(&s->owner, to);
-    for (unsigned i = 1; i < SEGMENT_PAGES; i++)
-        page_move(from, to, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
+    s->given_by = to == &orphans ? from : NULL;
+    if (s->full_pages != SEGMENT_PAGES - 1) /* else every page is full, in no list: none to move */
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
+            page_move(from, to, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
     segment_enter(to, s);
 }
 
@@ -728,10 +738,40 @@ void small_orphan_give(heap *h)
         heap_arm_reserve_due(os_clock_ms() + options_values.reserve_delay_ms);
 }
 
+/* s, every page of which is full, leaves h, a thread heap whose thread runs, for the orphans, as it is.
+ * Its pages serve no allocation of h until their items come back, and those that other threads free
+ * come back to whichever heap takes the segment. */
+static void give_full_segment(heap *h, segment *s)
+{
+    if (h->created || h == &orphans || !spin_lock_unless_fork(&orphan_lock))
+        return; /* a created heap keeps what is charged to it; a fork's lock: h keeps s */
+    h->forwards = 1; /* before the owner word changes */
+    segment_move(h, &orphans, s);
+    debug_check_heap(&orphans, "the orphans inconsistent after a heap gave a full segment");
+    spin_unlock(&orphan_lock);
+}
+
+int small_take_back(heap *h, segment *s)
+{
+    if (load_relaxed(&s->owner) != &orphans || load_relaxed(&s->given_by) != h ||
+        !spin_lock_unless_fork(&orphan_lock))
+        return -1;
+    int taken = s->owner == &orphans && s->given_by == h; /* not adopted meanwhile */
+    if (taken) {
+        if (load_relaxed(&orphans.delayed) != NULL)
+            small_drain_delayed(&orphans); /* what others freed into its pages comes with them */
+        segment_move(&orphans, h, s);
+        debug_check_heap(&orphans, "the orphans inconsistent after a heap took back a segment");
+    }
+    spin_unlock(&orphan_lock);
+    return taken ? 0 : -1;
+}
+
 /* The segment of the orphans' most recently freed page becomes h's, with its free pages and its pages in
  * use; 0, or -1 when the orphans have no free page. What other threads freed into the orphans is taken
- * in first: it may empty pages of a segment whose free pages went back to the OS (an expired reserve's),
- * and a heap that took a new page instead would leave those pages waiting for the next trim. */
+ * in first: it may empty pages of a segment whose free pages went back to the OS (an expired reserve's)
+ * or of a full segment a running heap gave, and a heap that took a new page instead would leave those
+ * pages waiting for the next trim. */
 static int adopt_orphan(heap *h)
 {
     if (h->created || (load_relaxed(&orphans.free_count) == 0 && load_relaxed(&orphans.delayed) == NULL) ||
@@ -756,8 +796,12 @@ uint64_t small_orphan_expire(uint64_t now)
         small_drain_delayed(&orphans);
     small_keep(&orphans, UINT32_MAX, 1); /* a class's only page, if empty, is free: no thread keeps it */
     trim_at(&orphans, now, 0); /* with now UINT64_MAX all of them, else those free for the delay */
-    small_release_empty(&orphans, now != UINT64_MAX);
-    uint64_t due = orphans.free_count != 0 && now != UINT64_MAX ? now + options_values.decommit_delay_ms : 0;
+    unsigned spared = small_release_empty(&orphans, now != UINT64_MAX);
+    uint64_t due = 0; /* the next trim: the free pages' decommit, the spare segments' expiry */
+    if (now != UINT64_MAX && orphans.free_count != 0)
+        due = now + options_values.decommit_delay_ms;
+    if (now != UINT64_MAX && spared != 0 && (due == 0 || options_values.reserve_delay_ms < options_values.decommit_delay_ms))
+        due = now + options_values.reserve_delay_ms;
     debug_check_heap(&orphans, "the orphans inconsistent after their trim");
     spin_unlock(&orphan_lock);
     return due;

@@ -293,15 +293,24 @@ void small_count(struct heap *h, small_counts *c);
  * among the reserves, or whose reserve expired, go to the orphans, a heap that no thread runs, and any
  * thread heap takes one when it needs a page (segment.h's spare segments are the empty ones). So the
  * free pages around blocks that outlive their thread serve whichever thread needs pages next, and its
- * frees into them become its own. A segment changes its owner word under the orphans' lock; a foreign
+ * frees into them become its own. A running thread's heap gives them a segment too when every page of
+ * it is full (its allocations cannot use it until items come back): items other threads free there
+ * serve whichever heap needs a page next, not only the one that made them, which may allocate no more
+ * (a main thread that fills and hands out, waiting meanwhile). The heap that gave a segment takes it
+ * back at its own first free into it (small_take_back), so a thread that frees what it made keeps
+ * freeing without atomics. A segment changes its owner word under the orphans' lock; a foreign
  * free that read the old owner queues its page there, and that heap's next drain sends the page on
  * (heap.h's `forwards`). The orphans keep SHARD_ORPHAN_PAGES free pages committed at most, each for
  * the decommit delay; segments left empty go to the spare segments or back to the OS.
  *   small_orphan_give: every segment of h (a thread heap no thread runs, trimmed) becomes the orphans'.
  *   small_orphan_expire: take in what other threads freed into them, decommit the pages free for the
- *     delay (all with now UINT64_MAX) and release the segments left empty; when the next is due, or 0
- *     (always with now UINT64_MAX). */
+ *     delay (all with now UINT64_MAX) and make the segments left empty spare ones (released, with now
+ *     UINT64_MAX); when the next decommit or the spare segments' expiry is due, or 0 (always with now
+ *     UINT64_MAX). */
 void small_orphan_give(struct heap *h);
+/* Segment s becomes h's again if h gave it to the orphans and no heap took it since: 0, else -1. Called
+ * by h's thread, for a free into s. */
+int small_take_back(struct heap *h, segment *s);
 uint64_t small_orphan_expire(uint64_t now);
 void small_orphan_count(small_counts *c, size_t *segments); /* statistics: between segment_walk_begin, _end */
 void small_orphan_visit(visitor *v);

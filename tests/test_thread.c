@@ -1849,6 +1849,13 @@ TEST(an_expired_reserve_gives_its_segment_to_the_orphans_until_its_blocks_are_fr
                delta(freed.spare_segments, trimmed.spare_segments) == 1,
            "after the next trim: orphan segments %+lld (-1 expected), spare segments %+lld (1 expected)",
            delta(freed.orphan_segments, trimmed.orphan_segments), delta(freed.spare_segments, trimmed.spare_segments));
+    /* That trim armed the next, at which the spare segment, unused for the delay, goes back. */
+    sleep_ms(PAST_THE_DELAY_MS);
+    agent_do(&s.slow, medium_op_job, NULL);
+    shard_stats gone = stats_now();
+    CHECKF(gone.spare_segments == trimmed.spare_segments - 1 && gone.reserved == trimmed.reserved - SEGMENT_BYTES,
+           "after the delay: spare segments %+lld (-1 expected), reserved %+lld (the segment's 4 MB expected to go)",
+           delta(trimmed.spare_segments, gone.spare_segments), delta(trimmed.reserved, gone.reserved));
     scene_end(&s);
 #endif
 }
@@ -1897,6 +1904,176 @@ TEST(a_thread_that_needs_a_page_takes_in_what_was_freed_into_the_orphans)
         check_allocator("after a thread took an orphan segment whose blocks were freed");
         agent_do(&a, adopter_kb_free_job, &kb);
         agent_stop(&a);
+    }
+    scene_end(&s);
+#endif
+}
+
+/* A running thread's heap gives the orphans a segment whose every page is full: its allocations cannot
+ * use it until items come back, and items other threads free there then serve whichever heap needs a
+ * page first. The heap that gave it takes it back at its own first free into it. */
+#define FULL_SEGMENT_BLOCKS 252 /* 16384-byte blocks: 63 pages of 4 fill a segment */
+#define FULL_SEGMENT_MOST (3 * FULL_SEGMENT_BLOCKS)
+
+#if SHARD_RULES
+struct segment_filler {
+    struct agent agent;
+    struct blk big[FULL_SEGMENT_MOST];
+    size_t count;         /* blocks made */
+    size_t given_at;      /* the block whose allocation gave a segment away, 0 for none */
+    uintptr_t segment;    /* the segment given, that of the block before it */
+    shard_stats before;   /* at the start */
+};
+
+/* 16384-byte blocks, until the orphans gain a segment (or FULL_SEGMENT_MOST): the one that filled up.
+ * Other allocations of the thread's (its start) may share the first segment, so that it never fills;
+ * the second does. */
+static void segment_filler_job(void *arg)
+{
+    struct segment_filler *f = arg;
+    f->before = stats_now();
+    while (f->count < FULL_SEGMENT_MOST && f->given_at == 0) {
+        if (!blk_alloc(&f->big[f->count], 16384, 0x9000 + f->count))
+            return;
+        f->count++;
+        if (f->count >= 2 && stats_now().orphan_segments == f->before.orphan_segments + 1) {
+            f->given_at = f->count - 1;
+            f->segment = segment_base(f->big[f->count - 2].p);
+        }
+    }
+}
+
+/* The filler's blocks in the given segment: each checked; freed (by whoever runs this) when `free`. */
+static size_t segment_filler_blocks(struct segment_filler *f, int free, const char *what)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < f->count; i++) {
+        if (f->big[i].p == NULL || segment_base(f->big[i].p) != f->segment)
+            continue;
+        blk_check(&f->big[i], what);
+        if (free)
+            blk_free(&f->big[i]);
+        n++;
+    }
+    return n;
+}
+
+static void segment_filler_free_all_job(void *arg)
+{
+    struct segment_filler *f = arg;
+    for (size_t i = 0; i < f->count; i++)
+        if (f->big[i].p != NULL) {
+            blk_check(&f->big[i], "16384-byte block of the thread that filled a segment");
+            blk_free(&f->big[i]);
+        }
+}
+
+static void segment_filler_take_back_job(void *arg)
+{
+    struct segment_filler *f = arg;
+    for (size_t i = 0; i < f->count; i++)
+        if (f->big[i].p != NULL && segment_base(f->big[i].p) == f->segment) {
+            blk_check(&f->big[i], "16384-byte block in the segment its thread gave away");
+            blk_free(&f->big[i]); /* the first free into it: the segment comes back */
+            break;
+        }
+    f->before = stats_now();
+}
+
+static void big_alloc_job(void *arg) { blk_alloc(arg, 16384, 0x9400); }
+
+static void big_free_job(void *arg)
+{
+    blk_check(arg, "16384-byte block from a segment another thread filled");
+    blk_free(arg);
+}
+
+/* Runs f until it gave a segment away; 0 when it did, as expected. */
+static int segment_filler_run(struct segment_filler *f)
+{
+    memset(f, 0, sizeof *f);
+    if (!agent_start(&f->agent))
+        return -1;
+    agent_do(&f->agent, segment_filler_job, f);
+    CHECKF(f->given_at != 0 && f->given_at <= 2 * FULL_SEGMENT_BLOCKS,
+           "a thread made %zu blocks of 16384 bytes and gave %s segment to the orphans (one expected by the %dth)",
+           f->count, f->given_at != 0 ? "a" : "no", 2 * FULL_SEGMENT_BLOCKS);
+    if (f->given_at == 0)
+        return -1;
+    size_t in_segment = segment_filler_blocks(f, 0, "16384-byte block of a full segment given to the orphans");
+    CHECKF(in_segment == FULL_SEGMENT_BLOCKS, "the given segment holds %zu of the thread's blocks, %d expected",
+           in_segment, FULL_SEGMENT_BLOCKS);
+    return in_segment == FULL_SEGMENT_BLOCKS ? 0 : -1;
+}
+#endif
+
+TEST(a_running_thread_gives_a_full_segment_to_the_heap_that_needs_a_page)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    scene_begin(&s);
+    static struct segment_filler f;
+    struct agent a; /* a heap of its own, no free page */
+    struct blk big = {0};
+    if (agent_start(&a))
+        agent_do(&a, small_op_job, NULL);
+    if (segment_filler_run(&f) == 0 && a.running) {
+        shard_stats given = stats_now();
+        size_t freed = segment_filler_blocks(&f, 1, "16384-byte block freed by another thread");
+        shard_stats before = stats_now();
+        CHECKF(before.orphan_segments == given.orphan_segments && delta(given.live_small, before.live_small) == -(long long)freed,
+               "its blocks freed by another thread: orphan segments %+lld (none expected), live small blocks %+lld "
+               "(%zu expected)",
+               delta(given.orphan_segments, before.orphan_segments), delta(given.live_small, before.live_small), freed);
+        agent_do(&a, big_alloc_job, &big);
+        shard_stats after = stats_now();
+        CHECKF(delta(before.orphan_segments, after.orphan_segments) == -1 && after.committed == before.committed &&
+                   after.reserved == before.reserved,
+               "another thread's first 16384-byte block: orphan segments %+lld (-1 expected), committed %+lld, "
+               "reserved %+lld (nothing expected: a page the frees emptied serves it)",
+               delta(before.orphan_segments, after.orphan_segments), delta(before.committed, after.committed),
+               delta(before.reserved, after.reserved));
+        CHECKF(big.p != NULL && segment_base(big.p) == f.segment,
+               "the other thread's block %p lies outside the segment %p the filler gave away", (void *)big.p,
+               (void *)f.segment);
+        check_allocator("after a thread took a full segment that another gave away");
+        agent_do(&a, big_free_job, &big);
+    }
+    if (f.agent.running) {
+        agent_do(&f.agent, segment_filler_free_all_job, &f);
+        agent_stop(&f.agent);
+    }
+    if (a.running)
+        agent_stop(&a);
+    scene_end(&s);
+#endif
+}
+
+TEST(a_thread_takes_back_the_full_segment_it_gave_at_its_first_free_into_it)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    scene_begin(&s);
+    static struct segment_filler f;
+    if (segment_filler_run(&f) == 0) {
+        shard_stats given = stats_now();
+        agent_do(&f.agent, segment_filler_take_back_job, &f);
+        shard_stats back = f.before;
+        CHECKF(delta(given.orphan_segments, back.orphan_segments) == -1 && back.committed == given.committed &&
+                   delta(given.live_small, back.live_small) == -1,
+               "the thread freed one block of the segment it gave: orphan segments %+lld (-1 expected), committed "
+               "%+lld, live small blocks %+lld (-1 expected)",
+               delta(given.orphan_segments, back.orphan_segments), delta(given.committed, back.committed),
+               delta(given.live_small, back.live_small));
+        check_allocator("after a thread took back the segment it gave");
+    }
+    if (f.agent.running) {
+        agent_do(&f.agent, segment_filler_free_all_job, &f);
+        agent_stop(&f.agent);
     }
     scene_end(&s);
 #endif
