@@ -715,7 +715,7 @@ static void segment_move(heap *from, heap *to, segment *s)
     store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
     own_entry_leave(from, s);
     store_release(&s->owner, to);
-    s->given_by = to == &orphans ? from : NULL;
+    store_relaxed(&s->given_by, to == &orphans ? from : (heap *)NULL); /* small_take_back reads it unlocked */
     if (s->full_pages != SEGMENT_PAGES - 1) /* else every page is full, in no list: none to move */
         for (unsigned i = 1; i < SEGMENT_PAGES; i++)
             page_move(from, to, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
