@@ -1689,6 +1689,21 @@ static uintptr_t orphaner_segment(const struct orphaner *o, const char *when)
     return seg;
 }
 
+/* After `what`, an allocation that should have taken orphan segment seg: one orphan segment fewer,
+ * nothing more committed or reserved, and block p in seg. */
+static void check_took_orphan(const shard_stats *before, const shard_stats *after, const void *p, uintptr_t seg,
+                              const char *what)
+{
+    CHECKF(delta(before->orphan_segments, after->orphan_segments) == -1 && after->committed == before->committed &&
+               after->reserved == before->reserved,
+           "%s: orphan segments %+lld (-1 expected), committed %+lld, reserved %+lld (nothing expected: the "
+           "orphan segment's pages serve it)",
+           what, delta(before->orphan_segments, after->orphan_segments), delta(before->committed, after->committed),
+           delta(before->reserved, after->reserved));
+    CHECKF(p != NULL && segment_base(p) == seg, "%s: the block %p lies outside the orphan segment %p", what, p,
+           (void *)seg);
+}
+
 struct adopter_job_arg {
     struct orphaner *o;
     struct blk kb, big;
@@ -1774,15 +1789,9 @@ TEST(a_heap_without_a_reserve_place_gives_its_segment_with_live_blocks_to_the_ne
     if (a.running) {
         agent_do(&a, adopter_alloc_job, &job);
         shard_stats after = stats_now();
-        CHECKF(delta(before.orphan_segments, after.orphan_segments) == -1 && after.reserved == before.reserved &&
-                   after.committed == before.committed,
-               "the new thread's first blocks: orphan segments %+lld, reserved %+lld, committed %+lld (the orphan "
-               "segment expected, nothing new)",
-               delta(before.orphan_segments, after.orphan_segments), delta(before.reserved, after.reserved),
-               delta(before.committed, after.committed));
-        CHECKF(job.kb.p != NULL && segment_base(job.kb.p) == seg && job.big.p != NULL && segment_base(job.big.p) == seg,
-               "the new thread's blocks %p and %p lie outside the orphan segment %p", (void *)job.kb.p,
-               (void *)job.big.p, (void *)seg);
+        check_took_orphan(&before, &after, job.kb.p, seg, "the new thread's first 1024-byte block");
+        CHECKF(job.big.p != NULL && segment_base(job.big.p) == seg,
+               "the new thread's 16384-byte block %p lies outside the orphan segment %p", (void *)job.big.p, (void *)seg);
         agent_do(&a, adopter_free_job, &job);
         shard_stats freed = stats_now();
         CHECKF(delta(after.live_small, freed.live_small) == -(long long)(ORPHAN_KB / ORPHAN_KB_EVERY + 2),
@@ -1893,14 +1902,7 @@ TEST(a_thread_that_needs_a_page_takes_in_what_was_freed_into_the_orphans)
     if (a.running) {
         agent_do(&a, adopter_kb_job, &kb);
         shard_stats after = stats_now();
-        CHECKF(delta(before.orphan_segments, after.orphan_segments) == -1 && after.committed == before.committed &&
-                   after.reserved == before.reserved,
-               "the thread's first 1024-byte block: orphan segments %+lld (-1 expected), committed %+lld, reserved "
-               "%+lld (nothing expected: a page the frees emptied serves it)",
-               delta(before.orphan_segments, after.orphan_segments), delta(before.committed, after.committed),
-               delta(before.reserved, after.reserved));
-        CHECKF(kb.p != NULL && segment_base(kb.p) == seg, "the thread's block %p lies outside the orphan segment %p",
-               (void *)kb.p, (void *)seg);
+        check_took_orphan(&before, &after, kb.p, seg, "the thread's first 1024-byte block (a page the frees emptied)");
         check_allocator("after a thread took an orphan segment whose blocks were freed");
         agent_do(&a, adopter_kb_free_job, &kb);
         agent_stop(&a);
@@ -2029,15 +2031,8 @@ TEST(a_running_thread_gives_a_full_segment_to_the_heap_that_needs_a_page)
                delta(given.orphan_segments, before.orphan_segments), delta(given.live_small, before.live_small), freed);
         agent_do(&a, big_alloc_job, &big);
         shard_stats after = stats_now();
-        CHECKF(delta(before.orphan_segments, after.orphan_segments) == -1 && after.committed == before.committed &&
-                   after.reserved == before.reserved,
-               "another thread's first 16384-byte block: orphan segments %+lld (-1 expected), committed %+lld, "
-               "reserved %+lld (nothing expected: a page the frees emptied serves it)",
-               delta(before.orphan_segments, after.orphan_segments), delta(before.committed, after.committed),
-               delta(before.reserved, after.reserved));
-        CHECKF(big.p != NULL && segment_base(big.p) == f.segment,
-               "the other thread's block %p lies outside the segment %p the filler gave away", (void *)big.p,
-               (void *)f.segment);
+        check_took_orphan(&before, &after, big.p, f.segment,
+                          "another thread's first 16384-byte block (a page of the full segment, its blocks freed)");
         check_allocator("after a thread took a full segment that another gave away");
         agent_do(&a, big_free_job, &big);
     }
