@@ -15,7 +15,8 @@
  * jumping past a reserved granule to the next aligned start). port_commit calls the embedder's commit
  * callback for each run of pages not yet committed and clears those that are dirty, since fresh memory
  * reads zero; a refusal takes back what the call committed. port_decommit and port_release give runs of
- * committed pages to the decommit callback; the pages stay dirty. One spin lock guards the map (the
+ * committed pages to the decommit callback; the pages stay dirty. Pages whose decommit is refused stay
+ * committed; port_release zeroes them, since a later reservation of theirs is taken for fresh memory. One spin lock guards the map (the
  * callbacks run under it).
  *
  * Capabilities: a clock and yield if the embedder gives them, the region's size as the address-space
@@ -212,7 +213,15 @@ int port_release(void *addr, size_t size)
     lock();
     int r = -1;
     if (page_range(addr, size, &first, &end) && ((first | end) & (PAGES_PER_GRANULE - 1)) == 0) {
-        decommit_pages(first, end); /* a refused decommit leaves pages in use: the addresses go all the same */
+        /* The addresses go all the same. Pages whose decommit the embedder refused stay committed, and
+         * commit_pages passes committed pages over: zeroed now, they read as fresh memory does for the
+         * next reservation there. */
+        if (decommit_pages(first, end) != 0)
+            for (size_t p = find_bit(region.committed_map, first, end, 1); p < end;
+                 p = find_bit(region.committed_map, p + 1, end, 1)) {
+                zero(page_address(p), PORT_PAGE);
+                set_bits(region.dirty, p, p + 1, 0);
+            }
         set_bits(region.reserved, first / PAGES_PER_GRANULE, end / PAGES_PER_GRANULE, 0);
         r = 0;
     }

@@ -32,6 +32,7 @@ static struct {
     long refuse_at;         /* refuse this commit call (once); 0: none */
     long refuse_from;       /* refuse every commit call from this one on; 0: none */
     long refused;           /* commit calls refused */
+    int refuse_decommit;    /* refuse every decommit call while set */
     size_t committed;       /* bytes the callbacks hold committed */
 } cb;
 static mutex_t cb_lock = MUTEX_INIT; /* the region calls back under its own lock; this is for the readers */
@@ -57,6 +58,8 @@ static int commit_pages(void *addr, size_t size, void *arg)
 static int decommit_pages(void *addr, size_t size, void *arg)
 {
     (void)arg;
+    if (__atomic_load_n(&cb.refuse_decommit, __ATOMIC_RELAXED))
+        return -1; /* the pages stay as they are, committed, with what they hold */
     if (madvise(addr, size, MADV_DONTNEED) != 0 || mprotect(addr, size, PROT_NONE) != 0)
         return -1;
     mutex_lock(&cb_lock);
@@ -382,4 +385,32 @@ TEST(the_limit_bounds_the_region_too)
     }
     give_everything_back();
     check_accounts("after the limit");
+}
+
+/* A decommit the embedder refuses leaves its pages committed with what they held. When the block they
+ * served goes back (its reservation released), a later reservation of the same addresses is taken for
+ * fresh memory, which reads zero: calloc does not clear it, nor the core its new metadata. So the
+ * region zeroes such pages when it lets their addresses go. */
+TEST(pages_whose_decommit_was_refused_read_zero_when_reserved_again)
+{
+    give_everything_back();
+    unsigned char *p = shard_malloc(5 * MB);
+    CHECK(p != NULL && inside(p, 5 * MB));
+    memset(p, 0xab, 5 * MB);
+    __atomic_store_n(&cb.refuse_decommit, 1, __ATOMIC_RELAXED);
+    shard_free(p);
+    shard_collect(); /* the cache gives the block back: its reservation goes, its decommit refused */
+    __atomic_store_n(&cb.refuse_decommit, 0, __ATOMIC_RELAXED);
+    CHECK_EQ(stats_now().large_cached, 0);
+    unsigned char *q = shard_calloc(1, 5 * MB);
+    CHECK(q != NULL && inside(q, 5 * MB));
+    CHECKF(q < p + 5 * MB && p < q + 5 * MB, "the new block %p does not overlap the old %p (first fit expected)",
+           (void *)q, (void *)p);
+    size_t nonzero = 0;
+    for (size_t i = 0; i < 5 * MB; i++)
+        nonzero += q[i] != 0;
+    CHECKF(nonzero == 0, "calloc's block over pages whose decommit was refused: %zu bytes not zero", nonzero);
+    shard_free(q);
+    give_everything_back();
+    check_accounts("after a refused decommit");
 }
