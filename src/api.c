@@ -183,7 +183,7 @@ static inline int own_small(const heap *h, const void *p)
 static inline heap *owner_heap(const void *p)
 {
     heap *h = heap_mine();
-    return h != NULL && segment_of(p)->owner == h ? h : NULL;
+    return h != NULL && load_relaxed(&segment_of(p)->owner) == h ? h : NULL; /* it changes (small.h) */
 }
 
 void api_free_slow(void *p)
