@@ -682,6 +682,15 @@ static heap orphans = {
     .forwards = 1, /* segments leave it: pages queued at it after that go on to their new owner */
 };
 static spinlock orphan_lock;
+/* orphans.free_count as of the last change, for adopt_orphan's look before it takes the lock (the
+ * count itself is written without atomics, under the lock). */
+static uint32_t orphan_free_pages;
+
+static void orphan_unlock(void)
+{
+    store_relaxed(&orphan_free_pages, orphans.free_count);
+    spin_unlock(&orphan_lock);
+}
 
 /* pg, a page of a segment that moves from `from` to `to`, leaves from's lists for to's, as it is. A full
  * page is in no list and stays so; its items come back to whoever owns it then. */
@@ -733,7 +742,7 @@ void small_orphan_give(heap *h)
         trim_at(&orphans, UINT64_MAX, SHARD_ORPHAN_PAGES); /* the oldest first */
     int due = orphans.free_count != 0;
     debug_check_heap(&orphans, "the orphans inconsistent after a heap gave its segments");
-    spin_unlock(&orphan_lock);
+    orphan_unlock();
     if (due)
         heap_arm_reserve_due(os_clock_ms() + options_values.reserve_delay_ms);
 }
@@ -748,7 +757,7 @@ static void give_full_segment(heap *h, segment *s)
     h->forwards = 1; /* before the owner word changes */
     segment_move(h, &orphans, s);
     debug_check_heap(&orphans, "the orphans inconsistent after a heap gave a full segment");
-    spin_unlock(&orphan_lock);
+    orphan_unlock();
 }
 
 int small_take_back(heap *h, segment *s)
@@ -763,7 +772,7 @@ int small_take_back(heap *h, segment *s)
         segment_move(&orphans, h, s);
         debug_check_heap(&orphans, "the orphans inconsistent after a heap took back a segment");
     }
-    spin_unlock(&orphan_lock);
+    orphan_unlock();
     return taken ? 0 : -1;
 }
 
@@ -774,7 +783,7 @@ int small_take_back(heap *h, segment *s)
  * pages waiting for the next trim. */
 static int adopt_orphan(heap *h)
 {
-    if (h->created || (load_relaxed(&orphans.free_count) == 0 && load_relaxed(&orphans.delayed) == NULL) ||
+    if (h->created || (load_relaxed(&orphan_free_pages) == 0 && load_relaxed(&orphans.delayed) == NULL) ||
         !spin_lock_unless_fork(&orphan_lock))
         return -1;
     if (load_relaxed(&orphans.delayed) != NULL)
@@ -783,7 +792,7 @@ static int adopt_orphan(heap *h)
     if (pg != NULL)
         segment_move(&orphans, h, segment_of(pg));
     debug_check_heap(&orphans, "the orphans inconsistent after a heap took a segment");
-    spin_unlock(&orphan_lock);
+    orphan_unlock();
     return pg != NULL ? 0 : -1;
 }
 
@@ -803,7 +812,7 @@ uint64_t small_orphan_expire(uint64_t now)
     if (now != UINT64_MAX && spared != 0 && (due == 0 || options_values.reserve_delay_ms < options_values.decommit_delay_ms))
         due = now + options_values.reserve_delay_ms;
     debug_check_heap(&orphans, "the orphans inconsistent after their trim");
-    spin_unlock(&orphan_lock);
+    orphan_unlock();
     return due;
 }
 
