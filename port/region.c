@@ -16,8 +16,8 @@
  * callback for each run of pages not yet committed and clears those that are dirty, since fresh memory
  * reads zero; a refusal takes back what the call committed. port_decommit and port_release give runs of
  * committed pages to the decommit callback; the pages stay dirty. Pages whose decommit is refused stay
- * committed; port_release zeroes them, since a later reservation of theirs is taken for fresh memory. One spin lock guards the map (the
- * callbacks run under it).
+ * committed; port_release zeroes them, since a later reservation of theirs is taken for fresh memory.
+ * One spin lock guards the map (the callbacks run under it).
  *
  * Capabilities: a clock and yield if the embedder gives them, the region's size as the address-space
  * limit (so large blocks reserve what they need, without headroom), nothing else: no moving pages, no
