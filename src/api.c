@@ -179,7 +179,7 @@ static inline int own_small(const heap *h, const void *p)
     return h->own[(uint32_t)(uintptr_t)p >> SEGMENT_SHIFT] == ((uintptr_t)p & ~(uintptr_t)SEGMENT_MASK);
 }
 
-/* The calling thread's heap when it owns the segment of p (a small or medium block's), else NULL. */
+/* The calling thread's heap when it owns the arena of p (a medium block's), else NULL. */
 static inline heap *owner_heap(const void *p)
 {
     heap *h = heap_mine();
@@ -192,11 +192,10 @@ void api_free_slow(void *p)
         return;
     unsigned kind = segmap_kind((uintptr_t)p);
     if (kind == SEG_SMALL) {
-        heap *h = owner_heap(p);
+        heap *h = heap_mine();
         page *pg = page_of(p);
-        if (h == NULL && (h = heap_mine()) != NULL && small_take_back(h, segment_of(p)) != 0)
-            h = NULL; /* the segment is another heap's (unless h gave it to the orphans: then h's again) */
-        if (h != NULL) {
+        /* h's segment, or one h gave to the orphans, which is h's again from this free on */
+        if (h != NULL && (load_relaxed(&segment_of(p)->owner) == h || small_take_back(h, segment_of(p)) == 0)) {
             small_free_local_slow(h, pg, p); /* tests the item; takes the ordinary case too */
             return;
         }

@@ -47,8 +47,9 @@ struct heap;
 
 /* Descriptor 0. The owner is written at creation, and again only when the segment changes heaps: while
  * it holds no live block (it becomes spare, and another heap's: below), or with its live blocks, when
- * the heap of an ended thread gives it to the orphans and another heap takes it (small.h). So the "is
- * this block mine" test of a free reads a line that is written at most twice per thread that ends.
+ * it goes to the orphans (its thread ended, or every page of it is full) and a heap takes it (small.h).
+ * So the "is this block mine" test of a free reads a line that is written at most twice for each time
+ * a segment ends up with no use for its heap.
  * `zero` and `pad` are never written: they overlay the fields of a page descriptor that the free paths
  * test (`used`, `carved_end`, the shared divisor), so a pointer into page 0 looks like one into a page
  * with no items and reaches the error hook. The other fields overlay page fields that no free path

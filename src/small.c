@@ -752,7 +752,7 @@ void small_orphan_give(heap *h)
  * come back to whichever heap takes the segment. */
 static void give_full_segment(heap *h, segment *s)
 {
-    if (h->created || h == &orphans || !spin_lock_unless_fork(&orphan_lock))
+    if (h->created || !spin_lock_unless_fork(&orphan_lock))
         return; /* a created heap keeps what is charged to it; a fork's lock: h keeps s */
     h->forwards = 1; /* before the owner word changes */
     segment_move(h, &orphans, s);
