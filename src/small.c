@@ -536,6 +536,32 @@ static int page_collect(page *pg)
     return 0;
 }
 
+/* Take what other threads freed into h's lazy pages, each page's word left `mark` (the lazy mark, or 0 to
+ * end it), and retire the pages left empty. Returns the pages of h's class lists, all read; *retired
+ * counts those retired. */
+static uint32_t take_lazy(heap *h, uint64_t mark, uint32_t *retired)
+{
+    uint32_t walked = 0;
+    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
+        page *next;
+        for (page *pg = h->classes[cls].first; pg != NULL; pg = next, walked++) {
+            next = pg->next;
+            uint64_t w = load_relaxed(&pg->thread_free);
+            if (!(w & THREAD_FREE_LAZY) || w == mark)
+                continue;
+            w = exchange_acq_rel(&pg->thread_free, mark);
+            if (w == THREAD_FREE_LAZY)
+                continue; /* nothing waited: only the mark ended */
+            take_items(pg, w);
+            if (pg->used == 0) {
+                page_emptied(h, pg, 1);
+                ++*retired;
+            }
+        }
+    }
+    return walked;
+}
+
 /* h is out of free pages: take in what other threads freed into its lazy pages, so that the pages they
  * emptied serve before a page h never used. The walk reads every page in h's class lists. The pages it
  * retires serve the next slow paths that need a page; after them, as many skip the walk as make up one
@@ -546,22 +572,9 @@ static void sweep_lazy(heap *h)
         h->sweep_wait--;
         return;
     }
-    uint32_t walked = 0, retired = 0;
-    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
-        page *next;
-        for (page *pg = h->classes[cls].first; pg != NULL; pg = next, walked++) {
-            next = pg->next;
-            uint64_t w = load_relaxed(&pg->thread_free);
-            if (!(w & THREAD_FREE_LAZY) || w == THREAD_FREE_LAZY)
-                continue;
-            take_items(pg, exchange_acq_rel(&pg->thread_free, THREAD_FREE_LAZY));
-            if (pg->used == 0) {
-                page_emptied(h, pg, 1);
-                retired++;
-            }
-        }
-    }
-    h->sweep_wait = walked / SHARD_SWEEP_PAGES > retired ? walked / SHARD_SWEEP_PAGES - retired : 0;
+    uint32_t retired = 0;
+    uint32_t due = take_lazy(h, THREAD_FREE_LAZY, &retired) / SHARD_SWEEP_PAGES;
+    h->sweep_wait = due > retired ? due - retired : 0;
 }
 
 void *small_alloc_slow(heap *h, unsigned cls)
@@ -740,20 +753,8 @@ void small_drain_delayed(heap *h, int lazy)
 
 void small_settle(heap *h)
 {
-    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
-        page *next;
-        for (page *pg = h->classes[cls].first; pg != NULL; pg = next) {
-            next = pg->next;
-            if (!(load_relaxed(&pg->thread_free) & THREAD_FREE_LAZY))
-                continue;
-            uint64_t w = exchange_acq_rel(&pg->thread_free, 0);
-            if (w == THREAD_FREE_LAZY)
-                continue;
-            take_items(pg, w);
-            if (pg->used == 0)
-                page_emptied(h, pg, 1);
-        }
-    }
+    uint32_t retired = 0;
+    (void)take_lazy(h, 0, &retired);
 }
 
 /* ---- orphan segments ------------------------------------------------------------------------------- */
