@@ -121,6 +121,13 @@
 #define SHARD_CARVE_MIN 4
 #endif
 
+/* A heap out of free pages walks its class lists for pages other threads emptied (small.c, sweep_lazy);
+ * the slow paths that need a page after a walk skip it, one for each this many pages the walk read, so
+ * the walks cost at most that many page descriptors per page taken. */
+#ifndef SHARD_SWEEP_PAGES
+#define SHARD_SWEEP_PAGES 16
+#endif
+
 /* pause instructions before a waiting lock yields the processor (in the order of thousands). */
 #ifndef SHARD_SPIN_PAUSES
 #define SHARD_SPIN_PAUSES 4000
@@ -169,7 +176,9 @@
 #define SHARD_LARGE_EXCESS_MIN ((size_t)16 << 20)
 #endif
 
-#if SHARD_RESERVE_HEAPS < 0 || SHARD_SPARE_SEGMENTS < 0 || SHARD_ORPHAN_PAGES < 0 || SHARD_RECLAIM_MIN < 1 || SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || SHARD_KEEP_FREE_PAGES < 0
+#if SHARD_RESERVE_HEAPS < 0 || SHARD_SPARE_SEGMENTS < 0 || SHARD_ORPHAN_PAGES < 0 || SHARD_RECLAIM_MIN < 1 || \
+    SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || \
+    SHARD_KEEP_FREE_PAGES < 0 || SHARD_SWEEP_PAGES < 1
 #error "invalid shardmm configuration"
 #endif
 

@@ -236,8 +236,9 @@ static heap *pop_free_heap(void)
 /* Take the blocks other threads freed into h (pages and arenas they emptied are seen empty then). */
 static void drain(heap *h)
 {
+    small_settle(h);
     if (load_relaxed(&h->delayed) != NULL)
-        small_drain_delayed(h);
+        small_drain_delayed(h, 0);
     if (load_relaxed(&h->delayed_arenas) != NULL)
         medium_drain_delayed(h);
 }

@@ -3,16 +3,20 @@
  * The fast paths (api.c, asm/fast.asm) pop from `free` of the first page of a class and push the
  * owner's frees back onto it; everything else happens here:
  * - A class list holds the pages of a class that may have free items. When its first page has no
- *   `free` item, the slow path takes the page's `local_free`, else carves up to 64 more items from the
- *   untouched part in ascending address order, else takes the page out of the list as full (and
- *   biases `used`, see small.h) and looks at the next page. With no page left it takes a page: the most
+ *   `free` item, the slow path takes the page's `local_free`, else what other threads freed into it,
+ *   else carves up to 64 more items from the untouched part in ascending address order, else takes the
+ *   page out of the list as full (and biases `used`, see small.h) and looks at the next page. With no page left it takes a page: the most
  *   recently freed committed one, else an orphan segment's (small.h), else a cold one (committing it),
  *   else a new segment. A segment whose every page went out of its list as full goes to the orphans,
  *   and comes back at its heap's first free into it.
  * - A page that gets items back after being full goes to the tail of its list, so that by the time
  *   allocation reaches it more than one item has gathered. Only a brand-new page goes to the head.
- * - Foreign frees are drained lazily, when an allocation found its page dry: the heap's `delayed`
- *   list is taken with one exchange and every page on it has its thread_free word exchanged for 0.
+ * - Other threads' frees into a lazy page (small.h) wait in it until the page is its class's first and
+ *   dry: the slow path takes them before it carves. Those into a page that is not lazy (a full page,
+ *   mostly) queue it at the heap's `delayed` list, which each slow path takes with one exchange, every
+ *   page on it having its thread_free word exchanged: the page comes back to its list lazy.
+ * - A heap out of free pages takes in what waits in its lazy pages and retires those left empty
+ *   (sweep_lazy), before it takes a page it never used.
  * - A page whose items are all back goes to the heap's free pages. Up to SHARD_KEEP_FREE_PAGES stay
  *   committed; the memory of the others goes back once they have been free for the decommit delay
  *   (SHARDMM_DELAY_MS, options.h; SHARD_DECOMMIT_DELAY_MS by default).
@@ -43,7 +47,7 @@ page small_empty_page;
 
 #define THREAD_FREE_HEAD(w) ((uint32_t)(w)&0xffffu)
 #define THREAD_FREE_TAIL(w) ((uint32_t)((w) >> 16) & 0xffffu)
-#define THREAD_FREE_COUNT(w) ((uint32_t)((w) >> 32))
+#define THREAD_FREE_COUNT(w) ((uint32_t)((w) >> 32) & 0x7fffffffu)
 #define THREAD_FREE_WORD(head, tail, count) \
     ((uint64_t)(head) | ((uint64_t)(tail) << 16) | ((uint64_t)(count) << 32))
 
@@ -402,7 +406,9 @@ static void page_retire(heap *h, page *pg, int in_list)
 {
     if (in_list)
         class_remove(h, pg); /* takes the extra one of an only page away */
-    shard_assert(pg->used == 0 && pg->sole == 0 && load_relaxed(&pg->thread_free) == 0, "a retired page has no item out");
+    shard_assert(pg->used == 0 && pg->sole == 0 && (load_relaxed(&pg->thread_free) & ~THREAD_FREE_LAZY) == 0,
+                 "a retired page has no item out");
+    store_relaxed(&pg->thread_free, (uint64_t)0); /* no item out, so no free pushes: the lazy mark goes */
     store_relaxed(&pg->shared_block_size, 0u);
     store_relaxed(&pg->shared_divisor, 0u);
     pg->state = PAGE_FREE;
@@ -439,7 +445,8 @@ void small_keep(heap *h, unsigned keep, int exiting)
         /* The only page of a class stays while its thread runs; an exiting thread retires it if empty. */
         for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
             page *pg = h->classes[cls].first;
-            if (pg != NULL && pg->next == NULL && pg->used == pg->sole && load_relaxed(&pg->thread_free) == 0)
+            if (pg != NULL && pg->next == NULL && pg->used == pg->sole &&
+                THREAD_FREE_COUNT(load_relaxed(&pg->thread_free)) == 0)
                 page_retire(h, pg, 1);
         }
     }
@@ -497,11 +504,84 @@ static page *page_acquire(heap *h)
 static int adopt_orphan(heap *h);
 static void give_full_segment(heap *h, segment *s);
 
+/* The items of thread-free word w, just exchanged out of pg, go to the front of pg's local_free. */
+static void take_items(page *pg, uint64_t w)
+{
+    uint8_t *start = page_start(pg);
+    block *head = (block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4));
+    block *tail = (block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4));
+    link_set(tail, pg->local_free);
+    pg->local_free = head;
+    pg->used -= (int32_t)THREAD_FREE_COUNT(w);
+}
+
+/* The first page of its class has no free item: take what other threads freed into it, when it is
+ * lazy; else mark it lazy if it has nothing waiting and can carve more, or end its lazy mark if it
+ * cannot and so goes full. 1 when items came (in local_free). */
+static int page_collect(page *pg)
+{
+    uint64_t w = load_relaxed(&pg->thread_free);
+    int can_carve = pg->carved < pg->capacity;
+    if (w & THREAD_FREE_LAZY) {
+        if (w == THREAD_FREE_LAZY && can_carve)
+            return 0;
+        w = exchange_acq_rel(&pg->thread_free, w != THREAD_FREE_LAZY ? THREAD_FREE_LAZY : (uint64_t)0);
+        if (w == THREAD_FREE_LAZY)
+            return 0; /* nothing came meanwhile: the page goes full, its next free queues it */
+        take_items(pg, w);
+        return 1;
+    }
+    if (w == 0 && can_carve)
+        (void)cas_acq_rel(&pg->thread_free, &w, THREAD_FREE_LAZY); /* fails: a free queued it meanwhile */
+    return 0;
+}
+
+/* Take what other threads freed into h's lazy pages, each page's word left `mark` (the lazy mark, or 0 to
+ * end it), and retire the pages left empty. Returns the pages of h's class lists, all read; *retired
+ * counts those retired. */
+static uint32_t take_lazy(heap *h, uint64_t mark, uint32_t *retired)
+{
+    uint32_t walked = 0;
+    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
+        page *next;
+        for (page *pg = h->classes[cls].first; pg != NULL; pg = next, walked++) {
+            next = pg->next;
+            uint64_t w = load_relaxed(&pg->thread_free);
+            if (!(w & THREAD_FREE_LAZY) || w == mark)
+                continue;
+            w = exchange_acq_rel(&pg->thread_free, mark);
+            if (w == THREAD_FREE_LAZY)
+                continue; /* nothing waited: only the mark ended */
+            take_items(pg, w);
+            if (pg->used == 0) {
+                page_emptied(h, pg, 1);
+                ++*retired;
+            }
+        }
+    }
+    return walked;
+}
+
+/* h is out of free pages: take in what other threads freed into its lazy pages, so that the pages they
+ * emptied serve before a page h never used. The walk reads every page in h's class lists. The pages it
+ * retires serve the next slow paths that need a page; after them, as many skip the walk as make up one
+ * for each SHARD_SWEEP_PAGES pages it read. */
+static void sweep_lazy(heap *h)
+{
+    if (h->sweep_wait != 0) {
+        h->sweep_wait--;
+        return;
+    }
+    uint32_t retired = 0;
+    uint32_t due = take_lazy(h, THREAD_FREE_LAZY, &retired) / SHARD_SWEEP_PAGES;
+    h->sweep_wait = due > retired ? due - retired : 0;
+}
+
 void *small_alloc_slow(heap *h, unsigned cls)
 {
     heap_reserve_tick();
     if (load_relaxed(&h->delayed) != NULL)
-        small_drain_delayed(h);
+        small_drain_delayed(h, 1);
     if (load_relaxed(&h->delayed_arenas) != NULL) /* medium chunks freed by others: on slow paths too */
         medium_drain_delayed(h);
     page *pg;
@@ -511,6 +591,8 @@ again:
         if (pg == NULL)
             break;
         if (page_ready(pg))
+            goto take;
+        if (page_collect(pg) && page_ready(pg))
             goto take;
         if (pg->carved < pg->capacity) {
             page_carve(pg);
@@ -523,6 +605,8 @@ again:
     }
     /* Without a free page of its own, h takes an orphan segment's free pages, and its pages in use,
      * which may serve this class (at most once: h has a free page after it). */
+    if (h->free_pages.last == NULL)
+        sweep_lazy(h);
     if (h->free_pages.last == NULL && adopt_orphan(h) == 0)
         goto again;
     small_trim(h);
@@ -530,6 +614,7 @@ again:
     if (pg == NULL)
         return NULL;
     page_init(pg, cls);
+    store_relaxed(&pg->thread_free, THREAD_FREE_LAZY); /* no item out yet: no free pushes meanwhile */
     class_push_front(h, pg);
     page_carve(pg);
 take:;
@@ -592,16 +677,16 @@ void small_free_foreign(page *pg, block *b)
     }
     uint64_t old = load_relaxed(&pg->thread_free), word;
     do {
-        if (old == 0) {
+        if (THREAD_FREE_COUNT(old) == 0) {
             link_set(b, NULL);
-            word = THREAD_FREE_WORD(off, off, 1);
+            word = (old & THREAD_FREE_LAZY) | THREAD_FREE_WORD(off, off, 1);
         } else {
             link_set(b, (block *)(start + ((size_t)THREAD_FREE_HEAD(old) << 4)));
-            word = THREAD_FREE_WORD(off, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + 1);
+            word = (old & THREAD_FREE_LAZY) | THREAD_FREE_WORD(off, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + 1);
         }
     } while (!cas_acq_rel(&pg->thread_free, &old, word));
     if (old != 0)
-        return;
+        return; /* queued already, or lazy: its owner takes the items when it allocates from it */
     /* First item since the owner's last drain: queue the page at its owner, exactly once. The CAS that
      * found 0 read the owner's exchange in small_drain_delayed and acquired with it, so the owner's read
      * of next_delayed there comes before this write (on x86 the same lock cmpxchg as a release CAS). */
@@ -631,7 +716,7 @@ int small_valid_foreign(const page *pg, const void *p)
     return (uint64_t)off * divisor < divisor && off + size <= PAGE_SIZE;
 }
 
-void small_drain_delayed(heap *h)
+void small_drain_delayed(heap *h, int lazy)
 {
     page *pg = exchange_acq_rel(&h->delayed, NULL);
     while (pg != NULL) {
@@ -647,17 +732,12 @@ void small_drain_delayed(heap *h)
                 continue;
             }
         }
-        uint64_t w = exchange_acq_rel(&pg->thread_free, 0);
-        shard_assert(w != 0, "a queued page has items in thread_free");
-        uint8_t *start = page_start(pg);
-        block *head = (block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4));
-        block *tail = (block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4));
-        link_set(tail, pg->local_free);
-        pg->local_free = head;
+        uint64_t w = exchange_acq_rel(&pg->thread_free, lazy ? THREAD_FREE_LAZY : (uint64_t)0);
+        shard_assert(w != 0 && !(w & THREAD_FREE_LAZY), "a queued page has items in thread_free, and no lazy mark");
         int was_full = pg->full;
         if (was_full)
             page_clear_full(pg); /* other threads' frees bring a full page back at once */
-        pg->used -= (int32_t)THREAD_FREE_COUNT(w);
+        take_items(pg, w);
         debug_check_page(pg, "page inconsistent after taking its thread-free list");
         if (was_full) {
             if (pg->used == 0)
@@ -669,6 +749,12 @@ void small_drain_delayed(heap *h)
         }
         pg = next;
     }
+}
+
+void small_settle(heap *h)
+{
+    uint32_t retired = 0;
+    (void)take_lazy(h, 0, &retired);
 }
 
 /* ---- orphan segments ------------------------------------------------------------------------------- */
@@ -768,7 +854,7 @@ int small_take_back(heap *h, segment *s)
     int taken = s->owner == &orphans && s->given_by == h; /* not adopted meanwhile */
     if (taken) {
         if (load_relaxed(&orphans.delayed) != NULL)
-            small_drain_delayed(&orphans); /* what others freed into its pages comes with them */
+            small_drain_delayed(&orphans, 0); /* what others freed into its pages comes with them */
         segment_move(&orphans, h, s);
         debug_check_heap(&orphans, "the orphans inconsistent after a heap took back a segment");
     }
@@ -787,7 +873,7 @@ static int adopt_orphan(heap *h)
         !spin_lock_unless_fork(&orphan_lock))
         return -1;
     if (load_relaxed(&orphans.delayed) != NULL)
-        small_drain_delayed(&orphans); /* what other threads freed into it, before its pages move */
+        small_drain_delayed(&orphans, 0); /* what other threads freed into it, before its pages move */
     page *pg = orphans.free_pages.last;
     if (pg != NULL)
         segment_move(&orphans, h, segment_of(pg));
@@ -802,7 +888,7 @@ uint64_t small_orphan_expire(uint64_t now)
         !spin_lock_unless_fork(&orphan_lock))
         return 0;
     if (load_relaxed(&orphans.delayed) != NULL)
-        small_drain_delayed(&orphans);
+        small_drain_delayed(&orphans, 0);
     small_keep(&orphans, UINT32_MAX, 1); /* a class's only page, if empty, is free: no thread keeps it */
     trim_at(&orphans, now, 0); /* with now UINT64_MAX all of them, else those free for the delay */
     unsigned spared = small_release_empty(&orphans, now != UINT64_MAX);
@@ -913,7 +999,7 @@ void small_visit(heap *h, visitor *v)
             mark_free(pg, pg->free, NULL, pg->carved, bits);
             mark_free(pg, pg->local_free, NULL, pg->carved, bits);
             uint64_t w = load_acquire(&pg->thread_free); /* others push meanwhile: what was there now */
-            if (w != 0) {
+            if (THREAD_FREE_COUNT(w) != 0) {
                 uint8_t *start = page_start(pg);
                 mark_free(pg, (const block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4)),
                           (const block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4)), pg->carved, bits);
@@ -947,7 +1033,7 @@ int small_check_page(const page *pg)
     long used = (long)page_used(pg) - pg->sole;
     uint64_t w = load_acquire(&pg->thread_free);
     long nthread = 0;
-    if (w != 0) {
+    if (THREAD_FREE_COUNT(w) != 0) {
         const uint8_t *start = page_start(pg);
         const block *b = (const block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4));
         const block *tail = (const block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4));
@@ -964,6 +1050,7 @@ int small_check_page(const page *pg)
     else
         problems += insist(nfree + nlocal + used == pg->carved, "small: free + local_free + used != carved in page", pg);
     problems += insist(nthread <= used, "small: more items in thread_free than are out, in page", pg);
+    problems += insist(!(pg->full && (w & THREAD_FREE_LAZY)), "small: a full page marked lazy:", pg);
     problems += insist(pg->sole <= 1 && !(pg->sole && pg->full), "small: a full page counted as its class's only one:", pg);
     problems += insist(pg->full ? pg->full <= 1 && pg->used >= 0 && pg->used <= page_wake(pg) && pg->full_out >= 0
                                 : pg->full_out == 0 && pg->used >= 0,

@@ -18,11 +18,20 @@
  * the items, which other cores have just written. A push computes the new word from the old one alone,
  * so a CAS that succeeds describes the list as it is: no ABA, since nobody pops single items.
  *
- *   thread_free: bits 0..15 head item offset / 16, bits 16..31 tail offset / 16, bits 32..63 count
+ *   thread_free: bits 0..15 head item offset / 16, bits 16..31 tail offset / 16, bits 32..62 count,
+ *                bit 63 lazy (THREAD_FREE_LAZY)
  *
- * A non-zero word means "queued at the owner": the push that finds 0 puts the page on its heap's
- * `delayed` list, once until the owner exchanges the word for 0 again (after taking the page from
- * that list). So a page is free only with used == 0 and thread_free == 0.
+ * A lazy page is one in a class list of a heap whose thread runs: a push onto it only adds to the
+ * list, and the owner takes the items when its allocations reach the page (the slow path, when the
+ * page is its class's first and has nothing else to hand out), or when it runs out of free pages
+ * (small.c: sweep_lazy). Any other non-zero word means "queued at the owner": the push that finds 0
+ * puts the page on its heap's `delayed` list, once until the owner exchanges the word again (after
+ * taking the page from that list), and the owner's next slow path takes it. Only a full page needs
+ * that (it is in no list, so no allocation reaches it), and a page of a heap no thread runs, whose
+ * frees must arm the trim: small_settle ends the lazy marks before a heap's thread stops. Queueing
+ * every page cost the owner a cache miss per page with a couple of items each time, and ring@2 a
+ * fifth of its time (bench/results/2026-12-02-lazy-pages.md). A page is free only with used == 0 and
+ * no item in thread_free.
  *
  * `used` counts items handed out, including those waiting in thread_free, plus 1 (`sole`) while the
  * page is the only one of its class list, which keeps it even when empty. A page with no free item
@@ -69,6 +78,9 @@
 
 #include "classes.h"
 #include "segment.h"
+
+/* Bit 63 of a page's thread_free word (the layout at the top): the page is lazy. */
+#define THREAD_FREE_LAZY ((uint64_t)1 << 63)
 
 typedef struct block {
     struct block *next;
@@ -265,7 +277,10 @@ void small_free_foreign(page *pg, block *b);
  * stays with the owner). It does not see `carved`: an offset the page never handed out passes. */
 int small_valid_foreign(const page *pg, const void *p);
 /* Take the thread-free lists of every page other threads queued at h. */
-void small_drain_delayed(struct heap *h);
+void small_drain_delayed(struct heap *h, int lazy);
+/* Take what other threads freed into h's lazy pages and end their lazy marks, so that every later foreign
+ * free queues its page at h (before h's thread stops using it, and for a heap's trim or collect). */
+void small_settle(struct heap *h);
 /* Decommit h's free pages beyond the `keep` most recently freed, whatever their age (thread exit, the
  * expiry of an exited thread's reserve, shard_collect). With `exiting` the pages its classes keep while
  * their thread runs (the only page of a class, empty) are retired first. */

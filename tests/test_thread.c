@@ -2073,3 +2073,94 @@ TEST(a_thread_takes_back_the_full_segment_it_gave_at_its_first_free_into_it)
     scene_end(&s);
 #endif
 }
+
+/* A running thread collects what other threads free into the pages of its class lists itself, when its
+ * allocations reach those pages (small.h: lazy pages); a heap out of free pages first takes in those
+ * frees and retires the pages they emptied, and uses them before a page it never used. Here a thread
+ * fills 40 pages with 1024-byte blocks; another frees half of them, the thread drains those frees (its
+ * pages go back into their list, lazy) and the other frees the rest. The 39 pages emptied (one holds
+ * the block of the allocation that drained) must then serve the thread's 4096-byte blocks, with nothing
+ * more committed. */
+#define LAZY_KB_BLOCKS (40 * 64)
+#define LAZY_4K_BLOCKS (39 * 16)
+
+#if SHARD_RULES
+struct lazy_filler {
+    struct blk kb[LAZY_KB_BLOCKS];
+    struct blk big[LAZY_4K_BLOCKS];
+    struct blk extra; /* the allocation whose slow path drains the first half of the frees */
+};
+
+static void lazy_fill_job(void *arg)
+{
+    struct lazy_filler *f = arg;
+    for (size_t i = 0; i < LAZY_KB_BLOCKS; i++)
+        if (!blk_alloc(&f->kb[i], 1024, 0xa000 + i))
+            return;
+}
+
+static void lazy_drain_job(void *arg) { blk_alloc(&((struct lazy_filler *)arg)->extra, 1024, 0xa800); }
+
+static void lazy_4k_job(void *arg)
+{
+    struct lazy_filler *f = arg;
+    for (size_t i = 0; i < LAZY_4K_BLOCKS; i++)
+        if (!blk_alloc(&f->big[i], 4096, 0xb000 + i))
+            return;
+}
+
+static void lazy_free_job(void *arg)
+{
+    struct lazy_filler *f = arg;
+    for (size_t i = 0; i < LAZY_4K_BLOCKS; i++) {
+        blk_check(&f->big[i], "4096-byte block in a page another thread emptied");
+        blk_free(&f->big[i]);
+    }
+    blk_check(&f->extra, "1024-byte block");
+    blk_free(&f->extra);
+}
+
+static void lazy_free_kb(struct lazy_filler *f, size_t first)
+{
+    for (size_t i = first; i < LAZY_KB_BLOCKS; i += 2) {
+        blk_check(&f->kb[i], "1024-byte block freed by another thread");
+        blk_free(&f->kb[i]);
+    }
+}
+#endif
+
+TEST(a_running_thread_uses_the_pages_others_emptied_before_committing_more)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    scene_begin(&s);
+    static struct lazy_filler f;
+    memset(&f, 0, sizeof f);
+    struct agent a;
+    if (agent_start(&a)) {
+        agent_do(&a, lazy_fill_job, &f);
+        lazy_free_kb(&f, 0);
+        agent_do(&a, lazy_drain_job, &f);
+        lazy_free_kb(&f, 1);
+        shard_stats before = stats_now();
+        agent_do(&a, lazy_4k_job, &f);
+        shard_stats after = stats_now();
+        size_t pages_before = before.small_pages_used + before.small_pages_free;
+        size_t pages_after = after.small_pages_used + after.small_pages_free;
+        CHECKF(after.committed <= before.committed && pages_after <= pages_before,
+               "%d blocks of 4096 bytes in a thread whose 40 pages of 1024-byte blocks another thread emptied "
+               "(one holds a block): committed %+lld bytes (none expected), small pages used or free %+lld "
+               "(none expected)",
+               LAZY_4K_BLOCKS, delta(before.committed, after.committed),
+               delta(pages_before, pages_after));
+        CHECKF(delta(before.live_small, after.live_small) == LAZY_4K_BLOCKS, "live small blocks %+lld (%d expected)",
+               delta(before.live_small, after.live_small), LAZY_4K_BLOCKS);
+        check_allocator("after a thread reused the pages another thread emptied");
+        agent_do(&a, lazy_free_job, &f);
+        agent_stop(&a);
+    }
+    scene_end(&s);
+#endif
+}
