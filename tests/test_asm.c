@@ -248,7 +248,7 @@ static void entries_setup(void)
  * them together. malloc above 2 KB adds the class table (7), a malloc that takes the page's local_free
  * list because its free list is dry adds that test and the swap (5). A free that empties the only page
  * of its class takes the ordinary path (that page counts one more in `used`, src/small.c). */
-enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_MALLOC_LOCAL = 5, FAST_FREE = 23, FAST_REALLOC = 25 };
+enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_MALLOC_LOCAL = 5, FAST_FREE = 24, FAST_REALLOC = 26 };
 /* The hardened build (SHARD_HARDENED) adds to malloc the decoding of the next link and its test (10 when
  * it is the end of the list, 13 when it leads to an item: the item test), 1 more when local_free is
  * taken; to free the double-free test and the encoding (10), and the head's link (6 when it ends the
