@@ -696,11 +696,15 @@ int heap_check(heap *h)
         entries += h->own[i] != 0;
     problems += insist(h->own[0] == 1 && entries == entered && entered <= segments,
                        "heap: the own-segment table differs from the heap's segments; entries:", entries);
+    int runs = OWNER_THREAD(load_relaxed(&h->owner)) != 0; /* else its frees must queue (small.h) */
     for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++)
-        for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next)
+        for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next) {
             problems += insist(pg->state == PAGE_IN_USE && pg->cls == cls && !pg->full && pg->used >= 0 && segment_of(pg)->owner == h &&
                                    pg->sole == (h->classes[cls].first == h->classes[cls].last),
                                "heap: a page in the wrong class list, or its only-page mark wrong:", pg);
+            problems += insist(runs || !(load_relaxed(&pg->thread_free) & THREAD_FREE_LAZY),
+                               "heap: a lazy page in a heap no thread runs:", pg);
+        }
     for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++) {
         const page *first = h->classes[class_by_size16[i]].first;
         problems += insist(h->direct[i] == (first ? first : &small_empty_page),

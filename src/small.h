@@ -21,10 +21,11 @@
  *   thread_free: bits 0..15 head item offset / 16, bits 16..31 tail offset / 16, bits 32..62 count,
  *                bit 63 lazy (THREAD_FREE_LAZY)
  *
- * A lazy page is one in a class list of a heap whose thread runs: a push onto it only adds to the
- * list, and the owner takes the items when its allocations reach the page (the slow path, when the
- * page is its class's first and has nothing else to hand out), or when it runs out of free pages
- * (small.c: sweep_lazy). Any other non-zero word means "queued at the owner": the push that finds 0
+ * A lazy page is in a class list of a heap whose thread runs (the owner's slow path marks a new page,
+ * the first page of a class and each page its queue brings back): a push onto it only adds to the list,
+ * and the owner takes the items when its allocations reach the page (the slow path, when the page is
+ * its class's first and has nothing else to hand out), or when it runs out of free pages (small.c:
+ * sweep_lazy). Any other non-zero word means "queued at the owner": the push that finds 0
  * puts the page on its heap's `delayed` list, once until the owner exchanges the word again (after
  * taking the page from that list), and the owner's next slow path takes it. Only a full page needs
  * that (it is in no list, so no allocation reaches it), and a page of a heap no thread runs, whose
@@ -276,7 +277,8 @@ void small_free_foreign(page *pg, block *b);
 /* page_has_item() for another thread's page, from the descriptor's second line only (the owner's line
  * stays with the owner). It does not see `carved`: an offset the page never handed out passes. */
 int small_valid_foreign(const page *pg, const void *p);
-/* Take the thread-free lists of every page other threads queued at h. */
+/* Take the thread-free lists of every page other threads queued at h; with `lazy` (h's thread, on its
+ * slow path) the pages come back lazy. */
 void small_drain_delayed(struct heap *h, int lazy);
 /* Take what other threads freed into h's lazy pages and end their lazy marks, so that every later foreign
  * free queues its page at h (before h's thread stops using it, and for a heap's trim or collect). */
