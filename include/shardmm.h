@@ -98,7 +98,8 @@ typedef struct shard_stats {
     size_t live_large;       /* live blocks above 1 MB */
     size_t heaps;            /* thread heaps ever created */
     size_t heaps_free;       /* heaps of exited threads, waiting for a new thread to take them */
-    size_t small_pages_used; /* small-block pages serving a size class */
+    size_t small_pages_used; /* small-block pages serving a size class (one whose blocks other threads
+                                freed counts until its thread allocates from it or needs a page) */
     size_t small_pages_free; /* free small-block pages still committed */
     size_t small_pages_decommitted; /* pages whose memory went back to the OS (or never came) */
     size_t small_pages_retired;     /* times a page became free (all items back), since start */
