@@ -89,6 +89,7 @@ static void created_clear(heap *h)
     h->empty_arenas = NULL;
     h->empty_arena_count = 0;
     h->medium_ops = 0;
+    h->sweep_wait = 0;
     store_relaxed(&h->delayed, (page *)NULL);
     store_relaxed(&h->delayed_arenas, (struct arena *)NULL);
     store_relaxed(&h->charged, (size_t)0);
@@ -255,6 +256,7 @@ static int created_relieve(heap *h, size_t size, int ask)
         return 0;
     store_relaxed(&h->limit_hit, 0u);
     if (!ask) {
+        small_settle(h); /* what other threads freed into its pages: the pages they emptied go free */
         small_keep(h, 0, 0);
         medium_keep(h, 0);
         return 1;

@@ -281,7 +281,8 @@ int small_valid_foreign(const page *pg, const void *p);
  * slow path) the pages come back lazy. */
 void small_drain_delayed(struct heap *h, int lazy);
 /* Take what other threads freed into h's lazy pages and end their lazy marks, so that every later foreign
- * free queues its page at h (before h's thread stops using it, and for a heap's trim or collect). */
+ * free queues its page at h (before h's thread stops using it, for a heap's trim or collect, and for a
+ * created heap at its limit, whose walk of the lazy pages may be waiting: small.c, sweep_lazy). */
 void small_settle(struct heap *h);
 /* Decommit h's free pages beyond the `keep` most recently freed, whatever their age (thread exit, the
  * expiry of an exited thread's reserve, shard_collect). With `exiting` the pages its classes keep while

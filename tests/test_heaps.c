@@ -653,3 +653,61 @@ TEST(fork_while_another_thread_destroys_heaps)
     CHECK_EQ(shard_check(), 0);
 }
 #endif
+
+/* A heap at its limit takes in what other threads freed into its pages before it gives NULL: the pages
+ * they emptied serve the allocation. Here 40 pages of 1024-byte blocks are filled; another thread frees
+ * one block of each (the full pages come back into their list at the next allocation, the 2048-byte
+ * one) and then the rest; with the limit at what the heap holds, a 512-byte block must still come. */
+#define LIMIT_PAGES 40
+#define LIMIT_PER_PAGE 64
+static unsigned char *limit_blocks[LIMIT_PAGES * LIMIT_PER_PAGE];
+static int limit_phase;
+
+static void *free_limit_blocks(void *arg)
+{
+    (void)arg;
+    for (int p = 0; p < LIMIT_PAGES; p++)
+        for (int i = limit_phase == 1 ? 0 : 1; i < (limit_phase == 1 ? 1 : LIMIT_PER_PAGE); i++) {
+            unsigned char *b = limit_blocks[p * LIMIT_PER_PAGE + i];
+            if (b != NULL && !holds_pattern(b, 1024, 0x5100 + (uint64_t)(p * LIMIT_PER_PAGE + i)))
+                CHECK_PATTERN(b, 1024, 0x5100 + (uint64_t)(p * LIMIT_PER_PAGE + i), "1024-byte block of a heap");
+            shard_free(b);
+            limit_blocks[p * LIMIT_PER_PAGE + i] = NULL;
+        }
+    return NULL;
+}
+
+TEST(a_heap_at_its_limit_uses_the_pages_other_threads_emptied)
+{
+    shard_heap *h = shard_heap_create(NULL);
+    CHECK(h != NULL);
+    if (h == NULL)
+        return;
+    for (int i = 0; i < LIMIT_PAGES * LIMIT_PER_PAGE; i++) {
+        limit_blocks[i] = shard_heap_malloc(h, 1024);
+        CHECK(limit_blocks[i] != NULL);
+        if (limit_blocks[i] != NULL)
+            fill_range(limit_blocks[i], 0, 1024, 0x5100 + (uint64_t)i);
+    }
+    limit_phase = 1;
+    run_thread(free_limit_blocks, NULL);
+    unsigned char *drained = shard_heap_malloc(h, 2048);
+    CHECK(drained != NULL);
+    limit_phase = 2;
+    run_thread(free_limit_blocks, NULL);
+    shard_heap_stats before = heap_stats(h);
+    CHECK_EQ(before.live_small, (size_t)1);
+    shard_heap_set_limit(h, before.committed);
+    unsigned char *p = shard_heap_malloc(h, 512);
+    CHECKF(p != NULL, "a 512-byte block at the limit (%zu bytes committed) with 40 pages that other threads "
+                      "emptied: NULL", before.committed);
+    if (p != NULL) {
+        fill_range(p, 0, 512, 0x5200);
+        CHECK(holds_pattern(p, 512, 0x5200));
+        CHECK(heap_stats(h).committed <= before.committed);
+    }
+    shard_heap_free(h, p);
+    shard_heap_free(h, drained);
+    shard_heap_destroy(h);
+    CHECK_EQ(shard_check(), 0);
+}
