@@ -150,6 +150,7 @@ static void class_remove(heap *h, page *pg)
 
 /* ---- pages --------------------------------------------------------------------------------------- */
 
+/* pg starts serving class cls, in the list of its owner's running thread: lazy (small.h). */
 static void page_init(page *pg, unsigned cls)
 {
     uint32_t size = class_size[cls];
@@ -168,6 +169,7 @@ static void page_init(page *pg, unsigned cls)
     pg->state = PAGE_IN_USE;
     store_relaxed(&pg->shared_divisor, divisor);
     store_relaxed(&pg->shared_block_size, size);
+    store_relaxed(&pg->thread_free, THREAD_FREE_LAZY); /* no item out yet: no free pushes meanwhile */
 }
 
 /* pg leaves its class list with no free item: `used` counts down to its wake (small.h). */
@@ -614,7 +616,6 @@ again:
     if (pg == NULL)
         return NULL;
     page_init(pg, cls);
-    store_relaxed(&pg->thread_free, THREAD_FREE_LAZY); /* no item out yet: no free pushes meanwhile */
     class_push_front(h, pg);
     page_carve(pg);
 take:;
