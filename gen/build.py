@@ -106,10 +106,10 @@ VARIANTS = [
             only=("src/large.c",), so="build/nolp/libshardmm.so", in_libs=False,
             doc="The release library without large pages under large blocks (SHARD_LARGE_PAGES=0), for "
                 "the large benchmark's comparison; only large.o differs."),
-    Variant("thp", LINUX, "build/thp", "$release", "-DSHARD_HUGE_PAGES=1", asm=1, nasm="release", base="release",
+    Variant("thp", LINUX, "build/thp", "$release", "-DSHARD_HUGE_PAGES=2", asm=1, nasm="release", base="release",
             only=("src/options.c",), so="build/thp/libshardmm.so", in_libs=False,
-            doc="The release library with SHARDMM_HUGE_PAGES on by default (SHARD_HUGE_PAGES=1): small "
-                "segments and medium arenas on transparent huge pages, for the benchmarks' comparison "
+            doc="The release library with SHARDMM_HUGE_PAGES=2 by default (SHARD_HUGE_PAGES=2): every small "
+                "segment and medium arena on transparent huge pages, for the benchmarks' comparison "
                 "without an environment variable that every column would see; only options.o differs."),
     Variant("noreserve", LINUX, "build/noreserve", "$release", "-DSHARD_RESERVE_PAGES=0 -DSHARD_RESERVE_ARENAS=0",
             asm=1, nasm="release", base="release", only=("src/heap.c",), so="build/noreserve/libshardmm.so",

@@ -15,7 +15,8 @@
  *   kernel's commit charge (Committed_AS), which only falls at release: under strict overcommit
  *   (mode 2) the charge is the highest ever committed, while the statistics count what is committed
  *   now. release: munmap.
- * - large pages for segments and arenas (reserve_large_pages, taken with SHARDMM_HUGE_PAGES): a 2 MB
+ * - large pages for segments and arenas (reserve_large_pages, from an offset on: SHARDMM_HUGE_PAGES
+ *   and segment_large_from in the core say which, by default a heap's memory past its first 2 MB): a 2 MB
  *   transparent huge page forms only where a whole aligned 2 MB lies in one read/write mapping with
  *   the MADV_HUGEPAGE hint; the piecewise mprotect commits above split a segment into a mapping per
  *   committed run, so hinting alone changed nothing (issue 25). So such a reservation is committed
@@ -32,7 +33,9 @@
  *   counts the same 4 MB either way. The cost is resident memory: the first touch of a hinted 2 MB
  *   makes all of it resident (and khugepaged may later fill a sparsely used one), so resident memory
  *   exceeds what the core committed, its statistics and shard_set_limit's limit, by up to 2 MB less
- *   a page per touched unit; bench/results/2026-12-01-thp.md has what that does to peaks and times.
+ *   a page per touched unit; bench/results/2026-12-01-thp.md (every segment) and
+ *   2026-12-02-huge-growth.md (the default) have what that does to peaks and times. The part below
+ *   the offset becomes a mapping of its own (the hint splits it off), not hinted.
  * - the heap slot: the core's initial-exec TLS word (PORT_SLOT_TLS); the exit hook is a pthread key,
  *   armed after the core stored the slot (pthread_setspecific may call calloc, which must find the heap
  *   there). With every key of the process taken there is no hook: the slot works, exits go unreported.
@@ -164,8 +167,8 @@ static void linux_hint_large_pages(void *addr, size_t size)
 }
 
 /* A reservation committed whole (the kernel charges it here) and hinted for huge pages over its aligned
- * 2 MB units; see the top of the file. */
-static void *linux_reserve_large_pages(size_t size, size_t align)
+ * 2 MB units from `from` on; see the top of the file. */
+static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_offset)
 {
     void *r = port_reserve(size, align);
     if (r == NULL)
@@ -174,7 +177,7 @@ static void *linux_reserve_large_pages(size_t size, size_t align)
         sys3(SYS_munmap, (long)r, (long)size, 0);
         return NULL;
     }
-    uintptr_t from = ((uintptr_t)r + LARGE_PAGE_ - 1) & ~(LARGE_PAGE_ - 1), to = ((uintptr_t)r + size) & ~(LARGE_PAGE_ - 1);
+    uintptr_t from = ((uintptr_t)r + from_offset + LARGE_PAGE_ - 1) & ~(LARGE_PAGE_ - 1), to = ((uintptr_t)r + size) & ~(LARGE_PAGE_ - 1);
     if (to > from)
         linux_hint_large_pages((void *)from, to - from);
     return r;

@@ -80,14 +80,14 @@ typedef struct port_capabilities {
     void (*hint_large_pages)(void *addr, size_t size);
 
     /* port_reserve for a reservation that is committed in small pieces and wants large pages under them
-     * (the core's segments and medium arenas, with SHARDMM_HUGE_PAGES): the same arguments and result,
-     * and commit, decommit and release work on it as on any reservation, with every guarantee of the
-     * contract (a commit that returns 0 is backed). What differs: the platform may back a whole large
-     * page at the first touch of a committed byte in it, uncommitted neighbours included, so resident
-     * memory may exceed what the core committed by up to a large page less a piece for each large page
-     * touched; and the uncommitted parts may read zeros rather than fault (the core touches none).
-     * Without it the core takes port_reserve, and no large pages. */
-    void *(*reserve_large_pages)(size_t size, size_t align);
+     * from offset `from` on (the core's segments and medium arenas, SHARDMM_HUGE_PAGES: from 0 or 2 MB):
+     * the same result, and commit, decommit and release work on it as on any reservation, with every
+     * guarantee of the contract (a commit that returns 0 is backed). What differs: the platform may back
+     * a whole large page from `from` on at the first touch of a committed byte in it, uncommitted
+     * neighbours included, so resident memory may exceed what the core committed by up to a large page
+     * less a piece for each large page touched; and the uncommitted parts may read zeros rather than
+     * fault (the core touches none). Without it the core takes port_reserve, and no large pages. */
+    void *(*reserve_large_pages)(size_t size, size_t align, size_t from);
 
     /* The most address space the process may hold, bytes; SIZE_MAX when unlimited. Read for the rare
      * decisions that depend on it (large blocks' address headroom). Without it: unlimited. */

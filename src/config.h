@@ -150,13 +150,19 @@
 #ifndef SHARD_LARGE_PAGES
 #define SHARD_LARGE_PAGES 1
 #endif
-/* The default of SHARDMM_HUGE_PAGES (options.h): small-block segments and medium arenas reserved so that
- * the platform may back them with large pages (port_caps.reserve_large_pages). Off: on Linux a huge page
- * makes 2 MB resident at the first touch of a 64 KB page, which costs the small programs and the sparse
- * heaps their low peak (bench/results/2026-12-01-thp.md). build/thp/libshardmm.so is built with 1, for
- * the benchmarks' comparison. */
+/* The values of SHARDMM_HUGE_PAGES (options.h), which says which small-block segments and medium arenas
+ * are reserved so that the platform may back them with large pages (port_caps.reserve_large_pages;
+ * segment.h's segment_large_from): none; a thread heap's memory beyond the first 2 MB of each kind (the
+ * default); all of it. On Linux a huge page makes 2 MB resident at the first touch of a 64 KB page, so
+ * "all" costs a small heap its low peak (2-4 times in bench/run's scenarios:
+ * bench/results/2026-12-01-thp.md), while a heap that grows past 2 MB gains the faults and the TLB
+ * misses of 4 KB pages, which a virtual machine pays dearly (bench/results/2026-12-02-huge-growth.md).
+ * build/thp/libshardmm.so is built with "all", for the benchmarks' comparison. */
+#define SHARD_HUGE_PAGES_NONE 0
+#define SHARD_HUGE_PAGES_GROWN 1
+#define SHARD_HUGE_PAGES_ALL 2
 #ifndef SHARD_HUGE_PAGES
-#define SHARD_HUGE_PAGES 0
+#define SHARD_HUGE_PAGES SHARD_HUGE_PAGES_GROWN
 #endif
 /* The cache of freed large blocks: at most this many blocks and this much committed memory; a block
  * committed above the latter is never cached. */

@@ -642,6 +642,7 @@ static heap *acquire(void)
     if (h == NULL)
         return heap_new(os_thread_id());
     set_owner(h, os_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
+    h->segments_made = h->arenas_made = 0; /* its growth is the new thread's to show */
     drop_reserve(h);                /* the reserve is this thread's now */
     trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* what was freed into it while it waited; nothing goes back */
     return h;

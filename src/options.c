@@ -60,7 +60,7 @@ static const struct spec {
     {"DELAY_MS", UINT32_MAX, set_delay, "a decimal number of milliseconds up to 4294967295"},
     {"LARGE_CACHE_MB", LARGE_CACHE_MB_MAX, set_large_cache, "a decimal number of megabytes up to 67108864"},
     {"QUARANTINE_MB", LARGE_CACHE_MB_MAX, set_quarantine, "a decimal number of megabytes up to 67108864"},
-    {"HUGE_PAGES", 1, set_huge_pages, "0 or 1"},
+    {"HUGE_PAGES", SHARD_HUGE_PAGES_ALL, set_huge_pages, "0, 1 or 2"},
 };
 #define SPECS (sizeof specs / sizeof specs[0])
 

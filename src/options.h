@@ -25,8 +25,9 @@ typedef struct options {
     uint32_t large_cache_delay_ms; /* the large-block cache (SHARD_LARGE_CACHE_DELAY_MS) */
     size_t large_cache_bytes;      /* SHARDMM_LARGE_CACHE_MB: the cache's committed bytes at most, 0: no
                                       cache (SHARD_LARGE_CACHE_BYTES) */
-    uint32_t huge_pages;           /* SHARDMM_HUGE_PAGES: segments and arenas on large pages where the
-                                      platform has them (segment.c's segment_create; SHARD_HUGE_PAGES) */
+    uint32_t huge_pages;           /* SHARDMM_HUGE_PAGES: which segments and arenas go on large pages where
+                                      the platform has them, SHARD_HUGE_PAGES_* (config.h; segment.h's
+                                      segment_large_from) */
     size_t quarantine_bytes;       /* SHARDMM_QUARANTINE_MB: the full-debug build's quarantine of freed
                                       blocks, bytes at most (SHARD_QUARANTINE_BYTES); 0: none */
 } options;

@@ -35,10 +35,10 @@ static void count_peak(size_t now)
 }
 
 /* A reservation through `reserve` (port_reserve, or the port's large-page kind), counted. */
-static void *reserve_counted(void *(*reserve)(size_t, size_t), size_t size, size_t align)
+/* The accounting of a reservation the platform made (p) or refused (NULL). */
+static void *reserve_counted(void *p, size_t size)
 {
     count_call();
-    void *p = reserve(size, align);
     if (p) {
         tsan_acquire(&address_space_order);
         fetch_add_relaxed(&totals.reserved, size);
@@ -48,7 +48,7 @@ static void *reserve_counted(void *(*reserve)(size_t, size_t), size_t size, size
     return p;
 }
 
-void *os_reserve(size_t size, size_t align) { return reserve_counted(port_reserve, size, align); }
+void *os_reserve(size_t size, size_t align) { return reserve_counted(port_reserve(size, align), size); }
 
 static size_t commit_limit = SIZE_MAX; /* shard_set_limit */
 
@@ -281,18 +281,23 @@ uint64_t secret_of_process(void)
     return load_relaxed(&secret_process);
 }
 
-/* os_reserve, with the platform's large pages under what is committed (SHARDMM_HUGE_PAGES; without the
- * capability, plain os_reserve). */
-static void *os_reserve_large_pages(size_t size, size_t align)
+size_t segment_large_from(int first, uint32_t created)
 {
-    return reserve_counted(port_caps.reserve_large_pages != NULL ? port_caps.reserve_large_pages : port_reserve,
-                           size, align);
+    if (port_caps.reserve_large_pages == NULL || load_relaxed(&commit_limit) != SIZE_MAX)
+        return SEGMENT_SIZE;
+    if (options_values.huge_pages == SHARD_HUGE_PAGES_ALL)
+        return 0;
+    if (options_values.huge_pages == SHARD_HUGE_PAGES_GROWN && !created)
+        return first ? SEGMENT_LARGE_UNIT : 0;
+    return SEGMENT_SIZE;
 }
 
-segment *segment_create(struct heap *owner, unsigned kind, size_t commit)
+segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t large_from)
 {
-    segment *seg = options_values.huge_pages ? os_reserve_large_pages(SEGMENT_SIZE, SEGMENT_SIZE)
-                                             : os_reserve(SEGMENT_SIZE, SEGMENT_SIZE);
+    segment *seg = large_from < SEGMENT_SIZE
+                       ? reserve_counted(port_caps.reserve_large_pages(SEGMENT_SIZE, SEGMENT_SIZE, large_from),
+                                         SEGMENT_SIZE)
+                       : os_reserve(SEGMENT_SIZE, SEGMENT_SIZE);
     if (seg == NULL)
         return NULL;
     if (os_commit(seg, commit) != 0) {

@@ -97,8 +97,20 @@ static inline segment *segment_of(const void *p) { return (segment *)((uintptr_t
 int segmap_set(uintptr_t start, size_t size, unsigned first, unsigned rest);
 
 /* A new segment of the given kind owned by heap, its first `commit` bytes committed and zero (for small
- * segments the page descriptors); NULL out of memory. */
-segment *segment_create(struct heap *owner, unsigned kind, size_t commit);
+ * segments the page descriptors), on the platform's large pages from offset `large_from` on
+ * (segment_large_from; SEGMENT_SIZE: none, a plain reservation committed piece by piece); NULL out of
+ * memory. */
+segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t large_from);
+
+/* Large pages for small and medium memory (SHARDMM_HUGE_PAGES, options.h; the design is in docs/design.md,
+ * "Huge pages"): the offset of a new segment or arena from which the platform may back it with large
+ * pages (port_caps.reserve_large_pages), or SEGMENT_SIZE for none. `first`: the heap's first of the kind
+ * since its thread took it (heap.h: segments_made, arenas_made), whose first SEGMENT_LARGE_UNIT then
+ * stays on small pages in the default mode, so that a small heap keeps its small footprint; `created`:
+ * an embedder's heap, which the default mode leaves on small pages (its limit counts what is
+ * committed). None while shard_set_limit bounds the process's memory. */
+#define SEGMENT_LARGE_UNIT ((size_t)2 << 20)
+size_t segment_large_from(int first, uint32_t created);
 
 /* Give a segment of ours back to the OS, `committed` bytes of it still committed: its map entry goes at
  * once, its reservation when no statistics walk (below) can still be looking at it. The caller has taken

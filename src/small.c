@@ -477,7 +477,8 @@ static page *page_acquire(heap *h)
     if (h->cold_pages.first == NULL) {
         if (heap_charge(h, SEGMENT_DESC_BYTES + PAGE_SIZE) != 0)
             return NULL; /* a created heap's limit: the descriptors and the page to come */
-        segment *seg = segment_create(h, SEG_SMALL, SEGMENT_DESC_BYTES);
+        size_t large_from = segment_large_from(h->segments_made++ == 0, h->created);
+        segment *seg = segment_create(h, SEG_SMALL, SEGMENT_DESC_BYTES, large_from);
         heap_uncharge(h, PAGE_SIZE);
         if (seg == NULL) {
             heap_uncharge(h, SEGMENT_DESC_BYTES);

@@ -182,15 +182,15 @@ static unsigned long vmstat(const char *name)
     return found;
 }
 
-/* 16 MB of 64-byte blocks, written; then the AnonHugePages of the mappings that hold them, summed over
+/* `bytes` of 64-byte blocks, written; then the AnonHugePages of the mappings that hold them, summed over
  * /proc/self/smaps (each mapping once), and how many segments they span. */
-static void scenario_huge_pages(void)
+static void huge_pages_under(size_t bytes)
 {
     enum { SEGMENTS_MAX = 64 };
     static uintptr_t segments[SEGMENTS_MAX];
     size_t n_segments = 0;
     unsigned long fallback_before = vmstat("thp_fault_fallback");
-    for (size_t i = 0; i < 16 * MB / 64; i++) {
+    for (size_t i = 0; i < bytes / 64; i++) {
         char *p = shard_malloc(64);
         memset(p, 1, 64);
         uintptr_t seg = (uintptr_t)p & ~(uintptr_t)(4 * MB - 1);
@@ -206,9 +206,9 @@ static void scenario_huge_pages(void)
     int ours = 0;
     while (f != NULL && fgets(line, sizeof line, f)) {
         if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
-            ours = 0;
+            ours = 0; /* a mapping that overlaps a segment (a hint can split a segment in two) */
             for (size_t k = 0; k < n_segments; k++)
-                ours |= segments[k] >= lo && segments[k] < hi;
+                ours |= segments[k] < hi && segments[k] + 4 * MB > lo;
         } else if (ours && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) {
             huge += kb;
         }
@@ -218,6 +218,10 @@ static void scenario_huge_pages(void)
     fprintf(stderr, "child: huge %lu KB in %zu segments, %lu fallbacks\n", huge, n_segments,
             vmstat("thp_fault_fallback") - fallback_before);
 }
+
+/* A heap that grows to 16 MB of small blocks, and one of 1 MB, which stays in its first 2 MB. */
+static void scenario_huge_pages(void) { huge_pages_under(16 * MB); }
+static void scenario_huge_pages_small(void) { huge_pages_under(1 * MB); }
 
 /* The C library's environ emptied before the allocator starts: the port reads /proc/self/environ. */
 static void scenario_environ_cleared(void)
@@ -241,6 +245,7 @@ static const struct {
 #ifndef _WIN32
     {"environ-cleared", scenario_environ_cleared},
     {"huge-pages", scenario_huge_pages},
+    {"huge-pages-small", scenario_huge_pages_small},
 #endif
 };
 
@@ -647,27 +652,38 @@ static const char *thp_mode(void)
     return strstr(mode, "[always]") ? "always" : strstr(mode, "[madvise]") ? "madvise" : strstr(mode, "[never]") ? "never" : "";
 }
 
-TEST(huge_pages_puts_small_blocks_on_huge_pages_and_is_off_by_default)
+/* Whether the kernel found no free 2 MB page for the child (memory fragmented): not ours to judge. */
+#define SKIP_IF_NO_HUGE_PAGE(kb, fallbacks)                                                                 \
+    do {                                                                                                    \
+        if ((kb) < 2048 && (fallbacks) > 0)                                                                 \
+            SKIP_TEST();                                                                                    \
+    } while (0)
+
+TEST(huge_pages_go_under_a_heap_grown_past_2_mb_and_not_under_a_small_one)
 {
     int segments;
     long fallbacks;
-    /* With THP "always" the kernel gives huge pages to whatever it likes, asked or not: the default's
-     * "none" and the invalid value's are checked only under "madvise". */
+    /* With THP "always" the kernel gives huge pages to whatever it likes, asked or not: "none" is
+     * checked only under "madvise"; with "never" (or no THP) it gives none at all. */
     int asked_only = strcmp(thp_mode(), "madvise") == 0;
-    long kb = huge_kb(run("huge-pages", NO_VARS), &segments, &fallbacks);
-    CHECKF((kb == 0 || (!asked_only && kb > 0)) && segments >= 4,
-           "by default no huge page under 16 MB of small blocks: %ld KB in %d segments", kb, segments);
-    child *c = run("huge-pages", VARS("SHARDMM_HUGE_PAGES=2", "SHARDMM_VERBOSE=1"));
-    kb = huge_kb(c, &segments, &fallbacks);
-    CHECKF(kb == 0 || (!asked_only && kb > 0), "an invalid value keeps the default: %ld KB", kb);
-    CHECK_SAYS(c, "shardmm: SHARDMM_HUGE_PAGES=2: expected 0 or 1");
-    if (strcmp(thp_mode(), "always") != 0 && !asked_only) /* the kernel has none to give */
+    if (!asked_only && strcmp(thp_mode(), "always") != 0)
         SKIP_TEST();
-    kb = huge_kb(run("huge-pages", VARS("SHARDMM_HUGE_PAGES=1")), &segments, &fallbacks);
-    if (kb < 2048 && fallbacks > 0) /* the kernel found no free 2 MB page (memory fragmented): not ours */
-        SKIP_TEST();
+    long small = huge_kb(run("huge-pages-small", NO_VARS), &segments, &fallbacks);
+    CHECKF(small == 0 || (!asked_only && small > 0),
+           "by default a heap of 1 MB of small blocks has no huge page: %ld KB in %d segments", small, segments);
+    long none = huge_kb(run("huge-pages", VARS("SHARDMM_HUGE_PAGES=0")), &segments, &fallbacks);
+    CHECKF(none == 0 || (!asked_only && none > 0), "SHARDMM_HUGE_PAGES=0: none under 16 MB: %ld KB", none);
+    child *c = run("huge-pages", VARS("SHARDMM_HUGE_PAGES=3", "SHARDMM_VERBOSE=1"));
+    CHECK_SAYS(c, "shardmm: SHARDMM_HUGE_PAGES=3: expected 0, 1 or 2");
+    long kb = huge_kb(c, &segments, &fallbacks);
+    SKIP_IF_NO_HUGE_PAGE(kb, fallbacks);
+    /* 16 MB is four segments: the first one's upper 2 MB and the three others whole are hinted. */
     CHECKF(kb >= 2048 && segments >= 4,
-           "with SHARDMM_HUGE_PAGES=1 the segments hold huge pages: %ld KB in %d segments (%ld fallbacks)", kb,
-           segments, fallbacks);
+           "by default (and with an invalid value) a heap grown to 16 MB holds huge pages: %ld KB in %d "
+           "segments (%ld fallbacks)", kb, segments, fallbacks);
+    kb = huge_kb(run("huge-pages-small", VARS("SHARDMM_HUGE_PAGES=2")), &segments, &fallbacks);
+    SKIP_IF_NO_HUGE_PAGE(kb, fallbacks);
+    CHECKF(kb >= 2048, "SHARDMM_HUGE_PAGES=2 puts even a 1 MB heap on a huge page: %ld KB (%ld fallbacks)", kb,
+           fallbacks);
 }
 #endif
