@@ -177,7 +177,8 @@ static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_of
         sys3(SYS_munmap, (long)r, (long)size, 0);
         return NULL;
     }
-    uintptr_t from = ((uintptr_t)r + from_offset + LARGE_PAGE_ - 1) & ~(LARGE_PAGE_ - 1), to = ((uintptr_t)r + size) & ~(LARGE_PAGE_ - 1);
+    uintptr_t from = ((uintptr_t)r + from_offset + LARGE_PAGE_ - 1) & ~(LARGE_PAGE_ - 1);
+    uintptr_t to = ((uintptr_t)r + size) & ~(LARGE_PAGE_ - 1);
     if (to > from)
         linux_hint_large_pages((void *)from, to - from);
     return r;

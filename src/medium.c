@@ -353,7 +353,8 @@ static int arena_new(heap *h)
     } else {
         if (heap_charge(h, ARENA_KEEP) != 0)
             return -1;
-        a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP, segment_large_from(h->arenas_made++ == 0, h->created));
+        size_t large_from = segment_large_from(h->arenas_made++ == 0, h->created);
+        a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP, large_from);
         if (a == NULL) {
             heap_uncharge(h, ARENA_KEEP);
             return -1;

@@ -34,8 +34,8 @@ static void count_peak(size_t now)
     }
 }
 
-/* A reservation through `reserve` (port_reserve, or the port's large-page kind), counted. */
-/* The accounting of a reservation the platform made (p) or refused (NULL). */
+/* The accounting of a reservation the platform made (p: port_reserve's, or the large-page kind's) or
+ * refused (NULL). */
 static void *reserve_counted(void *p, size_t size)
 {
     count_call();
