@@ -16,7 +16,9 @@
  *   it, so that its last 2 MB can be a transparent huge page (commit_end below; the Windows port
  *   commits need).
  * - realloc(p, m) of a large block with C committed: m <= 1 MB moves to a small or medium block;
- *   need(m) <= C stays, decommitting the tail down to K(need(m), R) exactly when need(m) < C / 2;
+ *   need(m) <= C stays, decommitting the tail exactly when need(m) < C / 2, down to T(need(m), C):
+ *   on Linux the next 2 MB boundary from the header (C at most), so that the large page the block ends
+ *   in stays whole, elsewhere need(m) (tail_start below);
  *   C < need(m) <= R stays and commits K(need(m), R) - C; beyond R it moves to a block of t = m + m/16
  *   bytes (usable need(t) - 32, committing need(t)) whose reservation is R(t), but at least 16 MB,
  *   contents kept up to the old usable size. A small or medium block that moves into the large range
@@ -27,8 +29,8 @@
  *   and large_cached_bytes count it); above 128 MB it is released at once. At most 32 blocks and 128 MB
  *   are cached; a free that passes either releases the oldest cached blocks until both hold.
  * - malloc(n > 1 MB) takes a cached block whose R >= need(n): the one with the smallest C >= need(n),
- *   else the one with the most C (committed up to K(need(n), R) in place). The excess beyond K goes back
- *   when it is both above 4 need(n) and above 16 MB (the seed: a block "may keep up to 16 MB, or four
+ *   else the one with the most C (committed up to K(need(n), R) in place). The excess beyond
+ *   T(need(n), C) goes back when it is both above 4 need(n) and above 16 MB (the seed: a block "may keep up to 16 MB, or four
  *   times the request, committed beyond what it needs"); otherwise the block keeps it (growth into it
  *   is free).
  * - A cached block expires 1 s after its free, released on the next large malloc/free/realloc, when a
@@ -133,6 +135,17 @@ static size_t commit_end(size_t c, size_t r)
         return c;
     size_t e = round_up(c, HUGE_PAGE);
     return e <= r ? e : c;
+}
+
+/* Where a block of need c holding `committed` bytes gives back its tail from when it shrinks or a cached
+ * block is taken for less: where the platform gives large pages, the next 2 MB boundary from its header
+ * (at most `committed`), so that the large page it ends in stays whole; elsewhere c. */
+static size_t tail_start(size_t c, size_t committed)
+{
+    if (!COMMITS_WHOLE_LARGE_PAGES)
+        return c;
+    size_t e = round_up(c, HUGE_PAGE);
+    return e < committed ? e : committed;
 }
 
 /* What a fresh block of n bytes commits, its header included. */
@@ -826,7 +839,7 @@ static void check_large_pair(size_t from, size_t to, uint64_t seed)
             rule = "within the committed part: stays";
             in_place = 1;
             want = fresh_usable(to);
-            grew = shrink_decommits(c, to) ? -(long long)(c - commit_end(need(to), r)) : 0;
+            grew = shrink_decommits(c, to) ? -(long long)(c - tail_start(need(to), c)) : 0;
         } else if (need(to) <= r) {
             rule = "within the reservation: stays";
             in_place = 1;
@@ -931,7 +944,7 @@ static int track_realloc(struct tracked *b, size_t m, drained *d)
     } else if (need(m) <= b->c) {
         rule = "within the committed part: stays";
         in_place = 1;
-        c2 = shrink_decommits(b->c, m) ? commit_end(need(m), b->r) : b->c;
+        c2 = shrink_decommits(b->c, m) ? tail_start(need(m), b->c) : b->c;
         r2 = b->r;
         want = fresh_usable(m);
         grew = (long long)c2 - (long long)b->c;
@@ -1517,7 +1530,7 @@ TEST(a_cached_block_taken_for_a_smaller_size_gives_back_an_excess_beyond_4x_and_
         kept[i] = q;
         shard_stats b = stats_now();
         int trims = take_trims(held, n);
-        size_t r_held = reservation(with_need(held)), trimmed_to = commit_end(need(n), r_held);
+        size_t r_held = reservation(with_need(held)), trimmed_to = tail_start(need(n), held);
         CHECKF(q == p, "malloc(%zu) did not take the only cached block", n);
         CHECK_EQ(shard_usable_size(q), fresh_usable(n));
         CHECK_CACHE(b, 0, 0, "after malloc(%zu) took the block", n);
