@@ -172,7 +172,7 @@ static size_t span_for(size_t need, enum headroom headroom)
  * ends before that boundary (under RLIMIT_AS): no large page would form there. */
 static size_t commit_end(size_t need, size_t span, int exact)
 {
-    if (!SHARD_LARGE_PAGES || exact || need <= LARGE_PAGE || !os_has_large_pages())
+    if (!SHARD_LARGE_PAGES || exact || !os_has_large_pages())
         return need;
     size_t end = round_up(need, LARGE_PAGE);
     return end <= span ? end : need;

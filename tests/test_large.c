@@ -12,9 +12,8 @@
  *   needs (a 32-byte header included), at p with p % 4 MB == 32; its usable size is need(n) - 32.
  *   Its reservation, counted from the header, is R(n) = round_up(need + min(need, 1 GB), 64 KB) while the
  *   address space is unlimited (under RLIMIT_AS it is round_up(need, 64 KB): test_hostile.c). It
- *   commits K(need, R): need, but on Linux a need above 2 MB up to the next 2 MB boundary if R reaches
- *   it, so that its last 2 MB can be a transparent huge page (commit_end below; the Windows port
- *   commits need).
+ *   commits K(need, R): need, but on Linux up to the next 2 MB boundary if R reaches it, so that its
+ *   last 2 MB can be a transparent huge page (commit_end below; the Windows port commits need).
  * - realloc(p, m) of a large block with C committed: m <= 1 MB moves to a small or medium block;
  *   need(m) <= C stays, decommitting the tail exactly when need(m) < C / 2, down to T(need(m), C):
  *   on Linux the next 2 MB boundary from the header (C at most), so that the large page the block ends
@@ -120,9 +119,9 @@ static size_t reservation(size_t n)
     return round_up(c + (c < RESERVE_EXTRA_MAX ? c : RESERVE_EXTRA_MAX), RESERVE_GRANULE);
 }
 
-/* Where the platform gives large pages (the Linux port; not Windows'), a block whose need c is above
- * 2 MB is committed up to the next 2 MB boundary from its header when its reservation r reaches it, so
- * that its last 2 MB can be a large page too; elsewhere, and for a block that moved to grow, exactly c. */
+/* Where the platform gives large pages (the Linux port; not Windows'), a block of need c is committed up
+ * to the next 2 MB boundary from its header when its reservation r reaches it, so that its last 2 MB can
+ * be a large page too; elsewhere, and for a block that moved to grow, exactly c. */
 #ifdef _WIN32
 #define COMMITS_WHOLE_LARGE_PAGES 0
 #else
@@ -131,7 +130,7 @@ static size_t reservation(size_t n)
 #define HUGE_PAGE (2 * MB)
 static size_t commit_end(size_t c, size_t r)
 {
-    if (!COMMITS_WHOLE_LARGE_PAGES || c <= HUGE_PAGE)
+    if (!COMMITS_WHOLE_LARGE_PAGES)
         return c;
     size_t e = round_up(c, HUGE_PAGE);
     return e <= r ? e : c;
@@ -1580,7 +1579,7 @@ TEST(the_cache_keeps_at_most_32_blocks_releasing_the_oldest_first)
     enum { N = CACHE_MAX_BLOCKS + 1 };
     unsigned char *blocks[N], *back[N];
     size_t order[N];
-    const size_t c = need(LARGE_MIN);
+    const size_t c = fresh_commit(LARGE_MIN); /* what each block holds, cached */
     drained d;
     cache_drain(&d);
     int ok = 1;
