@@ -415,11 +415,20 @@ static void run_child(const char *scenario, const char *const *vars, child *c)
 }
 #endif
 
-/* Runs the scenario with the variables; a child that did not run or exit 0 is a failure. */
+/* Runs the scenario with the variables; a child that did not run or exit 0 is a failure. Under Wine a
+ * child that failed with no output at all is run once more: Wine sometimes fails to start a process
+ * (tests/run's run_wine has the cases; a clean-clone run on 2026-12-02 lost the "limit" child so,
+ * which 25 runs of the program alone did not repeat); a failure of ours fails the second run too. */
 static child *run(const char *scenario, const char *const *vars)
 {
     static child c;
     run_child(scenario, vars, &c);
+#ifdef _WIN32
+    if (!c.ran && c.err[0] == 0) {
+        fprintf(stderr, "  %s: the child failed with no output: run again\n", scenario);
+        run_child(scenario, vars, &c);
+    }
+#endif
     CHECKF(c.ran, "%s: the child did not run or exit 0; it wrote:\n%s", scenario, c.err);
     return &c;
 }
