@@ -571,7 +571,12 @@ static void snapshot_heap(const heap *h, snapshot *s)
     for (unsigned k = 0; k < nsegs; k++) {
         const segment *g = segs[nsegs - 1 - k]; /* the oldest first */
         uintptr_t a = (uintptr_t)g;
-        snap_put(s, F_OWN_ENTERED, k, 0, 0, h->own[(uint32_t)a >> SEGMENT_SHIFT] == a);
+        /* Entered, or not enterable: its slot is 0 (a segment on a 4 GB boundary) or holds another
+         * segment 4 GB away (heap.h). The two heaps' segments lie at different addresses, so only a
+         * segment missing from a free slot is a difference; a clean-clone run lost the comparison to a
+         * segment on a 4 GB boundary once (2026-12-02). */
+        uint32_t slot = (uint32_t)a >> SEGMENT_SHIFT;
+        snap_put(s, F_OWN_ENTERED, k, 0, 0, h->own[slot] == a || slot == 0 || h->own[slot] != 0);
         snap_put(s, F_OWNER, k, 0, 0, g->owner == h);
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             const page *pg = (const page *)(a + (uintptr_t)i * PAGE_DESC_SIZE);
