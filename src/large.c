@@ -169,28 +169,16 @@ static size_t span_for(size_t need, enum headroom headroom)
  * where the commit ends, and the 2 MB that straddles the split stays in 4 KB pages: 512 page faults
  * for a block that fills it (bench/shapes.py's malloc-large: 8,700 against mimalloc's 320). A created
  * heap's block (`exact`) commits what it needs: its limit counts the bytes. So does a block whose span
- * ends before that boundary (under RLIMIT_AS): no large page would form there. */
+ * ends before that boundary (under RLIMIT_AS): no large page would form there. A block that shrinks, or
+ * a cached one taken for less, gives its tail back from the same point, so that the large page it ends
+ * in stays whole: decommitting inside one split it, and growing back into that 2 MB took a fault per
+ * 4 KB (bench/results/2026-12-02-large-tail.md). */
 static size_t commit_end(size_t need, size_t span, int exact)
 {
     if (!SHARD_LARGE_PAGES || exact || !os_has_large_pages())
         return need;
     size_t end = round_up(need, LARGE_PAGE);
     return end <= span ? end : need;
-}
-
-/* Where a block of `need` bytes (header included) that holds `committed` bytes gives back its tail from,
- * when it shrinks or is reused for less: where the platform gives large pages, the next LARGE_PAGE
- * boundary from the header (the block's first 2 MB for one that needs less), so that the large page the
- * block ends in stays whole. Decommitting from inside one splits it into small pages, and the block's
- * growth back into that 2 MB took a fault per 4 KB (bench/shapes.py's strings: a string shrunk to 1.5 MB
- * and grown again; bench/results/2026-12-02-large-tail.md). A created heap's block (`exact`) keeps what
- * it needs: its limit counts the bytes. */
-static size_t tail_start(size_t need, size_t committed, int exact)
-{
-    if (!SHARD_LARGE_PAGES || exact || !os_has_large_pages())
-        return need;
-    size_t end = round_up(need, LARGE_PAGE);
-    return end < committed ? end : committed;
 }
 
 /* Atomic: large blocks have no owner to count them. */
@@ -557,8 +545,7 @@ static int fit_commit(large_header *h, size_t committed, size_t need, int exact)
             return -1;
         committed = end;
     } else if (committed - need > 4 * need && committed - need > SHARD_LARGE_EXCESS_MIN) {
-        end = tail_start(need, committed, exact);
-        if (end < committed && os_decommit(base + end, committed - end) == 0)
+        if (os_decommit(base + end, committed - end) == 0)
             committed = end;
     }
     h->committed = committed;
@@ -728,8 +715,7 @@ void *large_resize_in_place(void *p, size_t size)
     heap *owner = owner_of(h);
     size_t end = commit_end(need, span_of(h), owner != NULL);
     if (need <= committed) {
-        end = tail_start(need, committed, owner != NULL);
-        if (need < committed / 2 && end < committed && os_decommit((uint8_t *)h + end, committed - end) == 0) {
+        if (need < committed / 2 && os_decommit((uint8_t *)h + end, committed - end) == 0) {
             h->committed = end; /* shrunk to less than half: the tail goes back at once */
             if (owner != NULL)
                 heap_uncharge(owner, committed - end);
