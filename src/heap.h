@@ -41,6 +41,9 @@ typedef struct heap {
     page_list classes[SHARD_CLASS_COUNT]; /* pages with (possibly) free items; refilled ones at the tail */
     page_list free_pages;    /* committed, no class; the oldest first */
     page_list cold_pages;    /* not committed; a new segment's in ascending address order */
+    page_list full_queue;    /* a thread heap's full pages, the first gone full first, up to
+                              * SHARD_LOOSE_AFTER of them: the next to go loose (small.h) */
+    uint32_t full_queued;    /* pages in full_queue */
     uint32_t free_count;     /* pages in free_pages */
     segment *segments;
     uint64_t pages_retired;  /* times a page of this heap became free */
@@ -58,6 +61,8 @@ typedef struct heap {
     uint32_t forwards;       /* 1 once it gave segments to the orphans (small.h): its drains look at
                               * each page's owner */
     uint32_t sweep_wait;     /* slow paths that need a page and skip the walk of the lazy pages (small.c) */
+    uint32_t drains;         /* times it took its `delayed` list; a relaxed atomic, which the release of
+                              * a loose page reads (small.h) */
     /* Small segments and medium arenas made since its thread took it: the first of each kind keeps its
      * first 2 MB on small pages (segment.h's segment_large_from). */
     uint32_t segments_made, arenas_made;
