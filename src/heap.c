@@ -675,7 +675,7 @@ heap *heap_get_or_create(int *lent)
 int heap_check(heap *h)
 {
     int problems = 0;
-    size_t segments = 0, entered = 0, all_cold = 0, all_queued = 0;
+    size_t segments = 0, entered = 0, all_cold = 0;
     for (segment *s = h->segments; s != NULL; s = s->next, segments++) {
         problems += insist(s->owner == h && segmap_kind((uintptr_t)s) == SEG_SMALL,
                            "heap: a segment with a wrong owner or map entry:", s);
@@ -688,7 +688,6 @@ int heap_check(heap *h)
             problems += small_check_page(pg);
             all_cold += pg->state == PAGE_COLD;
             full += pg->state == PAGE_IN_USE && pg->full;
-            all_queued += pg->state == PAGE_IN_USE && pg->full == FULL_QUEUED;
         }
         problems += insist(s->full_pages == full, "heap: a segment's count of full pages is wrong:", s);
     }
@@ -720,13 +719,13 @@ int heap_check(heap *h)
         problems += insist(pg->state == PAGE_COLD && segment_of(pg)->owner == h && (pg->next == NULL || pg->next->prev == pg),
                            "heap: a page in the cold pages that is not cold or not linked back:", pg);
     problems += insist(free_pages == h->free_count, "heap: the free page count differs from its list:", h->free_count);
-    unsigned queued = 0;
-    for (const page *pg = h->full_queue.first; pg != NULL; pg = pg->next, queued++)
-        problems += insist(pg->state == PAGE_IN_USE && pg->full == FULL_QUEUED && segment_of(pg)->owner == h &&
-                               (pg->next == NULL || pg->next->prev == pg),
-                           "heap: a page in the full queue that is not a queued full page of its own:", pg);
-    problems += insist(queued == h->full_queued && queued == all_queued && queued <= SHARD_LOOSE_AFTER,
-                       "heap: the full queue's count differs from its list or from the pages queued:", queued);
+    for (unsigned i = 0; i < SHARD_LOOSE_AFTER; i++) {
+        const page *pg = h->full_ring[i];
+        int own = pg == NULL;
+        for (const segment *s = h->segments; s != NULL && !own; s = s->next)
+            own = segment_of(pg) == s;
+        problems += insist(own, "heap: a recent full page of a segment that is not the heap's:", pg);
+    }
     problems += insist(cold_pages == all_cold, "heap: the cold pages listed differ from the segments' cold pages:", cold_pages);
     return problems;
 }

@@ -41,9 +41,11 @@ typedef struct heap {
     page_list classes[SHARD_CLASS_COUNT]; /* pages with (possibly) free items; refilled ones at the tail */
     page_list free_pages;    /* committed, no class; the oldest first */
     page_list cold_pages;    /* not committed; a new segment's in ascending address order */
-    page_list full_queue;    /* a thread heap's full pages, the first gone full first, up to
-                              * SHARD_LOOSE_AFTER of them: the next to go loose (small.h) */
-    uint32_t full_queued;    /* pages in full_queue */
+    /* A thread heap's pages that went full last, the one of its page-full count `fulls` at index
+     * fulls % SHARD_LOOSE_AFTER: a page still full when its entry comes round again goes loose
+     * (small.h). Entries are cleared when their segment leaves the heap; others may be out of date. */
+    page *full_ring[SHARD_LOOSE_AFTER];
+    uint32_t fulls;
     uint32_t free_count;     /* pages in free_pages */
     segment *segments;
     uint64_t pages_retired;  /* times a page of this heap became free */

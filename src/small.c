@@ -175,29 +175,18 @@ static void page_init(page *pg, unsigned cls)
 /* pg leaves its class list with no free item: `used` counts down to its wake (small.h). */
 static void page_set_full(page *pg)
 {
-    pg->full = FULL_ALONE; /* the alloc slow path queues it (full_queue_push) */
     int32_t wake = page_wake(pg);
     if (wake > pg->used)
         wake = pg->used; /* every item out is one to come back (used >= 1 here) */
     pg->full_out = pg->used - wake;
     pg->used = wake;
+    pg->full = 1;
     segment_of(pg)->full_pages++;
 }
 
-/* pg, full, leaves h's full_queue if it is in it. */
-static void full_queue_leave(heap *h, page *pg)
-{
-    if (pg->full != FULL_QUEUED)
-        return;
-    list_remove(&h->full_queue, pg);
-    h->full_queued--;
-    pg->full = FULL_ALONE;
-}
-
 /* pg goes back into its list, or is retired: `used` is the items out again. */
-static void page_clear_full(heap *h, page *pg)
+static void page_clear_full(page *pg)
 {
-    full_queue_leave(h, pg);
     pg->used += pg->full_out;
     pg->full_out = 0;
     pg->full = 0;
@@ -269,6 +258,14 @@ static void own_entry_leave(heap *h, const segment *s)
         }
 }
 
+/* s leaves h, or goes back to the OS: h's full_ring forgets its pages. */
+static void full_ring_forget(heap *h, const segment *s)
+{
+    for (unsigned i = 0; i < SHARD_LOOSE_AFTER; i++)
+        if (h->full_ring[i] != NULL && segment_of(h->full_ring[i]) == s)
+            h->full_ring[i] = NULL;
+}
+
 /* s becomes one of h's segments: first in its list, which other threads walk for the statistics (the
  * link an atomic: a walk that was at s in another heap's list goes on in h's), and in its own-segment
  * table, where the fast paths of free and realloc find it. */
@@ -303,6 +300,7 @@ unsigned small_release_empty(heap *h, int spare)
         h->free_count -= free_pages;
         store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
         own_entry_leave(h, s);
+        full_ring_forget(h, s);
         size_t committed = SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE;
         heap_uncharge(h, committed);
         if (spare && segment_spare_put(s, SEG_SMALL, committed))
@@ -338,6 +336,7 @@ static int adopt_spare(heap *h)
 
 void small_release_all(heap *h)
 {
+    mem_zero(h->full_ring, sizeof h->full_ring);
     segment *s = h->segments;
     store_release(&h->segments, (segment *)NULL); /* statistics walk the list (segment_walk_begin) */
     while (s != NULL) {
@@ -357,8 +356,9 @@ void small_empty_keep(heap *h, unsigned keep)
         h->direct[i] = &small_empty_page;
     for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++)
         h->classes[cls] = (page_list){NULL, NULL};
-    h->free_pages = h->cold_pages = h->full_queue = (page_list){NULL, NULL};
-    h->free_count = h->full_queued = 0;
+    h->free_pages = h->cold_pages = (page_list){NULL, NULL};
+    h->free_count = 0;
+    mem_zero(h->full_ring, sizeof h->full_ring);
     store_relaxed(&h->delayed, (page *)NULL); /* the queued pages' frees are void: their pages empty now */
     for (segment *s = h->segments; s != NULL; s = s->next) {
         s->full_pages = 0;
@@ -402,6 +402,7 @@ void small_empty_keep(heap *h, unsigned keep)
             list_remove(&h->cold_pages, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
         store_release(link, s->next);
         own_entry_leave(h, s);
+        full_ring_forget(h, s);
         heap_uncharge(h, SEGMENT_DESC_BYTES);
         segment_release(s, SEGMENT_DESC_BYTES);
     }
@@ -527,18 +528,21 @@ static void page_loosen(heap *h, page *pg)
     store_release(&pg->hold, HOLD_WORD(HOLD_LOOSE, out, HOLD_GEN(hold) + 1));
 }
 
-/* pg, just gone full in h (a thread heap), joins h's full_queue, and the page that has been in it the
- * longest goes loose when SHARD_LOOSE_AFTER pages follow it there (small.h). */
-static void full_queue_push(heap *h, page *pg)
+/* pg, just gone full in h (a thread heap), takes its entry in h's full_ring; the page there before it
+ * goes loose if it has stayed full since then, in h (small.h). No list: a page that comes back from
+ * full is not looked for. */
+static void full_ring_push(heap *h, page *pg)
 {
-    pg->full = FULL_QUEUED;
-    list_append(&h->full_queue, pg);
-    if (++h->full_queued <= SHARD_LOOSE_AFTER)
-        return;
-    page *oldest = h->full_queue.first;
-    full_queue_leave(h, oldest);
-    page_loosen(h, oldest);
+    uint32_t seq = h->fulls++;
+    page **entry = &h->full_ring[seq % SHARD_LOOSE_AFTER];
+    page *old = *entry;
+    *entry = pg;
+    store_relaxed(&pg->full_seq, seq);
+    if (old != NULL && old->state == PAGE_IN_USE && old->full && old->used != USED_LOOSE &&
+        load_relaxed(&old->full_seq) == seq - SHARD_LOOSE_AFTER && segment_of(old)->owner == h)
+        page_loosen(h, old);
 }
+
 
 /* The owner of loose page pg takes it back, full as before (its `used` again the count to its wake): 1,
  * or 0 when the page was released (gone, or its release under way). */
@@ -708,7 +712,7 @@ again:
         class_remove(h, pg); /* full: out of the list until its wake count of items comes back */
         page_set_full(pg);
         if (!h->created)
-            full_queue_push(h, pg);
+            full_ring_push(h, pg);
         if (segment_of(pg)->full_pages == SEGMENT_PAGES - 1)
             give_full_segment(h, segment_of(pg));
     }
@@ -763,7 +767,7 @@ void small_free_local_slow(heap *h, page *pg, block *b)
         page_emptied(h, pg, 1);
         return;
     }
-    page_clear_full(h, pg); /* a full page had its wake count of items back: to the tail of its class */
+    page_clear_full(pg); /* a full page had its wake count of items back: to the tail of its class */
     if (pg->used == 0)
         page_emptied(h, pg, 0);
     else
@@ -863,7 +867,7 @@ void small_drain_delayed(heap *h, int lazy)
         shard_assert(w != 0 && !(w & THREAD_FREE_LAZY), "a queued page has items in thread_free, and no lazy mark");
         int was_full = pg->full;
         if (was_full)
-            page_clear_full(h, pg); /* other threads' frees bring a full page back at once */
+            page_clear_full(pg); /* other threads' frees bring a full page back at once */
         take_items(pg, w);
         debug_check_page(pg, "page inconsistent after taking its thread-free list");
         if (was_full) {
@@ -906,7 +910,7 @@ static void orphan_unlock(void)
 }
 
 /* pg, a page of a segment that moves from `from` to `to`, leaves from's lists for to's, as it is. A full
- * page leaves from's full_queue and is in no list then; its items come back to whoever owns it then. */
+ * page is in no list and stays so; its items come back to whoever owns it then. */
 static void page_move(heap *from, heap *to, page *pg)
 {
     if (pg->state == PAGE_FREE) {
@@ -923,8 +927,6 @@ static void page_move(heap *from, heap *to, page *pg)
             page_emptied(to, pg, 0);
         else
             class_append(to, pg);
-    } else {
-        full_queue_leave(from, pg); /* to queues none: only its slow path would */
     }
 }
 
@@ -938,10 +940,12 @@ static void segment_move(heap *from, heap *to, segment *s)
         link = &(*link)->next;
     store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
     own_entry_leave(from, s);
+    full_ring_forget(from, s);
     store_release(&s->owner, to);
     store_relaxed(&s->given_by, to == &orphans ? from : (heap *)NULL); /* small_take_back reads it unlocked */
-    for (unsigned i = 1; i < SEGMENT_PAGES; i++)
-        page_move(from, to, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
+    if (s->full_pages != SEGMENT_PAGES - 1) /* else every page is full, in no list: none to move */
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
+            page_move(from, to, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
     segment_enter(to, s);
 }
 
@@ -1176,7 +1180,7 @@ int small_check_page(const page *pg)
     uint64_t hold = load_acquire(&pg->hold);
     int loose = pg->used == USED_LOOSE;
     if (loose && HOLD_STATE(hold) != HOLD_LOOSE) /* released: its memory and its lists are gone */
-        return insist(pg->full == FULL_ALONE && pg->sole == 0 && HOLD_STATE(hold) != HOLD_OWNER,
+        return insist(pg->full == 1 && pg->sole == 0 && HOLD_STATE(hold) != HOLD_OWNER,
                       "small: a page whose `used` says loose and whose hold does not:", pg);
     int problems = insist(loose || HOLD_STATE(hold) == HOLD_OWNER, "small: a page whose hold says loose and whose `used` does not:", pg);
     long cap = pg->capacity;
@@ -1205,8 +1209,8 @@ int small_check_page(const page *pg)
     problems += insist(nthread <= used, "small: more items in thread_free than are out, in page", pg);
     problems += insist(!(pg->full && (w & THREAD_FREE_LAZY)), "small: a full page marked lazy:", pg);
     problems += insist(pg->sole <= 1 && !(pg->sole && pg->full), "small: a full page counted as its class's only one:", pg);
-    problems += insist(loose ? pg->full == FULL_ALONE && pg->full_out >= 0 && pg->full_out < (long)HOLD_OUT(hold)
-                       : pg->full ? pg->full <= FULL_ALONE && pg->used >= 0 && pg->used <= page_wake(pg) && pg->full_out >= 0
+    problems += insist(loose ? pg->full == 1 && pg->full_out >= 0 && pg->full_out < (long)HOLD_OUT(hold)
+                       : pg->full ? pg->full <= 1 && pg->used >= 0 && pg->used <= page_wake(pg) && pg->full_out >= 0
                                   : pg->full_out == 0 && pg->used >= 0,
                        "small: a full page's count to its wake, or a page's count, out of range:", pg);
     problems += insist(pg->carved <= pg->capacity && carved_end == (uint32_t)pg->carved * pg->block_size,

@@ -47,7 +47,7 @@
  * bench/results/2026-12-02-spare.md). page_used() is the true count.
  *
  * A page of a thread heap that stays full while SHARD_LOOSE_AFTER more of its heap's pages go full
- * (heap.h's full_queue) goes loose (`hold`, line 1): its owner stores the items out in `hold` and
+ * (heap.h's full_ring) goes loose (`hold`, line 1): its owner stores the items out in `hold` and
  * USED_LOOSE in `used`, and counts the page no more, so that a heap whose thread has stopped allocating
  * does not hold pages that other threads emptied: a main thread that builds what workers free, then
  * waits for them (bench/shapes.c's larson: 10 MB of 75 at 8 threads). While a page is loose,
@@ -106,8 +106,6 @@ typedef struct block {
     struct block *next;
 } block;
 
-enum page_full { FULL_QUEUED = 1, FULL_ALONE = 2 };
-
 enum page_state {
     PAGE_COLD = 0,   /* memory not committed (never, or decommitted) */
     PAGE_FREE = 1,   /* committed, no class, in the heap's free pages */
@@ -130,8 +128,7 @@ typedef struct page {
     uint8_t cls;
     uint8_t state;
     uint8_t sole;            /* 1 while the page is the only one of its class list, counted in `used` too */
-    uint8_t full;            /* while the page is out of its list for want of free items: FULL_QUEUED in
-                              * its heap's full_queue, else FULL_ALONE (loose, taken back, or moved); 0 */
+    uint8_t full;            /* 1 while the page is out of its list for want of free items */
     int32_t full_out;        /* while `full`: the items out besides `used` */
     /* line 1: what other threads write, and copies of what they read, so that a foreign free does
      * not touch line 0 at all (item offsets come from the address: a page's items start at its
@@ -144,7 +141,8 @@ typedef struct page {
     uint64_t freed_at;         /* ms when the page became free; 0 = not yet stamped (rarely read) */
     uint64_t hold;             /* who counts the page's items: HOLD_* below, with `out` and a generation */
     uint64_t loose_at;         /* while loose: os_clock_ms() when the page went loose */
-    uint8_t pad2[8];
+    uint32_t full_seq;         /* its heap's `fulls` when it last went full (heap.h's full_ring) */
+    uint8_t pad2[4];
 } page;
 _Static_assert(sizeof(page) == PAGE_DESC_SIZE, "page descriptors are two cache lines");
 _Static_assert(offsetof(page, used) >= 16 && offsetof(page, carved_end) + sizeof(uint32_t) <= 32,
