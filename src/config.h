@@ -89,8 +89,8 @@
 #endif
 
 /* A thread heap's page that went full goes loose (small.h) once this many more of its pages went full
- * after it and it is still full: a page that its owner's frees bring back soon never does, so that its
- * frees stay on the fast path (bench/shapes.py's glibc-thread lost 13 % with every full page loose). */
+ * after it, if nothing was freed into it meanwhile (bench/shapes.py's glibc-thread lost 13 % with every
+ * full page loose at once). */
 #ifndef SHARD_LOOSE_AFTER
 #define SHARD_LOOSE_AFTER 16
 #endif

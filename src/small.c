@@ -528,9 +528,13 @@ static void page_loosen(heap *h, page *pg)
     store_release(&pg->hold, HOLD_WORD(HOLD_LOOSE, out, HOLD_GEN(hold) + 1));
 }
 
-/* pg, just gone full in h (a thread heap), takes its entry in h's full_ring; the page there before it
- * goes loose if it has stayed full since then, in h (small.h). No list: a page that comes back from
- * full is not looked for. */
+/* pg, just gone full in h (a thread heap), takes its entry in h's full_ring. The page there before it
+ * goes loose if nobody touched it since it went full then, in h: still full, with every item out (no
+ * free of the owner's since; a full page had all its items out), none waiting in thread_free (nothing
+ * freed by another thread since the owner's last drain), and the same full spell (small.h). A page that
+ * its owner frees into, or that another thread's frees bring back soon, never goes loose: glibc-thread's
+ * frees land in full pages, and ring's consumers free a producer's page while it waits in the ring. No
+ * list: a page that comes back from full is not looked for. */
 static void full_ring_push(heap *h, page *pg)
 {
     uint32_t seq = h->fulls++;
@@ -539,7 +543,8 @@ static void full_ring_push(heap *h, page *pg)
     *entry = pg;
     store_relaxed(&pg->full_seq, seq);
     if (old != NULL && old->state == PAGE_IN_USE && old->full && old->used != USED_LOOSE &&
-        load_relaxed(&old->full_seq) == seq - SHARD_LOOSE_AFTER && segment_of(old)->owner == h)
+        old->used + old->full_out == old->capacity && segment_of(old)->owner == h &&
+        load_relaxed(&old->full_seq) == seq - SHARD_LOOSE_AFTER && load_relaxed(&old->thread_free) == 0)
         page_loosen(h, old);
 }
 

@@ -46,8 +46,8 @@
  * by the next allocation and go out again, a slow path per block (bench/shapes.py's glibc-thread:
  * bench/results/2026-12-02-spare.md). page_used() is the true count.
  *
- * A page of a thread heap that stays full while SHARD_LOOSE_AFTER more of its heap's pages go full
- * (heap.h's full_ring) goes loose (`hold`, line 1): its owner stores the items out in `hold` and
+ * A page of a thread heap that stays full and untouched (no free into it, by its owner or another
+ * thread) while SHARD_LOOSE_AFTER more of its heap's pages go full (heap.h's full_ring) goes loose (`hold`, line 1): its owner stores the items out in `hold` and
  * USED_LOOSE in `used`, and counts the page no more, so that a heap whose thread has stopped allocating
  * does not hold pages that other threads emptied: a main thread that builds what workers free, then
  * waits for them (bench/shapes.c's larson: 10 MB of 75 at 8 threads). While a page is loose,
@@ -61,9 +61,11 @@
  * released page is always on that list (the free of its first item since the owner's last exchange
  * queued it), and the drain makes it a cold page. A release needs no list of the owner's: the page is in
  * none while loose, and the releaser writes nothing on the descriptor's owner line but carved_end (0, so
- * that a late free of one of its items is refused before it reads the item). A page that its owner's
- * frees bring back soon never goes loose: its frees stay on the fast path (glibc-thread). A created
- * heap's pages never go loose: their memory is charged to it.
+ * that a late free of one of its items is refused before it reads the item). A page that frees reach
+ * soon never goes loose: its owner's frees stay on the fast path (glibc-thread), and its owner's drain
+ * has no compare-and-swap to make (ring); loosening and taking back every full page cost glibc-thread
+ * 5 % (bench/results/2026-12-02-loose-pages.md). A created heap's pages never go loose: their memory
+ * is charged to it.
  *
  * The descriptor is laid out by cache lines: the first line holds what the owner reads and writes on
  * every operation, the second what other threads write, so a foreign free does not take the owner's
