@@ -542,9 +542,10 @@ static void full_ring_push(heap *h, page *pg)
     page *old = *entry;
     *entry = pg;
     store_relaxed(&pg->full_seq, seq);
-    if (old != NULL && old->state == PAGE_IN_USE && old->full && old->used != USED_LOOSE &&
-        old->used + old->full_out == old->capacity && segment_of(old)->owner == h &&
-        load_relaxed(&old->full_seq) == seq - SHARD_LOOSE_AFTER && load_relaxed(&old->thread_free) == 0)
+    /* Most often false at the first test: the page went full again since, or came back from full. */
+    if (old != NULL && load_relaxed(&old->full_seq) == seq - SHARD_LOOSE_AFTER && old->full &&
+        old->state == PAGE_IN_USE && old->used != USED_LOOSE && old->used + old->full_out == old->capacity &&
+        segment_of(old)->owner == h && load_relaxed(&old->thread_free) == 0)
         page_loosen(h, old);
 }
 
@@ -789,15 +790,11 @@ static void page_queue(heap *owner, page *pg)
     heap_foreign_queued(owner);
 }
 
-void small_free_foreign(page *pg, block *b)
+/* Push item b of pg on pg's thread-free list; the word before the push. */
+static inline uint64_t push_foreign(page *pg, block *b, uint64_t *pushed)
 {
     uint8_t *start = (uint8_t *)((uintptr_t)b & ~(uintptr_t)(PAGE_SIZE - 1));
     uint32_t off = (uint32_t)(((uint8_t *)b - start) >> 4);
-    uint64_t hold = load_acquire(&pg->hold); /* before the push: page_release_loose */
-    if (unlikely(HOLD_STATE(hold) >= HOLD_RELEASING) || (SHARD_HARDENED && unlikely(small_looks_free(pg, b)))) {
-        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b); /* released: all its items came back */
-        return;
-    }
     uint64_t old = load_relaxed(&pg->thread_free), word;
     do {
         if (THREAD_FREE_COUNT(old) == 0) {
@@ -808,8 +805,40 @@ void small_free_foreign(page *pg, block *b)
             word = (old & THREAD_FREE_LAZY) | THREAD_FREE_WORD(off, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + 1);
         }
     } while (!cas_acq_rel(&pg->thread_free, &old, word));
-    if (unlikely(HOLD_STATE(hold) == HOLD_LOOSE) && THREAD_FREE_COUNT(word) == HOLD_OUT(hold))
+    *pushed = word;
+    return old;
+}
+
+/* small_free_foreign for a page that its owner does not count (`hold` read before the push): a loose
+ * one, whose last item back releases it, or one released or being released, whose items all came back
+ * (so b is not live). Out of line, so that the common path saves no register. */
+__attribute__((cold, noinline)) static void free_foreign_loose(page *pg, block *b, uint64_t hold)
+{
+    /* A released page's memory may be gone (Windows: unreadable): its items are not read. */
+    if (HOLD_STATE(hold) != HOLD_LOOSE || (SHARD_HARDENED && small_looks_free(pg, b))) {
+        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
+        return;
+    }
+    uint64_t word, old = push_foreign(pg, b, &word);
+    if (THREAD_FREE_COUNT(word) == HOLD_OUT(hold))
         page_release_loose(pg, hold); /* the last item of a loose page is back */
+    if (old == 0)
+        page_queue(load_acquire(&segment_of(pg)->owner), pg); /* as in small_free_foreign */
+}
+
+void small_free_foreign(page *pg, block *b)
+{
+    uint64_t hold = load_acquire(&pg->hold); /* before the push: page_release_loose */
+    if (unlikely(HOLD_STATE(hold) != HOLD_OWNER)) {
+        free_foreign_loose(pg, b, hold);
+        return;
+    }
+    if (SHARD_HARDENED && unlikely(small_looks_free(pg, b))) {
+        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
+        return;
+    }
+    uint64_t word, old = push_foreign(pg, b, &word);
+    (void)word;
     if (old != 0)
         return; /* queued already, or lazy: its owner takes the items when it allocates from it */
     /* First item since the owner's last drain: queue the page at its owner, exactly once. The CAS that
