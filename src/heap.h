@@ -41,11 +41,6 @@ typedef struct heap {
     page_list classes[SHARD_CLASS_COUNT]; /* pages with (possibly) free items; refilled ones at the tail */
     page_list free_pages;    /* committed, no class; the oldest first */
     page_list cold_pages;    /* not committed; a new segment's in ascending address order */
-    /* A thread heap's pages that went full last, the one of its page-full count `fulls` at index
-     * fulls % SHARD_LOOSE_AFTER: a page still full when its entry comes round again goes loose
-     * (small.h). Entries are cleared when their segment leaves the heap; others may be out of date. */
-    page *full_ring[SHARD_LOOSE_AFTER];
-    uint32_t fulls;
     uint32_t free_count;     /* pages in free_pages */
     segment *segments;
     uint64_t pages_retired;  /* times a page of this heap became free */
@@ -68,6 +63,12 @@ typedef struct heap {
     /* Small segments and medium arenas made since its thread took it: the first of each kind keeps its
      * first 2 MB on small pages (segment.h's segment_large_from). */
     uint32_t segments_made, arenas_made;
+    /* A thread heap's pages that went full last, the one of its page-full count `fulls` at index
+     * fulls % SHARD_LOOSE_AFTER: a page still full when its entry comes round again goes loose
+     * (small.h). Entries are cleared when their segment leaves the heap; others may be out of date.
+     * Read and written only on slow paths: here, behind what the others use more often. */
+    uint32_t fulls;
+    page *full_ring[SHARD_LOOSE_AFTER];
     /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own,
      * with the owner word, which those frees read (heap.c: generation << 32 | the thread's number,
      * 0 while no thread has the heap, PORT_THREAD_NONE for a parent's thread's heap in a fork child). */

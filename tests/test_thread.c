@@ -2165,16 +2165,16 @@ TEST(a_running_thread_uses_the_pages_others_emptied_before_committing_more)
 #endif
 }
 
-/* A thread heap's page that stays full while 16 more of its pages go full goes loose (small.h): when
- * another thread frees its last item, and the heap's thread has drained no frees since it went loose (it
- * allocates no more: a main thread that built what workers free, and waits), the freeing thread gives
- * its memory back. Here a thread fills 48 pages with 1024-byte blocks (47 go full, the first 31 go
- * loose) and waits; it frees half of page 0 itself (a free into its loose page takes the page back), and
- * 50 ms later (the loose delay is a 64th of the decommit delay: 15 ms) another thread frees every other
- * block. Pages 1-30 go back at once, while their thread sleeps. A second free of one of their blocks
- * reaches the error hook, from the other thread or from the owner, and reads nothing; the owner's next
- * allocations make them cold pages and use them again. */
-#define LOOSE_PAGES 48
+/* A thread heap's page that stays full while 64 more of its pages go full (config.h's
+ * SHARD_LOOSE_AFTER) goes loose (small.h): when another thread frees its last item, and the heap's
+ * thread has drained no frees since it went loose (it allocates no more: a main thread that built what
+ * workers free, and waits), the freeing thread gives its memory back. Here a thread fills 96 pages with
+ * 1024-byte blocks (95 go full, the first 31 go loose) and waits; it frees half of page 0 itself (a free
+ * into its loose page takes the page back), and 50 ms later (the loose delay is a 64th of the decommit
+ * delay: 15 ms) another thread frees every other block. Pages 1-30 go back at once, while their thread
+ * sleeps. A second free of one of their blocks reaches the error hook, from the other thread or from the
+ * owner, and reads nothing; the owner's next allocations make them cold pages and use them again. */
+#define LOOSE_PAGES 96 /* SHARD_LOOSE_AFTER + 32 */
 #define LOOSE_PER_PAGE 64 /* 1024-byte blocks in a 64 KB page */
 #define LOOSE_GONE 30     /* pages 1-30: the 31 loose ones but page 0, which its owner took back */
 
@@ -2183,14 +2183,29 @@ struct loose_filler {
     struct blk kb[LOOSE_PAGES * LOOSE_PER_PAGE];
     struct blk again[LOOSE_GONE * LOOSE_PER_PAGE];
     void *twice; /* a block of a page that went back, freed already: the owner frees it again */
+    /* A block of a class of its own in each segment the 1024-byte pages reach, so that no segment has
+     * every page full: such a segment leaves its heap for the orphans (small.c's give_full_segment),
+     * and its pages with it. */
+    struct blk anchor[4];
 };
 
 static void loose_fill_job(void *arg)
 {
     struct loose_filler *f = arg;
-    for (size_t i = 0; i < LOOSE_PAGES * LOOSE_PER_PAGE; i++)
+    uintptr_t segment = 0;
+    size_t anchors = 0;
+    for (size_t i = 0; i < LOOSE_PAGES * LOOSE_PER_PAGE; i++) {
         if (!blk_alloc(&f->kb[i], 1024, 0xc000 + i))
             return;
+        if ((uintptr_t)f->kb[i].p >> 22 != segment && anchors < 4) {
+            segment = (uintptr_t)f->kb[i].p >> 22; /* the next cold page is this segment's */
+            if (!blk_alloc(&f->anchor[anchors], 10240 + 2048 * anchors, 0xa000 + anchors))
+                return;
+            CHECKF((uintptr_t)f->anchor[anchors].p >> 22 == segment, "the %zu-byte block in the segment of the "
+                   "1024-byte ones", (size_t)(10240 + 2048 * anchors));
+            anchors++;
+        }
+    }
 }
 
 static void loose_half_job(void *arg)
@@ -2268,6 +2283,11 @@ TEST(the_pages_other_threads_empty_in_a_heap_that_allocates_no_more_go_back)
             shard_set_error_hook(previous, NULL);
         }
         agent_do(&a, loose_again_job, &f);
+        for (size_t i = 0; i < 4; i++)
+            if (f.anchor[i].p != NULL) {
+                blk_check(&f.anchor[i], "block of a class of its own among the 1024-byte pages");
+                blk_free(&f.anchor[i]);
+            }
         check_allocator("after a thread used its pages that went back again");
         agent_stop(&a);
     }
