@@ -83,6 +83,7 @@ static void created_clear(heap *h)
     mem_zero(h->classes, sizeof h->classes);
     h->free_pages = h->cold_pages = (page_list){NULL, NULL};
     h->free_count = 0;
+    mem_zero(h->full_ring, sizeof h->full_ring);
     store_release(&h->segments, (segment *)NULL);
     mem_zero(&h->medium, sizeof h->medium);
     store_release(&h->arenas, (struct arena *)NULL);

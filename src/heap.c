@@ -719,6 +719,13 @@ int heap_check(heap *h)
         problems += insist(pg->state == PAGE_COLD && segment_of(pg)->owner == h && (pg->next == NULL || pg->next->prev == pg),
                            "heap: a page in the cold pages that is not cold or not linked back:", pg);
     problems += insist(free_pages == h->free_count, "heap: the free page count differs from its list:", h->free_count);
+    for (unsigned i = 0; i < SHARD_LOOSE_AFTER; i++) {
+        const page *pg = h->full_ring[i];
+        int own = pg == NULL;
+        for (const segment *s = h->segments; s != NULL && !own; s = s->next)
+            own = segment_of(pg) == s;
+        problems += insist(own, "heap: a recent full page of a segment that is not the heap's:", pg);
+    }
     problems += insist(cold_pages == all_cold, "heap: the cold pages listed differ from the segments' cold pages:", cold_pages);
     return problems;
 }

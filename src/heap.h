@@ -58,9 +58,17 @@ typedef struct heap {
     uint32_t forwards;       /* 1 once it gave segments to the orphans (small.h): its drains look at
                               * each page's owner */
     uint32_t sweep_wait;     /* slow paths that need a page and skip the walk of the lazy pages (small.c) */
+    uint32_t drains;         /* times it took its `delayed` list; a relaxed atomic, which the release of
+                              * a loose page reads (small.h) */
     /* Small segments and medium arenas made since its thread took it: the first of each kind keeps its
      * first 2 MB on small pages (segment.h's segment_large_from). */
     uint32_t segments_made, arenas_made;
+    /* A thread heap's pages that went full last, the one of its page-full count `fulls` at index
+     * fulls % SHARD_LOOSE_AFTER: a page still full when its entry comes round again goes loose
+     * (small.h). Entries are cleared when their segment leaves the heap; others may be out of date.
+     * Read and written only on slow paths: here, behind what the others use more often. */
+    uint32_t fulls;
+    page *full_ring[SHARD_LOOSE_AFTER];
     /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own,
      * with the owner word, which those frees read (heap.c: generation << 32 | the thread's number,
      * 0 while no thread has the heap, PORT_THREAD_NONE for a parent's thread's heap in a fork child). */

@@ -258,6 +258,14 @@ static void own_entry_leave(heap *h, const segment *s)
         }
 }
 
+/* s leaves h, or goes back to the OS: h's full_ring forgets its pages. */
+static void full_ring_forget(heap *h, const segment *s)
+{
+    for (unsigned i = 0; i < SHARD_LOOSE_AFTER; i++)
+        if (h->full_ring[i] != NULL && segment_of(h->full_ring[i]) == s)
+            h->full_ring[i] = NULL;
+}
+
 /* s becomes one of h's segments: first in its list, which other threads walk for the statistics (the
  * link an atomic: a walk that was at s in another heap's list goes on in h's), and in its own-segment
  * table, where the fast paths of free and realloc find it. */
@@ -292,6 +300,7 @@ unsigned small_release_empty(heap *h, int spare)
         h->free_count -= free_pages;
         store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
         own_entry_leave(h, s);
+        full_ring_forget(h, s);
         size_t committed = SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE;
         heap_uncharge(h, committed);
         if (spare && segment_spare_put(s, SEG_SMALL, committed))
@@ -327,6 +336,7 @@ static int adopt_spare(heap *h)
 
 void small_release_all(heap *h)
 {
+    mem_zero(h->full_ring, sizeof h->full_ring);
     segment *s = h->segments;
     store_release(&h->segments, (segment *)NULL); /* statistics walk the list (segment_walk_begin) */
     while (s != NULL) {
@@ -348,6 +358,7 @@ void small_empty_keep(heap *h, unsigned keep)
         h->classes[cls] = (page_list){NULL, NULL};
     h->free_pages = h->cold_pages = (page_list){NULL, NULL};
     h->free_count = 0;
+    mem_zero(h->full_ring, sizeof h->full_ring);
     store_relaxed(&h->delayed, (page *)NULL); /* the queued pages' frees are void: their pages empty now */
     for (segment *s = h->segments; s != NULL; s = s->next) {
         s->full_pages = 0;
@@ -391,6 +402,7 @@ void small_empty_keep(heap *h, unsigned keep)
             list_remove(&h->cold_pages, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
         store_release(link, s->next);
         own_entry_leave(h, s);
+        full_ring_forget(h, s);
         heap_uncharge(h, SEGMENT_DESC_BYTES);
         segment_release(s, SEGMENT_DESC_BYTES);
     }
@@ -502,6 +514,108 @@ static page *page_acquire(heap *h)
     return pg;
 }
 
+/* ---- loose pages (small.h) ------------------------------------------------------------------------ */
+
+/* pg, just gone full in h (a thread heap), goes loose: its items out go into `hold`. The stamps come
+ * before the word, which publishes them to the thread that may release the page. */
+static void page_loosen(heap *h, page *pg)
+{
+    uint64_t hold = load_relaxed(&pg->hold);
+    uint32_t out = (uint32_t)(pg->used + pg->full_out);
+    store_relaxed(&pg->loose_at, os_clock_ms());
+    store_relaxed(&pg->loose_drains, load_relaxed(&h->drains));
+    pg->used = USED_LOOSE;
+    store_release(&pg->hold, HOLD_WORD(HOLD_LOOSE, out, HOLD_GEN(hold) + 1));
+}
+
+/* pg, just gone full in h (a thread heap), takes its entry in h's full_ring. The page there before it
+ * goes loose if nobody touched it since it went full then, in h: still full, with every item out (no
+ * free of the owner's since; a full page had all its items out), none waiting in thread_free (nothing
+ * freed by another thread since the owner's last drain), and the same full spell (small.h). A page that
+ * its owner frees into, or that another thread's frees bring back soon, never goes loose: glibc-thread's
+ * frees land in full pages, and ring's consumers free a producer's page while it waits in the ring. No
+ * list: a page that comes back from full is not looked for. */
+static void full_ring_push(heap *h, page *pg)
+{
+    uint32_t seq = h->fulls++;
+    page **entry = &h->full_ring[seq % SHARD_LOOSE_AFTER];
+    page *old = *entry;
+    *entry = pg;
+    store_relaxed(&pg->full_seq, seq);
+    /* Most often false at the first test: the page went full again since, or came back from full. */
+    if (old != NULL && load_relaxed(&old->full_seq) == seq - SHARD_LOOSE_AFTER && old->full &&
+        old->state == PAGE_IN_USE && old->used != USED_LOOSE && old->used + old->full_out == old->capacity &&
+        segment_of(old)->owner == h && load_relaxed(&old->thread_free) == 0)
+        page_loosen(h, old);
+}
+
+
+/* The owner of loose page pg takes it back, full as before (its `used` again the count to its wake): 1,
+ * or 0 when the page was released (gone, or its release under way). */
+static int page_take_loose(page *pg)
+{
+    uint64_t hold = load_acquire(&pg->hold);
+    while (HOLD_STATE(hold) == HOLD_LOOSE) {
+        if (cas_acq_rel(&pg->hold, &hold, HOLD_WORD(HOLD_OWNER, 0, HOLD_GEN(hold) + 1))) {
+            pg->used = (int32_t)HOLD_OUT(hold) - pg->full_out;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A free into loose page pg, whose `hold` was `hold` before its push, made thread_free's count `out`:
+ * every item is back. The freeing thread releases the page when it has been loose for a sixty-fourth of
+ * the decommit delay and its owner, a heap that a thread runs, has drained nothing since (small.h). The
+ * compare-and-swap succeeds only if the word stayed as it was since before the push: the owner neither
+ * took the page back nor so exchanged its thread_free word meanwhile, so the count is of this loose
+ * spell's items. */
+static void page_release_loose(page *pg, uint64_t hold)
+{
+    if (os_clock_ms() - load_relaxed(&pg->loose_at) < options_values.decommit_delay_ms / 64)
+        return;
+    /* A heap that no thread runs keeps its pages for the thread that takes it next, until its reserve
+     * expires (heap.c); the orphans' trim takes in theirs. */
+    heap *owner = load_acquire(&segment_of(pg)->owner);
+    if ((uint32_t)load_relaxed(&owner->owner) == 0 || load_relaxed(&owner->drains) != load_relaxed(&pg->loose_drains))
+        return;
+    if (!cas_acq_rel(&pg->hold, &hold, HOLD_WORD(HOLD_RELEASING, HOLD_OUT(hold), HOLD_GEN(hold))))
+        return;
+    /* A late free of one of its items (a second free) fails the owner's item test, or a foreign one's,
+     * before it reads the item, whose memory may be gone (Windows: no longer readable). */
+    uint32_t end = load_relaxed(&pg->carved_end);
+    uint64_t divisor = load_relaxed(&pg->shared_divisor);
+    store_release(&pg->carved_end, 0u); /* after `hold` changed: small_check_page reads them first */
+    store_release(&pg->shared_divisor, (uint64_t)0);
+    if (os_decommit(page_start(pg), PAGE_SIZE) != 0) { /* nothing done: the owner takes it back */
+        store_relaxed(&pg->carved_end, end);
+        store_relaxed(&pg->shared_divisor, divisor);
+        store_release(&pg->hold, hold);
+        return;
+    }
+    store_release(&pg->hold, HOLD_WORD(HOLD_GONE, 0, HOLD_GEN(hold)));
+}
+
+/* pg, released while loose, was drained from h's `delayed` list: it becomes one of h's cold pages. */
+static void page_gone(heap *h, page *pg)
+{
+    uint64_t hold = load_relaxed(&pg->hold);
+    segment_of(pg)->full_pages--;
+    store_relaxed(&pg->thread_free, (uint64_t)0); /* its count of the items, all back, is void */
+    store_relaxed(&pg->shared_block_size, 0u);
+    store_relaxed(&pg->shared_divisor, (uint64_t)0);
+    pg->free = pg->local_free = NULL;
+    pg->used = 0;
+    pg->full = 0;
+    pg->full_out = 0;
+    pg->carved = 0;
+    store_relaxed(&pg->carved_end, 0u);
+    pg->state = PAGE_COLD;
+    store_release(&pg->hold, HOLD_WORD(HOLD_OWNER, 0, HOLD_GEN(hold) + 1));
+    list_push_front(&h->cold_pages, pg);
+    h->pages_retired++;
+}
+
 /* ---- allocation and free ------------------------------------------------------------------------- */
 
 static int adopt_orphan(heap *h);
@@ -603,6 +717,8 @@ again:
         }
         class_remove(h, pg); /* full: out of the list until its wake count of items comes back */
         page_set_full(pg);
+        if (!h->created)
+            full_ring_push(h, pg);
         if (segment_of(pg)->full_pages == SEGMENT_PAGES - 1)
             give_full_segment(h, segment_of(pg));
     }
@@ -627,6 +743,11 @@ take:;
 
 void small_free_local_slow(heap *h, page *pg, block *b)
 {
+    if (unlikely(pg->used == USED_LOOSE) && !page_take_loose(pg)) {
+        /* Released: every item had come back, b too, if it is one; its memory is not read. */
+        error_invalid_pointer(page_has_item_any_thread(pg, b) ? SHARD_ERROR_DOUBLE_FREE : SHARD_ERROR_INVALID_FREE, b);
+        return;
+    }
     /* Not an item of the page, or a page with no item out: the second free of its last item (the
      * fast path sends every free here that would make `used` 0 or less) is caught here at no cost. */
     if (SHARD_HARDENED && page_has_item(pg, b) && unlikely(small_looks_free(pg, b))) {
@@ -669,14 +790,11 @@ static void page_queue(heap *owner, page *pg)
     heap_foreign_queued(owner);
 }
 
-void small_free_foreign(page *pg, block *b)
+/* Push item b of pg on pg's thread-free list; the word before the push. */
+static inline uint64_t push_foreign(page *pg, block *b, uint64_t *pushed)
 {
     uint8_t *start = (uint8_t *)((uintptr_t)b & ~(uintptr_t)(PAGE_SIZE - 1));
     uint32_t off = (uint32_t)(((uint8_t *)b - start) >> 4);
-    if (SHARD_HARDENED && unlikely(small_looks_free(pg, b))) {
-        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
-        return;
-    }
     uint64_t old = load_relaxed(&pg->thread_free), word;
     do {
         if (THREAD_FREE_COUNT(old) == 0) {
@@ -687,6 +805,40 @@ void small_free_foreign(page *pg, block *b)
             word = (old & THREAD_FREE_LAZY) | THREAD_FREE_WORD(off, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + 1);
         }
     } while (!cas_acq_rel(&pg->thread_free, &old, word));
+    *pushed = word;
+    return old;
+}
+
+/* small_free_foreign for a page that its owner does not count (`hold` read before the push): a loose
+ * one, whose last item back releases it, or one released or being released, whose items all came back
+ * (so b is not live). Out of line, so that the common path saves no register. */
+__attribute__((cold, noinline)) static void free_foreign_loose(page *pg, block *b, uint64_t hold)
+{
+    /* A released page's memory may be gone (Windows: unreadable): its items are not read. */
+    if (HOLD_STATE(hold) != HOLD_LOOSE || (SHARD_HARDENED && small_looks_free(pg, b))) {
+        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
+        return;
+    }
+    uint64_t word, old = push_foreign(pg, b, &word);
+    if (THREAD_FREE_COUNT(word) == HOLD_OUT(hold))
+        page_release_loose(pg, hold); /* the last item of a loose page is back */
+    if (old == 0)
+        page_queue(load_acquire(&segment_of(pg)->owner), pg); /* as in small_free_foreign */
+}
+
+void small_free_foreign(page *pg, block *b)
+{
+    uint64_t hold = load_acquire(&pg->hold); /* before the push: page_release_loose */
+    if (unlikely(HOLD_STATE(hold) != HOLD_OWNER)) {
+        free_foreign_loose(pg, b, hold);
+        return;
+    }
+    if (SHARD_HARDENED && unlikely(small_looks_free(pg, b))) {
+        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
+        return;
+    }
+    uint64_t word, old = push_foreign(pg, b, &word);
+    (void)word;
     if (old != 0)
         return; /* queued already, or lazy: its owner takes the items when it allocates from it */
     /* First item since the owner's last drain: queue the page at its owner, exactly once. The CAS that
@@ -721,6 +873,8 @@ int small_valid_foreign(const page *pg, const void *p)
 void small_drain_delayed(heap *h, int lazy)
 {
     page *pg = exchange_acq_rel(&h->delayed, NULL);
+    if (pg != NULL)
+        store_relaxed(&h->drains, h->drains + 1); /* its loose pages are not idle ones (small.h) */
     while (pg != NULL) {
         page *next = pg->next_delayed; /* before the exchange: then the page may be queued again */
         if (unlikely(h->forwards)) {
@@ -733,6 +887,15 @@ void small_drain_delayed(heap *h, int lazy)
                 pg = next;
                 continue;
             }
+        }
+        if (unlikely(pg->used == USED_LOOSE) && !page_take_loose(pg)) {
+            if (HOLD_STATE(load_acquire(&pg->hold)) == HOLD_GONE)
+                page_gone(h, pg);
+            else
+                page_queue(h, pg); /* its release is under way: the next drain sees how it ended (in a
+                                    * fork's child, where the releasing thread is gone, it stays so) */
+            pg = next;
+            continue;
         }
         uint64_t w = exchange_acq_rel(&pg->thread_free, lazy ? THREAD_FREE_LAZY : (uint64_t)0);
         shard_assert(w != 0 && !(w & THREAD_FREE_LAZY), "a queued page has items in thread_free, and no lazy mark");
@@ -811,6 +974,7 @@ static void segment_move(heap *from, heap *to, segment *s)
         link = &(*link)->next;
     store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
     own_entry_leave(from, s);
+    full_ring_forget(from, s);
     store_release(&s->owner, to);
     store_relaxed(&s->given_by, to == &orphans ? from : (heap *)NULL); /* small_take_back reads it unlocked */
     if (s->full_pages != SEGMENT_PAGES - 1) /* else every page is full, in no list: none to move */
@@ -949,8 +1113,16 @@ void small_count(heap *h, small_counts *c)
             unsigned state = load_relaxed(&pg->state);
             if (state == PAGE_IN_USE) {
                 long used = load_relaxed(&pg->used);
-                if (load_relaxed(&pg->full))
+                if (used == USED_LOOSE) {
+                    uint64_t hold = load_relaxed(&pg->hold);
+                    if (HOLD_STATE(hold) != HOLD_LOOSE) { /* released: no item, no memory */
+                        c->decommitted++;
+                        continue;
+                    }
+                    used = HOLD_OUT(hold);
+                } else if (load_relaxed(&pg->full)) {
                     used += load_relaxed(&pg->full_out);
+                }
                 used -= load_relaxed(&pg->sole); /* the extra one of a class's only page */
                 uint64_t w = load_relaxed(&pg->thread_free);
                 size_t live = (size_t)used - (size_t)THREAD_FREE_COUNT(w); /* freed by others, not yet taken in */
@@ -997,6 +1169,11 @@ void small_visit(heap *h, visitor *v)
             const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
             if (pg->state != PAGE_IN_USE || pg->carved == 0)
                 continue;
+            /* A loose page: its items as its thread_free list shows them, unless it was released, or is
+             * released while they are read (its memory gone, the list with it): no item is live then. */
+            uint64_t hold = load_acquire(&pg->hold);
+            if (pg->used == USED_LOOSE && HOLD_STATE(hold) != HOLD_LOOSE)
+                continue;
             mem_zero(bits, sizeof bits);
             mark_free(pg, pg->free, NULL, pg->carved, bits);
             mark_free(pg, pg->local_free, NULL, pg->carved, bits);
@@ -1006,6 +1183,8 @@ void small_visit(heap *h, visitor *v)
                 mark_free(pg, (const block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4)),
                           (const block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4)), pg->carved, bits);
             }
+            if (pg->used == USED_LOOSE && load_acquire(&pg->hold) != hold)
+                continue;
             uint8_t *item = page_start(pg);
             for (unsigned k = 0; k < pg->carved; k++, item += pg->block_size)
                 if (!(bits[k / 64] >> (k % 64) & 1) && visit_block(v, item, pg->block_size, VISIT_SMALL))
@@ -1029,7 +1208,15 @@ int small_check_page(const page *pg)
 {
     if (pg->state != PAGE_IN_USE)
         return insist(pg->state == PAGE_FREE || pg->state == PAGE_COLD, "small: a page with an unknown state:", pg);
-    int problems = 0;
+    /* What a release changes is read before `hold`: unchanged if `hold` still shows the page loose. */
+    uint32_t carved_end = load_acquire(&pg->carved_end);
+    uint64_t shared_divisor = load_acquire(&pg->shared_divisor);
+    uint64_t hold = load_acquire(&pg->hold);
+    int loose = pg->used == USED_LOOSE;
+    if (loose && HOLD_STATE(hold) != HOLD_LOOSE) /* released: its memory and its lists are gone */
+        return insist(pg->full == 1 && pg->sole == 0 && HOLD_STATE(hold) != HOLD_OWNER,
+                      "small: a page whose `used` says loose and whose hold does not:", pg);
+    int problems = insist(loose || HOLD_STATE(hold) == HOLD_OWNER, "small: a page whose hold says loose and whose `used` does not:", pg);
     long cap = pg->capacity;
     long nfree = list_length(pg, pg->free, cap), nlocal = list_length(pg, pg->local_free, cap);
     long used = (long)page_used(pg) - pg->sole;
@@ -1045,6 +1232,8 @@ int small_check_page(const page *pg)
             b = link_get(b);
         if (b != tail)
             nthread = -1;
+        if (loose && load_acquire(&pg->hold) != hold)
+            return problems; /* released while its list was read */
         problems += insist(nthread == (long)THREAD_FREE_COUNT(w), "small: thread_free's count differs from its list in page", pg);
     }
     if (nfree < 0 || nlocal < 0)
@@ -1054,13 +1243,14 @@ int small_check_page(const page *pg)
     problems += insist(nthread <= used, "small: more items in thread_free than are out, in page", pg);
     problems += insist(!(pg->full && (w & THREAD_FREE_LAZY)), "small: a full page marked lazy:", pg);
     problems += insist(pg->sole <= 1 && !(pg->sole && pg->full), "small: a full page counted as its class's only one:", pg);
-    problems += insist(pg->full ? pg->full <= 1 && pg->used >= 0 && pg->used <= page_wake(pg) && pg->full_out >= 0
-                                : pg->full_out == 0 && pg->used >= 0,
+    problems += insist(loose ? pg->full == 1 && pg->full_out >= 0 && pg->full_out < (long)HOLD_OUT(hold)
+                       : pg->full ? pg->full <= 1 && pg->used >= 0 && pg->used <= page_wake(pg) && pg->full_out >= 0
+                                  : pg->full_out == 0 && pg->used >= 0,
                        "small: a full page's count to its wake, or a page's count, out of range:", pg);
-    problems += insist(pg->carved <= pg->capacity && pg->carved_end == (uint32_t)pg->carved * pg->block_size,
+    problems += insist(pg->carved <= pg->capacity && carved_end == (uint32_t)pg->carved * pg->block_size,
                        "small: carved beyond the capacity, or carved_end differs from carved, in page", pg);
     problems += insist(pg->block_size == class_size[pg->cls] && load_relaxed(&pg->shared_block_size) == pg->block_size &&
-                           load_relaxed(&pg->shared_divisor) == pg->divisor,
+                           shared_divisor == pg->divisor,
                        "small: the block size differs from its class's or from the shared copies in page", pg);
     return problems;
 }

@@ -46,6 +46,27 @@
  * by the next allocation and go out again, a slow path per block (bench/shapes.py's glibc-thread:
  * bench/results/2026-12-02-spare.md). page_used() is the true count.
  *
+ * A page of a thread heap that stays full and untouched (no free into it, by its owner or another
+ * thread) while SHARD_LOOSE_AFTER more of its heap's pages go full (heap.h's full_ring) goes loose
+ * (`hold`, line 1): its owner stores the items out in `hold` and USED_LOOSE in `used`, and counts the page no more, so that a heap whose thread has stopped allocating
+ * does not hold pages that other threads emptied: a main thread that builds what workers free, then
+ * waits for them (bench/shapes.c's larson: 10 MB of 75 at 8 threads). While a page is loose,
+ * thread_free's count reaching `out` means every item is back, and the thread whose free made it so
+ * may release the page: it decommits the memory, when the page has been loose for a sixty-fourth of the
+ * decommit delay and its owner, a heap that a thread runs, has drained no queued page since (heap.h's
+ * `drains`: an owner that allocates takes its queued pages back long before; a heap that waits for a
+ * thread keeps its pages for it, until its reserve expires). The owner takes a loose page back with a
+ * compare-and-swap of `hold`, which a release's compare-and-swap excludes: at its next free into it,
+ * which USED_LOOSE sends to the slow path, or when it drains the page from its `delayed` list. A
+ * released page is always on that list (the free of its first item since the owner's last exchange
+ * queued it), and the drain makes it a cold page. A release needs no list of the owner's: the page is in
+ * none while loose, and the releaser writes nothing on the descriptor's owner line but carved_end (0, so
+ * that a late free of one of its items is refused before it reads the item). A page that frees reach
+ * soon never goes loose: its owner's frees stay on the fast path (glibc-thread), and its owner's drain
+ * has no compare-and-swap to make (ring); loosening and taking back every full page cost glibc-thread
+ * 5 % (bench/results/2026-12-02-loose-pages.md). A created heap's pages never go loose: their memory
+ * is charged to it.
+ *
  * The descriptor is laid out by cache lines: the first line holds what the owner reads and writes on
  * every operation, the second what other threads write, so a foreign free does not take the owner's
  * line away from it.
@@ -118,9 +139,12 @@ typedef struct page {
     struct page *next_delayed; /* link in the owner heap's `delayed` list while queued */
     uint64_t shared_divisor;   /* divisor while the page is in use, 0 otherwise */
     uint32_t shared_block_size; /* block_size while the page is in use, 0 otherwise */
-    uint32_t pad1;
+    uint32_t loose_drains;     /* while loose: the owner's `drains` when the page went loose */
     uint64_t freed_at;         /* ms when the page became free; 0 = not yet stamped (rarely read) */
-    uint8_t pad2[24];
+    uint64_t hold;             /* who counts the page's items: HOLD_* below, with `out` and a generation */
+    uint64_t loose_at;         /* while loose: os_clock_ms() when the page went loose */
+    uint32_t full_seq;         /* its heap's `fulls` when it last went full (heap.h's full_ring) */
+    uint8_t pad2[4];
 } page;
 _Static_assert(sizeof(page) == PAGE_DESC_SIZE, "page descriptors are two cache lines");
 _Static_assert(offsetof(page, used) >= 16 && offsetof(page, carved_end) + sizeof(uint32_t) <= 32,
@@ -129,8 +153,35 @@ _Static_assert(offsetof(page, shared_divisor) >= offsetof(segment, pad) &&
                    offsetof(page, shared_block_size) + sizeof(uint32_t) <= PAGE_DESC_SIZE,
                "the fields that a foreign free tests overlay the zero padding of the segment header");
 
-/* The items pg has out (with the extra one of a class's only page), full or not. */
-static inline int32_t page_used(const page *pg) { return pg->used + (pg->full ? pg->full_out : 0); }
+/* A page's `hold` word: bits 0..1 the state, bits 2..17 `out` (while loose: the items out when it went
+ * loose), bits 18..63 a generation that each change by the owner's side counts, so that a compare-and-
+ * swap of the word fails after the owner took the page back and let it go again (loose pages, above). */
+enum hold_state {
+    HOLD_OWNER = 0,     /* its owner counts its items on line 0, as always */
+    HOLD_LOOSE = 1,     /* full, and its items are counted only by thread_free: `used` holds USED_LOOSE */
+    HOLD_RELEASING = 2, /* every item came back while loose: the thread whose free brought the last one
+                         * is decommitting it (it goes back to HOLD_LOOSE if the decommit fails) */
+    HOLD_GONE = 3       /* that thread decommitted it: its owner makes it a cold page when it drains it */
+};
+#define HOLD_STATE(w) ((unsigned)((w)&3u))
+#define HOLD_OUT(w) ((uint32_t)((w) >> 2) & 0xffffu)
+#define HOLD_GEN(w) ((w) >> 18)
+#define HOLD_WORD(state, out, gen) ((uint64_t)(state) | (uint64_t)(out) << 2 | (uint64_t)(gen) << 18)
+/* `used` of a loose page: so far below 0 that the owner's free fast path, which subtracts 1 and takes
+ * the slow path at 0 or less, sends every free into it to small_free_local_slow. */
+#define USED_LOOSE (INT32_MIN / 2)
+
+/* The items pg has out (with the extra one of a class's only page), full or not; for a loose page those
+ * out when it went loose (those other threads have freed since wait in thread_free, as always), none
+ * once it is released. */
+static inline int32_t page_used(const page *pg)
+{
+    if (unlikely(pg->used == USED_LOOSE)) {
+        uint64_t hold = load_relaxed(&pg->hold);
+        return HOLD_STATE(hold) == HOLD_LOOSE ? (int32_t)HOLD_OUT(hold) : 0;
+    }
+    return pg->used + (pg->full ? pg->full_out : 0);
+}
 
 /* How many of its items a full page waits for before it goes back into its list: a sixteenth. */
 static inline int32_t page_wake(const page *pg) { return pg->capacity >= 32 ? pg->capacity / 16 : 1; }

@@ -2164,3 +2164,133 @@ TEST(a_running_thread_uses_the_pages_others_emptied_before_committing_more)
     scene_end(&s);
 #endif
 }
+
+/* A thread heap's page that stays full while 64 more of its pages go full (config.h's
+ * SHARD_LOOSE_AFTER) goes loose (small.h): when another thread frees its last item, and the heap's
+ * thread has drained no frees since it went loose (it allocates no more: a main thread that built what
+ * workers free, and waits), the freeing thread gives its memory back. Here a thread fills 96 pages with
+ * 1024-byte blocks (95 go full, the first 31 go loose) and waits; it frees half of page 0 itself (a free
+ * into its loose page takes the page back), and 50 ms later (the loose delay is a 64th of the decommit
+ * delay: 15 ms) another thread frees every other block. Pages 1-30 go back at once, while their thread
+ * sleeps. A second free of one of their blocks reaches the error hook, from the other thread or from the
+ * owner, and reads nothing; the owner's next allocations make them cold pages and use them again. */
+#define LOOSE_PAGES 96 /* SHARD_LOOSE_AFTER + 32 */
+#define LOOSE_PER_PAGE 64 /* 1024-byte blocks in a 64 KB page */
+#define LOOSE_GONE 30     /* pages 1-30: the 31 loose ones but page 0, which its owner took back */
+
+#if SHARD_RULES
+struct loose_filler {
+    struct blk kb[LOOSE_PAGES * LOOSE_PER_PAGE];
+    struct blk again[LOOSE_GONE * LOOSE_PER_PAGE];
+    void *twice; /* a block of a page that went back, freed already: the owner frees it again */
+    /* A block of a class of its own in each segment the 1024-byte pages reach, so that no segment has
+     * every page full: such a segment leaves its heap for the orphans (small.c's give_full_segment),
+     * and its pages with it. */
+    struct blk anchor[4];
+};
+
+static void loose_fill_job(void *arg)
+{
+    struct loose_filler *f = arg;
+    uintptr_t segment = 0;
+    size_t anchors = 0;
+    for (size_t i = 0; i < LOOSE_PAGES * LOOSE_PER_PAGE; i++) {
+        if (!blk_alloc(&f->kb[i], 1024, 0xc000 + i))
+            return;
+        if ((uintptr_t)f->kb[i].p >> 22 != segment && anchors < 4) {
+            segment = (uintptr_t)f->kb[i].p >> 22; /* the next cold page is this segment's */
+            if (!blk_alloc(&f->anchor[anchors], 10240 + 2048 * anchors, 0xa000 + anchors))
+                return;
+            CHECKF((uintptr_t)f->anchor[anchors].p >> 22 == segment, "the %zu-byte block in the segment of the "
+                   "1024-byte ones", (size_t)(10240 + 2048 * anchors));
+            anchors++;
+        }
+    }
+}
+
+static void loose_half_job(void *arg)
+{
+    struct loose_filler *f = arg;
+    for (size_t i = 0; i < LOOSE_PER_PAGE; i += 2) {
+        blk_check(&f->kb[i], "1024-byte block its thread frees into its loose page");
+        blk_free(&f->kb[i]);
+    }
+}
+
+static void loose_twice_job(void *arg) { shard_free(((struct loose_filler *)arg)->twice); }
+
+static void loose_again_job(void *arg)
+{
+    struct loose_filler *f = arg;
+    for (size_t i = 0; i < LOOSE_GONE * LOOSE_PER_PAGE; i++)
+        if (!blk_alloc(&f->again[i], 1024, 0xd000 + i))
+            break;
+    for (size_t i = 0; i < LOOSE_GONE * LOOSE_PER_PAGE; i++) {
+        blk_check(&f->again[i], "1024-byte block in a page that went back while loose");
+        blk_free(&f->again[i]);
+    }
+    check_allocator("in the thread whose loose pages went back, after it used them again");
+}
+#endif
+
+TEST(the_pages_other_threads_empty_in_a_heap_that_allocates_no_more_go_back)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    scene_begin(&s);
+    static struct loose_filler f;
+    memset(&f, 0, sizeof f);
+    struct agent a;
+    if (agent_start(&a)) {
+        agent_do(&a, loose_fill_job, &f);
+        agent_do(&a, loose_half_job, &f);
+        sleep_ms(50);
+        void *first_gone = f.kb[LOOSE_PER_PAGE].p, *second_gone = f.kb[2 * LOOSE_PER_PAGE].p;
+        shard_stats before = stats_now();
+        for (size_t i = 0; i < LOOSE_PAGES * LOOSE_PER_PAGE; i++) {
+            if (f.kb[i].p == NULL)
+                continue; /* page 0's blocks that its thread freed */
+            blk_check(&f.kb[i], "1024-byte block another thread frees");
+            blk_free(&f.kb[i]);
+        }
+        shard_stats after = stats_now();
+        long long gone = (long long)LOOSE_GONE * 65536;
+        CHECKF(delta(before.committed, after.committed) == -gone &&
+                   delta(before.small_pages_used, after.small_pages_used) == -LOOSE_GONE,
+               "another thread emptied the %d loose pages of a thread that allocates no more: committed %+lld "
+               "bytes (%lld expected), pages in use %+lld (%d expected)",
+               LOOSE_GONE, delta(before.committed, after.committed), -gone,
+               delta(before.small_pages_used, after.small_pages_used), -LOOSE_GONE);
+        CHECKF(delta(before.live_small, after.live_small) == -(LOOSE_PAGES * LOOSE_PER_PAGE - LOOSE_PER_PAGE / 2),
+               "live small blocks %+lld after another thread's frees", delta(before.live_small, after.live_small));
+        check_allocator("after another thread emptied a waiting thread's loose pages");
+        if (delta(before.committed, after.committed) == -gone) { /* a second free reads none of a page gone */
+            hook_reset();
+            shard_error_fn previous = shard_set_error_hook(recording_hook, NULL);
+            shard_free(first_gone);
+            CHECKF(hook_record.calls == 1 && hook_record.ptr == first_gone &&
+                       (hook_record.error == SHARD_ERROR_INVALID_FREE || hook_record.error == SHARD_ERROR_DOUBLE_FREE),
+                   "another thread's second free of a block of a page gone back: %d hook calls, error %d",
+                   hook_record.calls, hook_record.error);
+            f.twice = second_gone;
+            agent_do(&a, loose_twice_job, &f);
+            CHECKF(hook_record.calls == 2 && hook_record.ptr == second_gone &&
+                       (hook_record.error == SHARD_ERROR_INVALID_FREE || hook_record.error == SHARD_ERROR_DOUBLE_FREE),
+                   "the owner's second free of a block of a page gone back: %d hook calls in all, error %d",
+                   hook_record.calls, hook_record.error);
+            shard_set_error_hook(previous, NULL);
+        }
+        agent_do(&a, loose_again_job, &f);
+        for (size_t i = 0; i < 4; i++)
+            if (f.anchor[i].p != NULL) {
+                blk_check(&f.anchor[i], "block of a class of its own among the 1024-byte pages");
+                blk_free(&f.anchor[i]);
+            }
+        check_allocator("after a thread used its pages that went back again");
+        agent_stop(&a);
+    }
+    scene_end(&s);
+#endif
+}
