@@ -35,7 +35,8 @@
  *   exceeds what the core committed, its statistics and shard_set_limit's limit, by up to 2 MB less
  *   a page per touched unit; bench/results/2026-12-01-thp.md (every segment) and
  *   2026-12-02-huge-growth.md (the default) have what that does to peaks and times. The part below
- *   the offset becomes a mapping of its own (the hint splits it off), not hinted.
+ *   the offset becomes a mapping of its own (the hint splits it off), not hinted, until the core asks for
+ *   large pages there too (collapse_large_pages: the hint and MADV_COLLAPSE).
  * - the heap slot: the core's initial-exec TLS word (PORT_SLOT_TLS); the exit hook is a pthread key,
  *   armed after the core stored the slot (pthread_setspecific may call calloc, which must find the heap
  *   there). With every key of the process taken there is no hook: the slot works, exits go unreported.
@@ -182,6 +183,19 @@ static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_of
     if (to > from)
         linux_hint_large_pages((void *)from, to - from);
     return r;
+}
+
+/* The part of a reservation below its huge-page offset, committed, becomes huge pages now: the hint,
+ * which joins it to the hinted mapping above when their flags then agree, and MADV_COLLAPSE (Linux 6.1),
+ * which copies the 4 KB pages present into a new huge page and fills the rest with zeros. The hint
+ * alone would not do: a 2 MB range that has a page table already takes 4 KB pages at its faults, until
+ * khugepaged's scan (seconds to minutes). An older kernel says EINVAL to the collapse, and the pages
+ * stay as they are. */
+static void linux_collapse_large_pages(void *addr, size_t size)
+{
+    enum { MADV_COLLAPSE_ = 25 };
+    linux_hint_large_pages(addr, size);
+    sys3(SYS_madvise, (long)addr, (long)size, MADV_COLLAPSE_);
 }
 
 static int linux_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
@@ -504,6 +518,7 @@ port_capabilities port_caps = {
     .move_release = linux_move_release,
     .hint_large_pages = linux_hint_large_pages,
     .reserve_large_pages = linux_reserve_large_pages,
+    .collapse_large_pages = linux_collapse_large_pages,
     .address_space_limit = linux_address_space_limit,
     .clock_ms = linux_clock_ms,
     .yield = linux_yield,

@@ -89,6 +89,13 @@ typedef struct port_capabilities {
      * fault (the core touches none). Without it the core takes port_reserve, and no large pages. */
     void *(*reserve_large_pages)(size_t size, size_t align, size_t from);
 
+    /* Back [addr, addr+size) of a reserve_large_pages reservation below its `from` (large-page
+     * aligned, committed) with large pages now: what is resident there is copied into them, and all of
+     * the range becomes resident. The core's way to give a heap that has grown the large pages it was
+     * first denied (segment.h: segment_spared_commit). Nothing visible changes but resident memory; it
+     * may do nothing. Without it: small pages stay. */
+    void (*collapse_large_pages)(void *addr, size_t size);
+
     /* The most address space the process may hold, bytes; SIZE_MAX when unlimited. Read for the rare
      * decisions that depend on it (large blocks' address headroom). Without it: unlimited. */
     size_t (*address_space_limit)(void);

@@ -173,6 +173,19 @@
 #ifndef SHARD_HUGE_PAGES
 #define SHARD_HUGE_PAGES SHARD_HUGE_PAGES_GROWN
 #endif
+/* In the default mode, the commits of 64 KB into a heap's spared first 2 MB of small pages, and of medium
+ * memory, after which that 2 MB goes on large pages too (segment.h's segment_spared_commit): for small
+ * pages all 31 of them (the heap filled its spared unit; pages carve 4 KB at a time, so much of it is
+ * still untouched), for an arena, which commits from its start, 512 KB more than its first 64 KB. Earlier
+ * for small pages took larson's and glibc-thread's heaps of 1-2 MB to their whole 2 MB (glibc-thread@8
+ * 11.5 to 17.9 MB at 8 commits); later for medium left alloc-test@8 two thirds of its faults
+ * (bench/results/2026-12-02-spared-units.md). */
+#ifndef SHARD_SPARED_SMALL
+#define SHARD_SPARED_SMALL 31
+#endif
+#ifndef SHARD_SPARED_MEDIUM
+#define SHARD_SPARED_MEDIUM 8
+#endif
 /* The cache of freed large blocks: at most this many blocks and this much committed memory; a block
  * committed above the latter is never cached. */
 #ifndef SHARD_LARGE_CACHE_BLOCKS

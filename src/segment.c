@@ -292,6 +292,17 @@ size_t segment_large_from(int first, uint32_t created)
     return SEGMENT_SIZE;
 }
 
+void segment_spared_commit(segment *seg, uint32_t pieces)
+{
+    if (seg->spared_left > pieces) {
+        seg->spared_left -= pieces;
+        return;
+    }
+    seg->spared_left = 0;
+    count_call();
+    port_caps.collapse_large_pages(seg, SEGMENT_LARGE_UNIT);
+}
+
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t large_from)
 {
     segment *seg = large_from < SEGMENT_SIZE
@@ -305,6 +316,8 @@ segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t
         return NULL;
     }
     seg->owner = owner;
+    if (large_from == SEGMENT_LARGE_UNIT && port_caps.collapse_large_pages != NULL)
+        seg->spared_left = kind == SEG_SMALL ? SHARD_SPARED_SMALL : SHARD_SPARED_MEDIUM;
 #if SHARD_HARDENED
     seg->secret = secret_new();
 #endif

@@ -65,7 +65,8 @@ typedef struct segment {
     /* line 1, which the owner's slow paths write: not the line of the owner word and the secret, which
      * other threads' frees read */
     uint32_t full_pages;            /* small: its pages out of their class lists as full (small.c) */
-    uint32_t pad_full;
+    uint32_t spared_left;           /* commits of 64 KB below SEGMENT_LARGE_UNIT before that part goes on
+                                     * large pages too (segment_spared_commit); 0: it is, or never will */
     struct heap *given_by;          /* small: the heap that gave it to the orphans last (small.h) */
     uint8_t pad[48];
 } segment;
@@ -111,6 +112,13 @@ segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t
  * committed). None while shard_set_limit bounds the process's memory. */
 #define SEGMENT_LARGE_UNIT ((size_t)2 << 20)
 size_t segment_large_from(int first, uint32_t created);
+
+/* A heap that grows through its first segment's or arena's spared SEGMENT_LARGE_UNIT is not the small
+ * heap that sparing was for: after SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM commits of 64 KB there
+ * (`spared_left`, config.h), that part goes on large pages as well (port_caps.collapse_large_pages), with
+ * what it holds; the faults of the rest of it and the TLB misses of all of it are saved. Called by the
+ * owner after it committed `pieces` of 64 KB below SEGMENT_LARGE_UNIT in seg, whose spared_left is not 0. */
+void segment_spared_commit(segment *seg, uint32_t pieces);
 
 /* Give a segment of ours back to the OS, `committed` bytes of it still committed: its map entry goes at
  * once, its reservation when no statistics walk (below) can still be looking at it. The caller has taken

@@ -511,6 +511,9 @@ static page *page_acquire(heap *h)
         return NULL;
     }
     list_remove(&h->cold_pages, pg);
+    segment *s = segment_of(pg);
+    if (unlikely(s->spared_left != 0) && page_start(pg) < (uint8_t *)s + SEGMENT_LARGE_UNIT)
+        segment_spared_commit(s, 1);
     return pg;
 }
 

@@ -29,6 +29,7 @@
 #include <windows.h>
 #else
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -219,6 +220,68 @@ static void huge_pages_under(size_t bytes)
             vmstat("thp_fault_fallback") - fallback_before);
 }
 
+/* The AnonHugePages of the mappings that overlap the 4 MB at seg, summed over /proc/self/smaps. */
+static unsigned long huge_kb_in(uintptr_t seg)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    unsigned long lo, hi, kb, huge = 0;
+    int ours = 0;
+    while (f != NULL && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            ours = seg < hi && seg + 4 * MB > lo;
+        else if (ours && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1)
+            huge += kb;
+    }
+    if (f != NULL)
+        fclose(f);
+    return huge;
+}
+
+/* A heap that commits every page of its first segment's spared 2 MB (64-byte blocks up to the first in
+ * page 31, the last page below 2 MB), and a medium arena past 512 KB (32 KB blocks up to the first
+ * beyond 576 KB: the arena's first 64 KB and eight commits more), each block written with its pattern:
+ * both spared units then go on huge pages, with what they held. Neither segment's upper 2 MB is
+ * touched, so any huge page in them is the lower one's. */
+static void scenario_huge_pages_spared(void)
+{
+    enum { SMALL_MAX = 32 * 1024, MEDIUM_MAX = 64 };
+    static uint64_t *small[SMALL_MAX], *medium[MEDIUM_MAX];
+    size_t n_small = 0, n_medium = 0, bad = 0;
+    unsigned long fallback_before = vmstat("thp_fault_fallback");
+    uintptr_t seg = 0, arena = 0;
+    while (n_small < SMALL_MAX) {
+        uint64_t *p = shard_malloc(64);
+        for (size_t w = 0; w < 8; w++)
+            p[w] = (uint64_t)(uintptr_t)p * 31 + w;
+        small[n_small++] = p;
+        seg = (uintptr_t)small[0] & ~(uintptr_t)(4 * MB - 1);
+        if ((uintptr_t)p - seg >= 31 * 65536)
+            break;
+    }
+    while (n_medium < MEDIUM_MAX) {
+        uint64_t *p = shard_malloc(32768);
+        for (size_t w = 0; w < 4096; w += 511)
+            p[w] = (uint64_t)(uintptr_t)p * 7 + w;
+        medium[n_medium++] = p;
+        arena = (uintptr_t)medium[0] & ~(uintptr_t)(4 * MB - 1);
+        if ((uintptr_t)p + 32768 - arena > 9 * 65536)
+            break;
+    }
+    for (size_t i = 0; i < n_small; i++)
+        for (size_t w = 0; w < 8; w++)
+            bad += small[i][w] != (uint64_t)(uintptr_t)small[i] * 31 + w;
+    for (size_t i = 0; i < n_medium; i++)
+        for (size_t w = 0; w < 4096; w += 511)
+            bad += medium[i][w] != (uint64_t)(uintptr_t)medium[i] * 7 + w;
+    fprintf(stderr, "child: spared small %lu KB, medium %lu KB, %zu bad words, %lu fallbacks\n", huge_kb_in(seg),
+            huge_kb_in(arena), bad, vmstat("thp_fault_fallback") - fallback_before);
+    for (size_t i = 0; i < n_small; i++)
+        shard_free(small[i]);
+    for (size_t i = 0; i < n_medium; i++)
+        shard_free(medium[i]);
+}
+
 /* A heap that grows to 16 MB of small blocks, and one of 1 MB, which stays in its first 2 MB. */
 static void scenario_huge_pages(void) { huge_pages_under(16 * MB); }
 static void scenario_huge_pages_small(void) { huge_pages_under(1 * MB); }
@@ -246,6 +309,7 @@ static const struct {
     {"environ-cleared", scenario_environ_cleared},
     {"huge-pages", scenario_huge_pages},
     {"huge-pages-small", scenario_huge_pages_small},
+    {"huge-pages-spared", scenario_huge_pages_spared},
 #endif
 };
 
@@ -694,5 +758,37 @@ TEST(huge_pages_go_under_a_heap_grown_past_2_mb_and_not_under_a_small_one)
     SKIP_IF_NO_HUGE_PAGE(kb, fallbacks);
     CHECKF(kb >= 2048, "SHARDMM_HUGE_PAGES=2 puts even a 1 MB heap on a huge page: %ld KB (%ld fallbacks)", kb,
            fallbacks);
+}
+
+/* Whether this kernel collapses a range into huge pages on request (MADV_COLLAPSE, Linux 6.1): a
+ * scratch 2 MB, one page of it written. */
+static int kernel_collapses(void)
+{
+    char *r = mmap(NULL, 4 * MB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED)
+        return 0;
+    char *p = (char *)(((uintptr_t)r + 2 * MB - 1) & ~(uintptr_t)(2 * MB - 1));
+    p[0] = 1;
+    int ok = madvise(p, 2 * MB, MADV_HUGEPAGE) == 0 && madvise(p, 2 * MB, 25 /* MADV_COLLAPSE */) == 0;
+    munmap(r, 4 * MB);
+    return ok;
+}
+
+TEST(a_heap_that_fills_its_spared_first_2_mb_gets_huge_pages_there_with_its_blocks_intact)
+{
+    if (strcmp(thp_mode(), "madvise") != 0 && strcmp(thp_mode(), "always") != 0)
+        SKIP_TEST();
+    child *c = run("huge-pages-spared", NO_VARS);
+    unsigned long small = 0, medium = 0, fallbacks = 0;
+    size_t bad = 1;
+    const char *line = strstr(c->err, "child: spared ");
+    int parsed = line != NULL && sscanf(line, "child: spared small %lu KB, medium %lu KB, %zu bad words, %lu fallbacks",
+                                        &small, &medium, &bad, &fallbacks) == 4;
+    CHECKF(parsed && bad == 0, "the blocks of the spared units after their collapse: %s", c->err);
+    if (!kernel_collapses() || (fallbacks > 0 && small + medium < 4096))
+        SKIP_TEST(); /* no collapse here, or no huge page free */
+    CHECKF(small >= 2048 && medium >= 2048,
+           "a heap that committed its first segment's spared 2 MB and 576 KB of its first arena: %lu KB and "
+           "%lu KB of huge pages there (2048 each expected)", small, medium);
 }
 #endif

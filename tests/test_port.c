@@ -105,12 +105,13 @@ TEST(the_capabilities_are_those_of_the_os)
 #ifdef _WIN32
     CHECK_EQ(port_caps.flags, PORT_DECOMMIT_FAULTS);
     CHECK(port_caps.move_release == NULL && port_caps.hint_large_pages == NULL && port_caps.fork_hooks == NULL &&
-          port_caps.address_space_limit == NULL && port_caps.reserve_large_pages == NULL);
+          port_caps.address_space_limit == NULL && port_caps.reserve_large_pages == NULL &&
+          port_caps.collapse_large_pages == NULL);
 #else
     CHECK_EQ(port_caps.flags, PORT_DECOMMIT_KEEPS_CHARGE);
     CHECK(port_caps.move_release != NULL && port_caps.hint_large_pages != NULL && port_caps.fork_hooks != NULL &&
           port_caps.thread_tag != NULL && port_caps.address_space_limit != NULL &&
-          port_caps.reserve_large_pages != NULL);
+          port_caps.reserve_large_pages != NULL && port_caps.collapse_large_pages != NULL);
     errno = 0;
     port_caps.out_of_memory();
     CHECK_EQ(errno, ENOMEM);
@@ -382,6 +383,34 @@ TEST(a_large_page_reservation_follows_the_contract_as_one_mapping) { large_page_
 TEST(a_large_page_reservation_from_2_mb_on_is_two_mappings_however_it_is_committed)
 {
     large_page_reservation((size_t)2 << 20, 2);
+}
+
+/* The part below the offset collapsed into large pages keeps the contract: what was written stays,
+ * what was not reads zeros, a decommit there gives zeros again and leaves its neighbours' contents. */
+TEST(the_part_below_a_large_page_offset_collapses_with_its_contents)
+{
+    const size_t size = (size_t)4 << 20, unit = (size_t)2 << 20, piece = (size_t)64 << 10;
+    unsigned char *r = port_caps.reserve_large_pages(size, size, unit);
+    CHECK(r != NULL);
+    if (r == NULL)
+        return;
+    for (size_t at = 0; at < unit; at += 2 * piece) {
+        CHECK_EQ(port_commit(r + at, piece), 0);
+        fill(r + at, piece, 37);
+    }
+    port_caps.collapse_large_pages(r, unit);
+    for (size_t at = 0; at < unit; at += 2 * piece) {
+        CHECKF(check_pattern(r + at, piece, 37), "piece at %zu KB after the collapse", at >> 10);
+        CHECK_EQ(port_commit(r + at + piece, piece), 0);
+        CHECK_EQ(bytes_not_equal(r + at + piece, piece, 0), piece);
+    }
+    CHECK_EQ(port_decommit(r + 2 * piece, piece), 0);
+    CHECK_EQ(port_commit(r + 2 * piece, piece), 0);
+    CHECK_EQ(bytes_not_equal(r + 2 * piece, piece, 0), piece);
+    CHECK(check_pattern(r, piece, 37));
+    CHECK(check_pattern(r + 4 * piece, piece, 37));
+    CHECK_EQ(port_release(r, size), 0);
+    CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 0);
 }
 #endif
 
