@@ -256,9 +256,9 @@ static void release_block(large_header *h)
 }
 
 /* Moves old's committed pages to a fresh reservation for `need` bytes (header included; the rest up to
- * need committed there) and returns its header, whose fields but the mark the caller sets; old's
- * map entry is cleared and its reservation gone. NULL, with old as it was, out of memory or when the
- * OS refused the move.
+ * commit_end(need) committed there, *end) and returns its header, whose fields but the mark the caller
+ * sets; old's map entry is cleared and its reservation gone. NULL, with old as it was, out of memory or
+ * when the OS refused the move.
  *
  * Where the platform gives large pages, only whole ones move (LARGE_PAGE bytes from the header, which
  * starts the new reservation's 4 MB granule; a far block's old header lies a page below its granule, so
@@ -266,16 +266,21 @@ static void release_block(large_header *h)
  * new reservation's and never merges the two, so a 2 MB range that straddled them could never be a
  * large page again, however often the block is cached and reused (bench/app's buffers: 18,000 page
  * faults per run before, 8,900 after). */
-static large_header *move_block(large_header *old, size_t need, enum headroom headroom, size_t *span)
+static large_header *move_block(large_header *old, size_t need, enum headroom headroom, int exact, size_t *span,
+                                 size_t *end)
 {
     size_t moved = old->committed, whole = moved;
     if (SHARD_LARGE_PAGES && os_has_large_pages() && moved > LARGE_PAGE)
         whole = moved & ~(LARGE_PAGE - 1);
     /* The new entry is SEG_NONE until the pages are there (setting it now makes sure that its table
      * exists, so that the change to SEG_LARGE below cannot fail). */
-    large_header *h = reserve_block(need, 0, whole, SEG_NONE, headroom, 1, span);
+    large_header *h = reserve_block(need, 0, whole, SEG_NONE, headroom, exact, span);
     if (h == NULL)
         return NULL;
+    /* As reserve_block committed: to the large page's end, so that the first touch there finds the 2 MB
+     * in one mapping (committing exactly `need` split it, and the block's growth into the rest of that
+     * 2 MB took a fault per 4 KB: bench/shapes.py's strings). */
+    *end = commit_end(need, *span, exact);
     mem_copy((uint8_t *)h + whole, (uint8_t *)old + whole, moved - whole);
     /* The old entry goes first: once the pages have moved, the old addresses may be anyone's. */
     uintptr_t old_granule = granule_of(old);
@@ -284,7 +289,7 @@ static large_header *move_block(large_header *old, size_t need, enum headroom he
     map_clear(old_granule);
     if (os_move_release((uint8_t *)old - old_lead, old_lead + span_of(old), old, whole, h, moved - whole) != 0) {
         segmap_set(old_granule, SEGMENT_SIZE, old_kind, old_kind);
-        os_release(h, *span, need - whole);
+        os_release(h, *span, *end - whole);
         return NULL;
     }
     segmap_set((uintptr_t)h, SEGMENT_SIZE, SEG_LARGE, SEG_LARGE);
@@ -761,7 +766,8 @@ void *large_move(void *p, size_t size)
     if (owner != NULL && heap_charge(owner, need - old_committed) != 0)
         return NULL;
     size_t was = old_size, was_committed = old_committed; /* the header moves with the pages */
-    large_header *h = move_block(old, need, HEADROOM_GROWN, &span);
+    size_t end;
+    large_header *h = move_block(old, need, HEADROOM_GROWN, owner != NULL, &span, &end);
     if (h == NULL) {
         if (owner != NULL)
             heap_uncharge(owner, need - old_committed);
@@ -772,7 +778,7 @@ void *large_move(void *p, size_t size)
     /* The header came along with the pages, mark LIVE, and the heap's field; only where the block lives
      * now changes (a far block becomes an ordinary one whose block starts a page in). */
     h->size = need - offset;
-    h->committed = need;
+    h->committed = end;
     h->layout = layout_of(span, offset);
     if (SHARD_HARDENED)
         store_release(&h->mark, mark_live(h)); /* sealed with its new address */
