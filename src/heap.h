@@ -61,7 +61,8 @@ typedef struct heap {
     uint32_t drains;         /* times it took its `delayed` list; a relaxed atomic, which the release of
                               * a loose page reads (small.h) */
     /* Small segments and medium arenas made since its thread took it: the first of each kind keeps its
-     * first 2 MB on small pages (segment.h's segment_large_from). */
+     * first 2 MB on small pages (segment.h's segment_large_from) until the heap fills it
+     * (segment_spared_commit). */
     uint32_t segments_made, arenas_made;
     /* A thread heap's pages that went full last, the one of its page-full count `fulls` at index
      * fulls % SHARD_LOOSE_AFTER: a page still full when its entry comes round again goes loose

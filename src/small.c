@@ -552,7 +552,6 @@ static void full_ring_push(heap *h, page *pg)
         page_loosen(h, old);
 }
 
-
 /* The owner of loose page pg takes it back, full as before (its `used` again the count to its wake): 1,
  * or 0 when the page was released (gone, or its release under way). */
 static int page_take_loose(page *pg)
