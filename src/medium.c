@@ -385,10 +385,8 @@ static int ensure_committed(arena *a, size_t end)
         heap_uncharge(h, to - a->committed);
         return -1;
     }
-    if (unlikely(a->seg.spared_left != 0) && a->committed < SEGMENT_LARGE_UNIT) {
-        size_t below = (to < SEGMENT_LARGE_UNIT ? to : SEGMENT_LARGE_UNIT) - a->committed;
-        segment_spared_commit(&a->seg, (uint32_t)(below / ARENA_KEEP));
-    }
+    if (unlikely(a->seg.spared_left != 0))
+        segment_spared_commit(&a->seg, a->committed, to);
     store_relaxed(&a->committed, to);
     return 0;
 }

@@ -292,8 +292,11 @@ size_t segment_large_from(int first, uint32_t created)
     return SEGMENT_SIZE;
 }
 
-void segment_spared_commit(segment *seg, uint32_t pieces)
+void segment_spared_commit(segment *seg, size_t from, size_t to)
 {
+    if (from >= SEGMENT_LARGE_UNIT)
+        return;
+    uint32_t pieces = (uint32_t)(((to < SEGMENT_LARGE_UNIT ? to : SEGMENT_LARGE_UNIT) - from) / PAGE_SIZE);
     if (seg->spared_left > pieces) {
         seg->spared_left -= pieces;
         return;

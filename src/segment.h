@@ -117,8 +117,9 @@ size_t segment_large_from(int first, uint32_t created);
  * heap that sparing was for: after SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM commits of 64 KB there
  * (`spared_left`, config.h), that part goes on large pages as well (port_caps.collapse_large_pages), with
  * what it holds; the faults of the rest of it and the TLB misses of all of it are saved. Called by the
- * owner after it committed `pieces` of 64 KB below SEGMENT_LARGE_UNIT in seg, whose spared_left is not 0. */
-void segment_spared_commit(segment *seg, uint32_t pieces);
+ * owner after it committed [from, to) of seg (offsets, in 64 KB pieces), whose spared_left is not 0;
+ * only what lies below SEGMENT_LARGE_UNIT counts. */
+void segment_spared_commit(segment *seg, size_t from, size_t to);
 
 /* Give a segment of ours back to the OS, `committed` bytes of it still committed: its map entry goes at
  * once, its reservation when no statistics walk (below) can still be looking at it. The caller has taken

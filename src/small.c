@@ -512,8 +512,10 @@ static page *page_acquire(heap *h)
     }
     list_remove(&h->cold_pages, pg);
     segment *s = segment_of(pg);
-    if (unlikely(s->spared_left != 0) && page_start(pg) < (uint8_t *)s + SEGMENT_LARGE_UNIT)
-        segment_spared_commit(s, 1);
+    if (unlikely(s->spared_left != 0)) {
+        size_t at = (size_t)(page_start(pg) - (uint8_t *)s);
+        segment_spared_commit(s, at, at + PAGE_SIZE);
+    }
     return pg;
 }
 
@@ -547,7 +549,7 @@ static void full_ring_push(heap *h, page *pg)
     store_relaxed(&pg->full_seq, seq);
     /* Most often false at the first test: the page went full again since, or came back from full. */
     if (old != NULL && load_relaxed(&old->full_seq) == seq - SHARD_LOOSE_AFTER && old->full &&
-        old->state == PAGE_IN_USE && old->used != USED_LOOSE && old->used + old->full_out == old->capacity &&
+        old->state == PAGE_IN_USE && old->used + old->full_out == old->capacity && /* not loose: USED_LOOSE */
         segment_of(old)->owner == h && load_relaxed(&old->thread_free) == 0)
         page_loosen(h, old);
 }
@@ -792,7 +794,8 @@ static void page_queue(heap *owner, page *pg)
     heap_foreign_queued(owner);
 }
 
-/* Push item b of pg on pg's thread-free list; the word before the push. */
+/* Push item b of pg on pg's thread-free list; the word before the push (and after it in *pushed, unless
+ * NULL). */
 static inline uint64_t push_foreign(page *pg, block *b, uint64_t *pushed)
 {
     uint8_t *start = (uint8_t *)((uintptr_t)b & ~(uintptr_t)(PAGE_SIZE - 1));
@@ -807,7 +810,8 @@ static inline uint64_t push_foreign(page *pg, block *b, uint64_t *pushed)
             word = (old & THREAD_FREE_LAZY) | THREAD_FREE_WORD(off, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + 1);
         }
     } while (!cas_acq_rel(&pg->thread_free, &old, word));
-    *pushed = word;
+    if (pushed != NULL)
+        *pushed = word;
     return old;
 }
 
@@ -839,9 +843,7 @@ void small_free_foreign(page *pg, block *b)
         error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
         return;
     }
-    uint64_t word, old = push_foreign(pg, b, &word);
-    (void)word;
-    if (old != 0)
+    if (push_foreign(pg, b, NULL) != 0)
         return; /* queued already, or lazy: its owner takes the items when it allocates from it */
     /* First item since the owner's last drain: queue the page at its owner, exactly once. The CAS that
      * found 0 read the owner's exchange in small_drain_delayed and acquired with it, so the owner's read
