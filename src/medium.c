@@ -347,7 +347,7 @@ static void arena_used(heap *h, arena *a)
 static int arena_new(heap *h)
 {
     size_t committed = ARENA_KEEP;
-    arena *a = h->created ? NULL : (arena *)segment_spare_take(SEG_MEDIUM, &committed);
+    arena *a = h->created ? NULL : (arena *)segment_spare_take(SEG_MEDIUM, 0, &committed);
     if (a != NULL) {
         store_release(&a->seg.owner, h);
     } else {

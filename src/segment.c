@@ -436,13 +436,13 @@ int segment_spare_put(segment *seg, unsigned kind, size_t committed)
     return taken;
 }
 
-segment *segment_spare_take(unsigned kind, size_t *committed)
+segment *segment_spare_take(unsigned kind, size_t least, size_t *committed)
 {
     if (SHARD_SPARE_SEGMENTS == 0 || load_relaxed(&spare.count) == 0 || !spin_lock_unless_fork(&spare.lock))
         return NULL;
     segment *seg = NULL;
     for (unsigned i = spare.count; i-- > 0;) {
-        if (spare.entries[i].kind != kind)
+        if (spare.entries[i].kind != kind || spare.entries[i].committed < least)
             continue;
         seg = spare.entries[i].seg;
         *committed = spare.entries[i].committed;

@@ -133,14 +133,14 @@ void segment_release(segment *seg, size_t committed);
  * the reserve's delay (SHARDMM_DELAY_MS); then, or at once on shard_collect and under memory pressure,
  * they are released. A spare segment has no owner (a free into it finds none and reaches the error hook)
  * and is in no heap's list; its map entry keeps its kind. The pool is one small table under a spin lock,
- * touched only on thread exit and when a heap would reserve a new segment.
+ * touched only on thread exit and when a heap would reserve a new segment or commit a fresh page.
  *   segment_spare_put: 1 when seg (no block live, out of every list, `committed` bytes committed: the
  *     page descriptors and free pages, or the arena's committed prefix) was taken in; 0 when the pool is
  *     full or held by another thread's fork, and the caller releases it as before.
- *   segment_spare_take: the most recently put segment of the kind, owned by nobody, or NULL; *committed
- *     gets what was committed. */
+ *   segment_spare_take: the most recently put segment of the kind with at least `least` bytes
+ *     committed, owned by nobody, or NULL; *committed gets what was committed. */
 int segment_spare_put(segment *seg, unsigned kind, size_t committed);
-segment *segment_spare_take(unsigned kind, size_t *committed);
+segment *segment_spare_take(unsigned kind, size_t least, size_t *committed);
 /* Release the spare segments put `delay` ms or more before `now` (UINT64_MAX: all); the time the next
  * one is due, or 0 when none waits. */
 uint64_t segment_spare_expire(uint64_t now, uint32_t delay);

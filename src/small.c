@@ -311,12 +311,12 @@ unsigned small_release_empty(heap *h, int spare)
     return spared;
 }
 
-/* A spare segment (segment.h) becomes h's, its free pages the most recently freed of h's, its cold
- * pages cold ones; 0, or -1 when there is none. */
-static int adopt_spare(heap *h)
+/* A spare segment (segment.h) with at least `least` bytes committed becomes h's, its free pages the
+ * most recently freed of h's, its cold pages cold ones; 0, or -1 when there is none. */
+static int adopt_spare(heap *h, size_t least)
 {
     size_t committed;
-    segment *s = h->created ? NULL : segment_spare_take(SEG_SMALL, &committed);
+    segment *s = h->created ? NULL : segment_spare_take(SEG_SMALL, least, &committed);
     if (s == NULL)
         return -1;
     store_release(&s->owner, h);
@@ -478,7 +478,11 @@ static page *page_acquire(heap *h)
         h->free_count--;
         return pg;
     }
-    if (h->cold_pages.first == NULL && adopt_spare(h) == 0) {
+    /* Memory another thread left committed comes before a page committed afresh: it is resident
+     * already, so it costs neither faults nor more of the process's memory. With cold pages of its
+     * own, h takes only a spare segment that has a free page. */
+    size_t least = h->cold_pages.first == NULL ? 0 : SEGMENT_DESC_BYTES + PAGE_SIZE;
+    if (adopt_spare(h, least) == 0) {
         pg = h->free_pages.last;
         if (pg != NULL) {
             list_remove(&h->free_pages, pg);

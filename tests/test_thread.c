@@ -917,6 +917,61 @@ TEST(another_thread_takes_the_spare_segments_before_reserving_new_ones)
 #endif
 }
 
+#if SHARD_RULES
+/* The blocks a running thread takes from a spare segment: 40 of 4096 bytes, three pages' worth. */
+#define RESIDENT_BLOCKS 40
+static struct blk resident_blocks[RESIDENT_BLOCKS];
+
+static void resident_take_job(void *unused)
+{
+    (void)unused;
+    for (size_t i = 0; i < RESIDENT_BLOCKS; i++)
+        blk_alloc(&resident_blocks[i], 4096, 0x7400 + i);
+}
+
+static void resident_free_job(void *unused)
+{
+    (void)unused;
+    for (size_t i = 0; i < RESIDENT_BLOCKS; i++) {
+        blk_check(&resident_blocks[i], "4096-byte block from a spare segment's free pages");
+        blk_free(&resident_blocks[i]);
+    }
+}
+#endif
+
+/* A thread whose heap has a segment of its own with pages never committed (the exiter: one page in
+ * use) and needs fresh pages takes a spare segment with free pages first: they are committed and
+ * resident already, so nothing is committed anew and no page faults in. On the old rule it committed
+ * three pages of its own segment. */
+TEST(a_running_thread_takes_a_spare_segments_free_pages_before_committing_its_own)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    struct heavy w = { .with_large = 0 };
+    scene_begin(&s);
+    long long pages = scene_heavy(&s, &w);
+    if (pages && s.exiter.running) {
+        shard_stats q = check_spare_at_exit(&s, &w, pages);
+        agent_do(&s.exiter, resident_take_job, NULL);
+        shard_stats after = stats_now();
+        uintptr_t own = (uintptr_t)s.exiter_block.p & ~(uintptr_t)(SEGMENT_BYTES - 1);
+        size_t elsewhere = 0;
+        for (size_t i = 0; i < RESIDENT_BLOCKS; i++)
+            elsewhere += ((uintptr_t)resident_blocks[i].p & ~(uintptr_t)(SEGMENT_BYTES - 1)) != own;
+        CHECKF(delta(q.spare_segments, after.spare_segments) == -1 && after.committed == q.committed &&
+                   after.reserved == q.reserved && elsewhere == RESIDENT_BLOCKS,
+               "a running thread's %d blocks of 4096 bytes: spare segments %+lld, committed %+lld, reserved %+lld, "
+               "%zu of them outside its own segment (a spare segment's free pages expected, nothing new)",
+               RESIDENT_BLOCKS, delta(q.spare_segments, after.spare_segments), delta(q.committed, after.committed),
+               delta(q.reserved, after.reserved), elsewhere);
+        agent_do(&s.exiter, resident_free_job, NULL);
+    }
+    scene_end(&s);
+#endif
+}
+
 /* The spare segments last: a slow path of another thread right after the heavy thread ended releases
  * nothing, and neither does shard_get_stats after the delay. The next slow path after the delay
  * releases them. */
@@ -1340,7 +1395,8 @@ TEST(shard_thread_done_without_a_heap_does_nothing_and_the_exit_after_it_gives_n
  * (Windows may have run the allocator's already). The heap made then must not outlive the thread for
  * good: the heaps of threads that no longer live are reused (heap.c), so 100 such threads one after
  * another leave a few heaps, not 100. Their blocks stay valid and the main thread frees them. */
-#define LATE_THREADS 100
+#define LATE_BATCHES 3
+#define LATE_THREADS (LATE_BATCHES * 50)
 static struct blk late_blocks[LATE_THREADS];
 static int late_count;
 
@@ -1396,11 +1452,11 @@ TEST(threads_that_first_allocate_too_late_for_the_exit_hook_leave_no_heap_for_go
     medium_op(); /* the allocator's hook is in place before the program's */
     CHECK_EQ(late_setup(), 0);
 #if SHARD_RULES
-    size_t heaps[3];
+    size_t heaps[LATE_BATCHES + 1];
     heaps[0] = stats_now().heaps;
 #endif
-    for (int batch = 1; batch <= 2; batch++) {
-        for (int i = 0; i < LATE_THREADS / 2; i++)
+    for (int batch = 1; batch <= LATE_BATCHES; batch++) {
+        for (int i = 0; i < LATE_THREADS / LATE_BATCHES; i++)
             run_thread(late_thread, NULL);
 #if SHARD_RULES
         heaps[batch] = stats_now().heaps;
@@ -1408,12 +1464,13 @@ TEST(threads_that_first_allocate_too_late_for_the_exit_hook_leave_no_heap_for_go
     }
     CHECKF(late_count == LATE_THREADS, "%d of %d threads allocated in their exit", late_count, LATE_THREADS);
 #if SHARD_RULES
-    /* The first batch may make heaps up to the bound that earlier tests' threads set (twice the threads
-     * found alive, plus 8); the second makes a few at most (a thread just joined may still count as
-     * alive for a moment: the kernel reaps it after the join returns), not one per thread. */
-    CHECKF(heaps[1] - heaps[0] < LATE_THREADS / 2 && heaps[2] - heaps[1] <= 4,
-           "heaps %zu -> %zu -> %zu over two batches of %d threads, one at a time", heaps[0], heaps[1], heaps[2],
-           LATE_THREADS / 2);
+    /* The first batches may make heaps up to the bound that earlier tests' threads set (twice the
+     * threads found alive when heaps last ran out, plus 8: with the holders of the reserve tests, up to
+     * about 60 heaps); the last makes a few at most (a thread just joined may still count as alive for a
+     * moment: the kernel reaps it after the join returns), not one per thread. */
+    CHECKF(heaps[1] - heaps[0] < LATE_THREADS / LATE_BATCHES && heaps[LATE_BATCHES] - heaps[LATE_BATCHES - 1] <= 4,
+           "heaps %zu -> %zu -> %zu -> %zu over %d batches of %d threads, one at a time", heaps[0], heaps[1],
+           heaps[2], heaps[3], LATE_BATCHES, LATE_THREADS / LATE_BATCHES);
 #endif
     for (int i = 0; i < late_count; i++) {
         blk_check(&late_blocks[i], "block allocated in a thread's exit");
