@@ -10,7 +10,7 @@ blocks above 16 KB. Used by tests/test_small.c and tests/test_medium.c.
 realloc_large_pairs - at the boundaries of the large blocks (above 1 MB, tests/test_large.c), from
 their rules: a fresh block of n bytes commits need(n) = round_up(n + 32, 4 KB) (a 32-byte header) in
 a reservation of R(n) = round_up(need + min(need, 1 GB), 64 KB) counted from the header (while the
-address space is unlimited).
+address space is unlimited), or to 2 MB instead of 64 KB where the platform gives large pages (Linux).
 In place it shrinks (decommitting the tail when the new need is below half of what is committed) and
 grows up to R; beyond R it moves. The sizes, each for the edge it stands at:
   - a small (1000) and a medium (100000) size and 1 MB, the largest medium one: into and out of the
@@ -25,7 +25,10 @@ grows up to R; beyond R it moves. The sizes, each for the edge it stands at:
     + 64 KB, rounded up); 16 MB - 32 and 16 MB + 64 KB - 32 (need exactly those reservations: in
     place) and 16 MB - 31 and 16 MB + 64 KB - 31 (a page beyond: moves);
   - 32 MB - 32 and 64 MB - 32 (each needs exactly the reservation of the one before: in place), and
-    64 MB (a page beyond: moves), the largest.
+    64 MB (a page beyond: moves), the largest;
+  - with 2 MB reservations: 4 MB - 32 (above) and 4 MB - 31 (need exactly the reservation of 1 MB + 1,
+    and a page beyond), and 18 MB - 32 and 18 MB - 31 (exactly the reservation of 8 MB - 31, and a page
+    beyond).
 Every ordered pair of distinct sizes of that set with at least one large size is emitted.
 
 No randomness: the output is the same on every run. Run `python3 gen/realloc_pairs.py` to rewrite
@@ -79,10 +82,11 @@ def need(n):
     return round_up(n + LARGE_HEADER, LARGE_PAGE)
 
 
-def reservation(n):
-    """The reservation of a fresh large block of n bytes, counted from its header."""
+def reservation(n, granule=LARGE_RESERVE_GRANULE):
+    """The reservation of a fresh large block of n bytes, counted from its header; granule 2 MB where
+    the platform gives large pages."""
     c = need(n)
-    return round_up(c + min(c, LARGE_HEADROOM_MAX), LARGE_RESERVE_GRANULE)
+    return round_up(c + min(c, LARGE_HEADROOM_MAX), granule)
 
 
 def with_need(c):
@@ -95,6 +99,7 @@ def large_sizes():
     r_least = with_need(reservation(MEDIUM_MAX + 1))   # 2 MB + 64 KB - 32: need == the smallest reservation
     half_of = with_need(4 * MB)                         # commits 4 MB
     r_16 = with_need(reservation(with_need(8 * MB)))    # 16 MB - 32: need == a reservation of exactly 16 MB
+    r_18 = with_need(reservation(with_need(8 * MB) + 1, 2 * MB))  # 18 MB - 32: that of 8 MB - 31, 2 MB rule
     out = {
         1000, 100000, MEDIUM_MAX,
         MEDIUM_MAX + 1, with_need(MEDIUM_MAX + LARGE_PAGE), with_need(MEDIUM_MAX + LARGE_PAGE) + 1,
@@ -105,12 +110,16 @@ def large_sizes():
         with_need(reservation(with_need(8 * MB) + 1)), with_need(reservation(with_need(8 * MB) + 1)) + 1,
         with_need(reservation(r_16)), with_need(reservation(with_need(reservation(r_16)))),
         64 * MB,
+        with_need(reservation(MEDIUM_MAX + 1, 2 * MB)) + 1,
+        r_18, r_18 + 1,
     }
     # The edges the set stands for, checked against the rules as written above.
     assert r_least == 2 * MB + 64 * KB - 32 and reservation(with_need(MEDIUM_MAX + LARGE_PAGE) + 1) == 2 * MB + 64 * KB
     assert reservation(with_need(8 * MB)) == 16 * MB and reservation(with_need(8 * MB) + 1) == 16 * MB + 64 * KB
     assert r_16 == 16 * MB - 32 and reservation(r_16) == 32 * MB and with_need(reservation(r_16)) == 32 * MB - 32
     assert reservation(32 * MB - 32) == 64 * MB and need(64 * MB) == 64 * MB + LARGE_PAGE
+    assert reservation(MEDIUM_MAX + 1, 2 * MB) == 4 * MB and half_of == 4 * MB - 32
+    assert r_18 == 18 * MB - 32
     return sorted(out)
 
 
