@@ -1398,8 +1398,8 @@ TEST(shard_thread_done_without_a_heap_does_nothing_and_the_exit_after_it_gives_n
  * the thread only then: on Linux by a key destructor in glibc's last round (the allocator's key, made
  * before this one, was seen empty in that round); on Windows by an FLS callback of the program's own
  * (Windows may have run the allocator's already). The heap made then must not outlive the thread for
- * good: the heaps of threads that no longer live are reused (heap.c), so 100 such threads one after
- * another leave a few heaps, not 100. Their blocks stay valid and the main thread frees them. */
+ * good: the heaps of threads that no longer live are reused (heap.c), so 150 such threads one after
+ * another leave a few heaps, not 150. Their blocks stay valid and the main thread frees them. */
 #define LATE_BATCHES 3
 #define LATE_THREADS (LATE_BATCHES * 50)
 static struct blk late_blocks[LATE_THREADS];
