@@ -49,8 +49,9 @@
  * A page of a thread heap that stays full and untouched (no free into it, by its owner or another
  * thread) while SHARD_LOOSE_AFTER more of its heap's pages go full (heap.h's full_ring) goes loose
  * (`hold`, line 1): its owner stores the items out in `hold` and USED_LOOSE in `used`, and counts the
- * page no more, so that a heap whose thread has stopped allocating does not hold pages that other threads emptied: a main thread that builds what workers free, then
- * waits for them (bench/shapes.c's larson: 10 MB of 75 at 8 threads). While a page is loose,
+ * page no more, so that a heap whose thread has stopped allocating does not hold pages that other
+ * threads emptied: a main thread that builds what workers free, then waits for them (bench/shapes.c's
+ * larson: 10 MB of 75 at 8 threads). While a page is loose,
  * thread_free's count reaching `out` means every item is back, and the thread whose free made it so
  * may release the page: it decommits the memory, when the page has been loose for a sixty-fourth of the
  * decommit delay and its owner, a heap that a thread runs, has drained no queued page since (heap.h's
