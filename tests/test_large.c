@@ -122,6 +122,13 @@ static size_t need(size_t n)
 #define COMMITS_WHOLE_LARGE_PAGES 1
 #endif
 #define HUGE_PAGE (2 * MB)
+static size_t commit_end(size_t c, size_t r)
+{
+    if (!COMMITS_WHOLE_LARGE_PAGES)
+        return c;
+    size_t e = round_up(c, HUGE_PAGE);
+    return e <= r ? e : c;
+}
 
 /* The reservation of a fresh block of n bytes, counted from its header. */
 static size_t reservation(size_t n)
@@ -129,13 +136,6 @@ static size_t reservation(size_t n)
     size_t c = need(n);
     return round_up(c + (c < RESERVE_EXTRA_MAX ? c : RESERVE_EXTRA_MAX),
                     COMMITS_WHOLE_LARGE_PAGES ? HUGE_PAGE : RESERVE_GRANULE);
-}
-static size_t commit_end(size_t c, size_t r)
-{
-    if (!COMMITS_WHOLE_LARGE_PAGES)
-        return c;
-    size_t e = round_up(c, HUGE_PAGE);
-    return e <= r ? e : c;
 }
 
 /* Where a block of need c holding `committed` bytes gives back its tail from when it shrinks or a cached
