@@ -191,8 +191,13 @@ void api_free_slow(void *p)
     if (p == NULL)
         return;
     unsigned kind = segmap_kind((uintptr_t)p);
+    heap *h = heap_mine();
+    if (h == NULL && (kind == SEG_SMALL || kind == SEG_MEDIUM)) {
+        heap *owner = load_relaxed(&segment_of(p)->owner); /* NULL: a spare segment */
+        if (owner != NULL)
+            h = heap_claim(owner); /* the heap of an ended thread whose blocks this thread frees: its own */
+    }
     if (kind == SEG_SMALL) {
-        heap *h = heap_mine();
         page *pg = page_of(p);
         /* h's segment, or one h gave to the orphans, which is h's again from this free on */
         if (h != NULL && (load_relaxed(&segment_of(p)->owner) == h || small_take_back(h, segment_of(p)) == 0)) {
@@ -212,8 +217,7 @@ void api_free_slow(void *p)
         return;
     }
     if (kind == SEG_MEDIUM) {
-        heap *h = owner_heap(p);
-        if (h != NULL)
+        if (h != NULL && load_relaxed(&segment_of(p)->owner) == h) /* it changes (small.h) */
             medium_free_local(h, p);
         else
             medium_free_foreign(p);

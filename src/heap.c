@@ -36,6 +36,16 @@
  * after A was popped and pushed again with another next. Heaps are never freed, so reading next_free of a
  * stale top is safe.
  *
+ * A thread without a heap whose free lands in a heap that waits in a stack takes that heap, not the top
+ * one (heap_claim, from api_free_slow): a thread that carries on an ended thread's work frees that
+ * thread's blocks before it allocates (a worker that hands its data to a successor; bench/shapes.c's
+ * larson), and so gets the heap they live in: its frees are its own and its allocations fill the pages
+ * they empty. Popping the top instead gave each heap the blocks of two threads' work, pages a third
+ * full, and larson@8 peaked at 76 MB against 57 (bench/results/2026-12-02-claim.md). The search takes
+ * the stacks whole under trim_lock, as a trim does, and costs a thread that only frees nothing while
+ * the heaps it frees into have threads. A heap given back by shard_thread_done is not taken so: its
+ * thread gave it up on purpose, and its own frees must not take it back.
+ *
  * What a waiting heap holds over time. Frees into a heap in a stack gather in its queues of foreign
  * frees, and the first page or arena queued at a heap in a stack sets `heap_reserve_due` a delay ahead
  * (unless an earlier one is set). The stacks are trimmed (trim_stack: taken whole, every heap's queues
@@ -444,6 +454,7 @@ void heap_thread_done(void)
         return;
     slot_store(NULL);
     slot_arm(NULL); /* disarms the exit hook: the heap goes back here, once */
+    store_relaxed(&h->thread_done, 1u); /* given back on purpose: the thread's frees leave it waiting */
     heap_retire(h);
 }
 
@@ -629,6 +640,16 @@ heap *heap_new(uint32_t thread)
     return h;
 }
 
+/* The calling thread takes h, a heap it took out of a stack. */
+static void take_over(heap *h)
+{
+    set_owner(h, os_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
+    h->segments_made = h->arenas_made = 0; /* its growth is the new thread's to show */
+    store_relaxed(&h->thread_done, 0u);
+    drop_reserve(h);                /* the reserve is this thread's now */
+    trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* what was freed into it while it waited; nothing goes back */
+}
+
 /* A heap for the calling thread, owned by it: one from the stack, one of a thread that no longer lives,
  * or a new one. */
 static heap *acquire(void)
@@ -641,10 +662,7 @@ static heap *acquire(void)
     }
     if (h == NULL)
         return heap_new(os_thread_id());
-    set_owner(h, os_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
-    h->segments_made = h->arenas_made = 0; /* its growth is the new thread's to show */
-    drop_reserve(h);                /* the reserve is this thread's now */
-    trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* what was freed into it while it waited; nothing goes back */
+    take_over(h);
     return h;
 }
 
@@ -667,6 +685,42 @@ heap *heap_get_or_create(int *lent)
             return h;
         }
         give_back(h); /* the thread could not own it */
+        return NULL;
+    }
+    return h;
+}
+
+heap *heap_claim(heap *want)
+{
+    /* Not a running thread's, an embedder's or the orphans (in no stack), nor one given back on purpose. */
+    if (OWNER_THREAD(load_relaxed(&want->owner)) != 0 || want->created || small_is_orphans(want) ||
+        load_relaxed(&want->thread_done))
+        return NULL;
+    if (slot_arm(NULL) == PORT_SLOT_EXITED || !spin_try_lock(&trim_lock))
+        return NULL; /* past its exit hook it would hold the heap for good; a trim or fork holds the stacks */
+    heap *list = take_stack(), *prev = NULL, *h = list;
+    while (h != NULL && h != want) {
+        prev = h;
+        h = load_relaxed(&h->next_free);
+    }
+    if (h != NULL && load_relaxed(&h->thread_done))
+        h = NULL; /* read again now that the push that put it here is seen */
+    if (h != NULL) { /* out of the list; the rest goes back in its order */
+        heap *next = load_relaxed(&h->next_free);
+        if (prev != NULL)
+            store_relaxed(&prev->next_free, next);
+        else
+            list = next;
+        store_relaxed(&h->next_free, (heap *)NULL);
+    }
+    put_back_stack(list);
+    spin_unlock(&trim_lock);
+    if (h == NULL)
+        return NULL; /* another thread took it first, or it was on its way into a stack */
+    take_over(h);
+    if (slot_store(h) != 0 || slot_arm(h) != 0) { /* as in heap_get_or_create */
+        slot_store(NULL);
+        give_back(h);
         return NULL;
     }
     return h;

@@ -1,6 +1,7 @@
 /* heap.h - the thread heap: what a thread allocates from, found through the port's heap slot.
  *
- * A heap is created the first time a thread allocates (a free alone creates none) and is never freed:
+ * A heap is created the first time a thread allocates (a free alone creates none, but takes the waiting
+ * heap it frees into: heap_claim) and is never freed:
  * when its thread exits it goes on a stack of free heaps (one 16-byte CAS on the top with a change
  * counter against ABA) and the next new thread takes it, warm, with the pages that still hold live
  * blocks, unless its segments with live blocks went to the orphans for any thread (small.h). Heaps are
@@ -55,6 +56,7 @@ typedef struct heap {
     uint32_t medium_ops;     /* counts medium operations: every 256th checks the empty arenas' age */
     uint64_t retired_at;     /* os_clock_ms() when it last went onto the stack of free heaps */
     uint32_t reserve_held;   /* 1 while it waits in the stack with a reserve (heap.c) */
+    uint32_t thread_done;    /* 1 while it waits since a shard_thread_done: no free takes it (heap_claim) */
     uint32_t forwards;       /* 1 once it gave segments to the orphans (small.h): its drains look at
                               * each page's owner */
     uint32_t sweep_wait;     /* slow paths that need a page and skip the walk of the lazy pages (small.c) */
@@ -183,6 +185,11 @@ void heap_retire(heap *h);
 /* The end of the calling thread's use of its heap (shard_thread_done): as at thread exit, the heap keeps
  * its reserve and goes onto the stack; the thread takes a heap again if it allocates again. */
 void heap_thread_done(void);
+
+/* The calling thread, which has no heap, frees a block of `want`'s: when want waits in a stack of free
+ * heaps, the thread takes it as its own (the reason: heap.c), and it is the thread's heap from here on;
+ * else NULL, nothing changed. */
+heap *heap_claim(heap *want);
 
 /* The stack's heaps are trimmed at heap_reserve_due (os_clock_ms(); 0: nothing due): the reserves of
  * exited threads expire, and blocks other threads freed into those heaps are taken in. Slow paths and

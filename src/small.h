@@ -378,6 +378,7 @@ void small_count(struct heap *h, small_counts *c);
  *     UINT64_MAX); when the next decommit or the spare segments' expiry is due, or 0 (always with now
  *     UINT64_MAX). */
 void small_orphan_give(struct heap *h);
+int small_is_orphans(const struct heap *h); /* whether h is the orphans' heap */
 /* Segment s becomes h's again if h gave it to the orphans and no heap took it since: 0, else -1. Called
  * by h's thread, for a free into s. */
 int small_take_back(struct heap *h, segment *s);

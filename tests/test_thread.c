@@ -3,8 +3,10 @@
  * exiting thread leaves and its expiry, shard_thread_done and shard_collect.
  *
  * The rules, as this file reads them (include/shardmm.h, src/heap.h, the lifecycle notes of issue 6):
- * - A thread's heap is made at its first allocation; a thread that only frees makes none and takes
- *   none (stats.heaps and heaps_free do not move). Heaps are never freed: a thread that starts takes
+ * - A thread's heap is made at its first allocation; a thread that only frees makes none, and takes
+ *   none while the blocks it frees are in heaps that threads have (stats.heaps and heaps_free do not
+ *   move). Its first free into a heap that waits in the stack takes that heap (heaps_free - 1), unless
+ *   shard_thread_done gave it back. Heaps are never freed: a thread that starts takes
  *   a waiting heap before it makes one - also while another thread has the stack of waiting heaps
  *   taken whole (to trim or check them): it waits for them - so the number of heaps is the peak of
  *   threads that held heaps at once.
@@ -650,6 +652,167 @@ TEST(a_free_from_a_thread_that_never_allocated_creates_no_heap)
     check_allocator("after a thread that only freed");
 }
 
+/* ---- a thread without a heap takes the waiting heap it frees into ---- */
+
+#define HANDED_COUNT 64
+#define HANDED_SIZE 48
+
+struct handed {
+    struct blk blocks[HANDED_COUNT]; /* made by an agent that then ends */
+    struct blk again;                /* the taker's allocation after its first free */
+    const void *first, *again_at;    /* where the block the taker freed first was, and `again` */
+#if SHARD_RULES
+    shard_stats before_free, after_free;
+#endif
+};
+
+static void handed_make_job(void *arg)
+{
+    struct handed *d = arg;
+    for (size_t i = 0; i < HANDED_COUNT; i++)
+        blk_alloc(&d->blocks[i], HANDED_SIZE, 0x7100 + (uint64_t)i);
+}
+
+/* Fills and empties pages: a heap with free pages to keep, which waits with a reserve. */
+static void pages_churn_job(void *unused)
+{
+    (void)unused;
+    static struct blk b[200];
+    for (size_t i = 0; i < 200; i++)
+        blk_alloc(&b[i], 1024, 0x7200 + (uint64_t)i);
+    for (size_t i = 0; i < 200; i++) {
+        blk_check(&b[i], "block of a thread that fills and empties pages");
+        blk_free(&b[i]);
+    }
+}
+
+static void *handed_taker_thread(void *arg)
+{
+    struct handed *d = arg;
+    blk_check(&d->blocks[0], "block of an ended thread, before another thread's first free");
+    d->first = d->blocks[0].p;
+#if SHARD_RULES
+    d->before_free = stats_now();
+#endif
+    blk_free(&d->blocks[0]);
+#if SHARD_RULES
+    d->after_free = stats_now();
+#endif
+    blk_alloc(&d->again, HANDED_SIZE, 0x7300);
+    d->again_at = d->again.p;
+    for (size_t i = 1; i < HANDED_COUNT; i++) {
+        blk_check(&d->blocks[i], "block of an ended thread, freed by the thread that took its heap");
+        blk_free(&d->blocks[i]);
+    }
+    blk_check(&d->again, "block allocated after the free that took a heap");
+    blk_free(&d->again);
+    return NULL;
+}
+
+/* A thread that carries on an ended thread's work frees its blocks before it allocates (bench/shapes.c's
+ * larson hands a window of blocks from thread to thread): its first free into a heap that waits in the
+ * stack takes that heap, not the one on top of the stack, so that its frees are its own and its
+ * allocations reuse what they free. Two heaps wait, the one with the blocks under the other. */
+TEST(a_thread_without_a_heap_takes_the_waiting_heap_whose_block_it_frees)
+{
+    static struct handed d;
+    struct holders h;
+    struct agent maker, churner;
+    hold_waiting_heaps(&h);
+    if (agent_start(&maker) && agent_start(&churner)) {
+        agent_do(&maker, handed_make_job, &d);
+        agent_do(&churner, pages_churn_job, NULL);
+    }
+    agent_stop(&maker);   /* its heap waits with the blocks */
+    agent_stop(&churner); /* its heap waits, on top */
+#if SHARD_RULES
+    shard_stats base = stats_now();
+#endif
+    run_thread(handed_taker_thread, &d);
+#if SHARD_RULES
+    shard_stats ended = stats_now();
+    CHECKF(base.heaps_free == 2 && d.before_free.heaps_free == 2 && d.before_free.heaps == base.heaps,
+           "before the first free: %zu heaps, %zu waiting (expected %zu and 2)", d.before_free.heaps,
+           d.before_free.heaps_free, base.heaps);
+    CHECKF(d.after_free.heaps_free == 1 && d.after_free.heaps == base.heaps,
+           "the free into a waiting heap by a thread without one took that heap: %zu heaps, %zu waiting after it "
+           "(expected %zu and 1)", d.after_free.heaps, d.after_free.heaps_free, base.heaps);
+    CHECKF(d.after_free.live_small == d.before_free.live_small - 1, "live small blocks %zu -> %zu at the free",
+           d.before_free.live_small, d.after_free.live_small);
+    CHECKF(d.again_at == d.first, "the next block of the size is the one just freed, in the heap taken: %p, not %p",
+           d.again_at, d.first);
+    CHECKF(ended.heaps == base.heaps && ended.heaps_free == 2, "after the taker ended: %zu heaps, %zu waiting",
+           ended.heaps, ended.heaps_free);
+#endif
+    release_holders(&h);
+    check_allocator("after a thread took the heap of the blocks it freed");
+}
+
+/* A thread past its exit hook (a key destructor that runs after the allocator's) frees a block of a
+ * waiting heap: the heap is not taken, since the thread could never give it back, and stays waiting. */
+#ifndef _WIN32
+static pthread_key_t past_exit_key;
+static struct handed past_exit;
+
+static void past_exit_destructor(void *value)
+{
+    (void)value;
+    blk_check(&past_exit.blocks[0], "block of a waiting heap, freed past a thread's exit hook");
+#if SHARD_RULES
+    past_exit.before_free = stats_now();
+#endif
+    blk_free(&past_exit.blocks[0]);
+#if SHARD_RULES
+    past_exit.after_free = stats_now();
+#endif
+}
+
+static void past_exit_arm_job(void *unused)
+{
+    (void)unused;
+    medium_op(); /* a heap of its own, and the allocator's key armed before the program's */
+    pthread_setspecific(past_exit_key, (void *)1);
+}
+#endif
+
+TEST(a_free_past_the_exit_hook_into_a_waiting_heap_leaves_it_waiting)
+{
+#ifdef _WIN32
+    SKIP_TEST(); /* the FLS callbacks' order is Windows': test_thread's late tests cover the exit there */
+#else
+    struct holders h;
+    struct agent maker, late;
+    medium_op();
+    CHECK_EQ(pthread_key_create(&past_exit_key, past_exit_destructor), 0);
+    hold_waiting_heaps(&h);
+    if (agent_start(&maker) && agent_start(&late)) {
+        agent_do(&maker, handed_make_job, &past_exit);
+        agent_do(&late, past_exit_arm_job, NULL);
+    }
+    agent_stop(&maker); /* its heap waits with the blocks */
+#if SHARD_RULES
+    shard_stats base = stats_now();
+#endif
+    agent_stop(&late); /* its heap goes back, then its destructor frees into the maker's */
+#if SHARD_RULES
+    shard_stats ended = stats_now();
+    CHECKF(base.heaps_free == 1 && past_exit.before_free.heaps_free == 2 && past_exit.after_free.heaps_free == 2,
+           "waiting heaps: %zu with the maker's, %zu after the late thread's exit hook, %zu after its free (1, 2, 2 "
+           "expected)", base.heaps_free, past_exit.before_free.heaps_free, past_exit.after_free.heaps_free);
+    CHECKF(ended.heaps == base.heaps && ended.heaps_free == 2, "after the late thread ended: %zu heaps (%zu before), "
+           "%zu waiting", ended.heaps, base.heaps, ended.heaps_free);
+    CHECK_EQ(past_exit.after_free.live_small, past_exit.before_free.live_small - 1);
+#endif
+    for (size_t i = 1; i < HANDED_COUNT; i++) {
+        blk_check(&past_exit.blocks[i], "block of a waiting heap, after a free past a thread's exit hook");
+        blk_free(&past_exit.blocks[i]);
+    }
+    pthread_key_delete(past_exit_key);
+    release_holders(&h);
+    check_allocator("after a free past a thread's exit hook into a waiting heap");
+#endif
+}
+
 /* ---- the reserve ---- */
 
 /* What a thread with a reserve to leave uses: 130 small pages (100 of 16384-byte blocks, 30 of 1024) and
@@ -1285,7 +1448,7 @@ static void *done_thread(void *arg)
     blk_check(&w->medium, "medium block after shard_thread_done");
     blk_check(&w->large, "large block after shard_thread_done");
     blk_check(&gone, "block freed after shard_thread_done");
-    blk_free(&gone); /* a free alone takes no heap */
+    blk_free(&gone); /* a free alone takes no heap, not even the one it gave back (heap_claim) */
     shard_stats freed = stats_now();
     CHECKF(freed.heaps == done.heaps && freed.heaps_free == done.heaps_free,
            "a free after shard_thread_done: heaps %zu -> %zu, waiting %zu -> %zu", done.heaps, freed.heaps,
