@@ -941,11 +941,11 @@ static heap orphans = {
     .forwards = 1, /* segments leave it: pages queued at it after that go on to their new owner */
 };
 static spinlock orphan_lock;
-
-int small_is_orphans(const heap *h) { return h == &orphans; }
 /* orphans.free_count as of the last change, for adopt_orphan's look before it takes the lock (the
  * count itself is written without atomics, under the lock). */
 static uint32_t orphan_free_pages;
+
+int small_is_orphans(const heap *h) { return h == &orphans; }
 
 static void orphan_unlock(void)
 {
