@@ -11,8 +11,9 @@
  *   checks and frees them at once: the producer-consumer shape, frees of small blocks by another thread.
  * - A spawner thread keeps starting short-lived threads, 1-4 at a time. Each allocates, resizes and frees
  *   some blocks of its own, sometimes calls shard_thread_done, and exits leaving blocks behind; the
- *   spawner (which never allocates, so it has no heap) checks them after the thread has exited and frees
- *   them, or hands some to a worker.
+ *   spawner checks them after the thread has exited and frees them, or hands some to a worker. It never
+ *   allocates: its first free of a batch takes the waiting heap of the block (src/heap.c, heap_claim),
+ *   and it gives that heap back with shard_thread_done after the batch.
  * - Now and then a worker calls shard_check() (a nonzero result is an error), shard_thread_done() (its
  *   blocks stay valid; its next allocation takes a heap again) and shard_collect(); so does the spawner.
  *
@@ -768,7 +769,10 @@ static void *spawner_main(void *arg)
                     blk_free(a, b, "before free (a short-lived thread's block)");
             }
         }
-#if SHARD_RULES /* a thread without a heap: shard_check sees the waiting heaps and the large cache */
+#if SHARD_RULES
+        shard_thread_done(); /* the heap its frees took goes back: the next batch's frees take one again */
+        a->c.thread_done++;
+        /* a thread without a heap: shard_check sees the waiting heaps and the large cache */
         if (rnd_below(a, SPAWNER_CHECK_ODDS) == 0) {
             int problems = shard_check();
             a->c.checks++;
