@@ -93,8 +93,8 @@ typedef struct shard_stats {
     size_t committed;        /* memory committed (readable and writable), bytes */
     size_t committed_peak;   /* highest value of committed so far */
     size_t live_small;       /* live blocks up to 16 KB */
-    size_t live_medium;      /* live blocks above 16 KB up to 1 MB (a block another thread freed counts
-                                until its owner's next medium-block operation) */
+    size_t live_medium;      /* live blocks above 16 KB up to 1 MB, or shrunk in place from there (a block
+                                another thread freed counts until its owner's next medium-block operation) */
     size_t live_large;       /* live blocks above 1 MB */
     size_t heaps;            /* thread heaps ever created */
     size_t heaps_free;       /* heaps of exited threads, waiting for a new thread to take them */
@@ -199,7 +199,7 @@ typedef void (*shard_output_fn)(void *arg, const char *text, size_t len);
 /* The kinds of block a visit reports. */
 enum shard_block_kind {
     SHARD_BLOCK_SMALL = 1,  /* up to 16 KB: usable is its size class */
-    SHARD_BLOCK_MEDIUM = 2, /* above 16 KB up to 1 MB */
+    SHARD_BLOCK_MEDIUM = 2, /* above 16 KB up to 1 MB; realloc may shrink one in place below 16 KB */
     SHARD_BLOCK_LARGE = 3   /* above 1 MB */
 };
 /* What a visit covers; or them together. */

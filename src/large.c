@@ -144,6 +144,17 @@ static heap *owner_of(large_header *h)
     return offset_of(h) >= LARGE_HEAP_OFFSET ? ((large_ext *)(h + 1))->owner : NULL;
 }
 
+/* The walks of the segment map (large_visit, large_release_owned) read headers that other threads may be
+ * writing at that moment: a block resized or moved in place, or freed and taken again from the cache.
+ * The fields they read (layout, owner, size) are loaded here, and stored where that can happen, as
+ * relaxed atomics. The mark they read first says the block was live; one that changes during the walk
+ * may be reported or not (include/shardmm.h, shard_visit). */
+static size_t offset_seen(large_header *h) { return (size_t)1 << (load_relaxed(&h->layout) & LAYOUT_OFFSET_MASK); }
+static heap *owner_seen(large_header *h, size_t offset)
+{
+    return offset >= LARGE_HEAP_OFFSET ? load_relaxed(&((large_ext *)(h + 1))->owner) : NULL;
+}
+
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
 /* The bytes from the header to the block's end, whole pages. */
 static size_t need_of(size_t size, size_t offset) { return round_up(size + offset, PORT_PAGE); }
@@ -486,7 +497,7 @@ void large_release_owned(heap *owner)
                 uintptr_t granule = (uintptr_t)hi << 32 | (uintptr_t)i << SEGMENT_SHIFT;
                 large_header *h = (large_header *)(kind == SEG_LARGE ? granule : granule - PORT_PAGE);
                 uint64_t live = mark_live(h);
-                if (load_acquire(&h->mark) == mark_live(h) && owner_of(h) == owner &&
+                if (load_acquire(&h->mark) == mark_live(h) && owner_seen(h, offset_seen(h)) == owner &&
                     cas_acq_rel(&h->mark, &live, mark_freed(h)))
                     batch[n++] = h;
             }
@@ -522,8 +533,11 @@ void large_visit(visitor *v, heap *only)
             /* live_header's test, from the granule: a block starts at its header's offset, or a far one
              * at the granule itself. A block being made or moved is LIVE only once it is whole. */
             large_header *h = (large_header *)(kind == SEG_LARGE ? granule : granule - PORT_PAGE);
-            if (load_acquire(&h->mark) == mark_live(h) && (only == NULL || owner_of(h) == only))
-                visit_block(v, block_of(h), h->size, VISIT_LARGE);
+            if (load_acquire(&h->mark) != mark_live(h))
+                continue;
+            size_t offset = offset_seen(h); /* owner_of and block_of, read once as atomics */
+            if (only == NULL || owner_seen(h, offset) == only)
+                visit_block(v, (uint8_t *)h + offset, load_relaxed(&h->size), VISIT_LARGE);
         }
     }
     spin_unlock(&walk_lock);
@@ -568,7 +582,7 @@ void *large_alloc(size_t size, int zero) { return large_alloc_aligned(size, LARG
 static void *go_live(large_header *h, heap *owner)
 {
     if (offset_of(h) >= LARGE_HEAP_OFFSET)
-        ((large_ext *)(h + 1))->owner = owner;
+        store_relaxed(&((large_ext *)(h + 1))->owner, owner); /* a walk may read it (owner_seen) */
     if (owner != NULL) {
         fetch_add_relaxed(&owner->large_count, 1);
         fetch_add_relaxed(&owner->large_bytes, h->size);
@@ -637,8 +651,8 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
                 return NULL;
             }
         }
-        h->size = need - offset;
-        h->layout = layout_of(span_of(h), offset);
+        store_relaxed(&h->size, need - offset); /* a walk may still read the block's last life */
+        store_relaxed(&h->layout, layout_of(span_of(h), offset));
         if (zero && committed > offset) /* memory committed in place reads zero; what was committed when cached is dirty */
             mem_zero(block_of(h), (committed < need ? committed : need) - offset);
     } else {
@@ -742,9 +756,9 @@ void *large_resize_in_place(void *p, size_t size)
         return NULL;
     }
     if (owner != NULL)
-        fetch_add_relaxed(&owner->large_bytes, (need - offset) - h->size);
-    h->size = need - offset;
-    count_live(0, h->size - was, h->committed - committed);
+        fetch_add_relaxed(&owner->large_bytes, (need - offset) - was);
+    store_relaxed(&h->size, need - offset); /* a walk may read it meanwhile (large_visit) */
+    count_live(0, need - offset - was, h->committed - committed);
     return p;
 }
 
@@ -781,12 +795,12 @@ void *large_move(void *p, size_t size)
         fetch_add_relaxed(&owner->large_bytes, (need - offset) - old_size);
     /* The header came along with the pages, mark LIVE, and the heap's field; only where the block lives
      * now changes (a far block becomes an ordinary one whose block starts a page in). */
-    h->size = need - offset;
+    store_relaxed(&h->size, need - offset); /* as in large_resize_in_place */
     h->committed = end;
-    h->layout = layout_of(span, offset);
+    store_relaxed(&h->layout, layout_of(span, offset));
     if (SHARD_HARDENED)
         store_release(&h->mark, mark_live(h)); /* sealed with its new address */
-    count_live(0, h->size - was, h->committed - was_committed);
+    count_live(0, need - offset - was, h->committed - was_committed);
     return block_of(h);
 }
 

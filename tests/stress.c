@@ -16,6 +16,8 @@
  *   and it gives that heap back with shard_thread_done after the batch.
  * - Now and then a worker calls shard_check() (a nonzero result is an error), shard_thread_done() (its
  *   blocks stay valid; its next allocation takes a heap again) and shard_collect(); so does the spawner.
+ *   A worker also walks every block it may (shard_visit: its own heap, the waiting heaps, every large
+ *   block) while the others go on, each block reported checked for its kind, alignment and size.
  *
  * Checks: every block is filled with the pattern of its own seed (harness.h) and checked before it is
  * freed, before and after realloc (the bytes realloc keeps), after it is handed over and when a worker
@@ -84,7 +86,8 @@ _Static_assert(SUPPLY >= INBOX, "a worker takes either mailbox into one array of
 #define REALLOC_MAX ((size_t)8 << 20)
 #define CHECK_ODDS 4096             /* a worker calls shard_check about once per this many steps, */
 #define DONE_ODDS 50000             /* shard_thread_done once per this many, */
-#define COLLECT_ODDS 200000         /* and shard_collect once per this many */
+#define COLLECT_ODDS 200000         /* and shard_collect once per this many, */
+#define WALK_ODDS 2048              /* and shard_visit once per this many */
 #define SPAWNER_CHECK_ODDS 16       /* the spawner calls shard_check once per this many batches */
 #define SPAWNER_COLLECT_ODDS 256    /* and shard_collect once per this many */
 #define ERROR_MESSAGES 20           /* errors printed in full; the others are counted */
@@ -198,6 +201,7 @@ struct counts {
     unsigned long long supplied;     /* small blocks a neighbour freed at once */
     unsigned long long short_threads;
     unsigned long long checks, thread_done, collect; /* shard_check, shard_thread_done, shard_collect */
+    unsigned long long walks;        /* shard_visit */
 };
 
 static void counts_add(struct counts *to, const struct counts *c)
@@ -212,6 +216,7 @@ static void counts_add(struct counts *to, const struct counts *c)
     to->checks += c->checks;
     to->thread_done += c->thread_done;
     to->collect += c->collect;
+    to->walks += c->walks;
 }
 
 /* A thread of the test: its name for messages, its generator and its counts. */
@@ -632,10 +637,32 @@ static void supply_step(struct worker *w)
         blk_free(&w->a, &b, "before free (a supplied block that found no room)");
 }
 
+#if SHARD_RULES
+/* shard_visit's callback: a block of a kind, aligned, with a usable size of that kind (a medium block
+ * shrunk by realloc stays where it is, small sizes included). It neither allocates nor frees through
+ * shardmm. */
+static int visit_check(void *arg, void *block, size_t usable, int kind)
+{
+    const struct actor *a = arg;
+    int size_ok = kind == SHARD_BLOCK_SMALL    ? usable > 0 && usable <= SMALL_MAX
+                  : kind == SHARD_BLOCK_MEDIUM ? usable > 0 && usable <= 2 * MEDIUM_MAX
+                  : kind == SHARD_BLOCK_LARGE  ? usable > MEDIUM_MAX
+                                               : 0;
+    if (!size_ok || ((uintptr_t)block & 15) != 0)
+        stress_error("shard_visit in %s reported block %p of kind %d with %zu usable bytes", a->name, block,
+                     kind, usable);
+    return 0;
+}
+#endif
+
 /* The calls of shardmm's own that a program makes now and then. */
 static void now_and_then(struct actor *a)
 {
 #if SHARD_RULES
+    if (rnd_below(a, WALK_ODDS) == 0) {
+        shard_visit(SHARD_VISIT_ALL, visit_check, a);
+        a->c.walks++;
+    }
     if (rnd_below(a, CHECK_ODDS) == 0) {
         int problems = shard_check();
         a->c.checks++;
@@ -1053,9 +1080,10 @@ int main(int argc, char **argv)
         printf("stress: errors: %d; repeat with: %s %s\n", errors, argv[0], run_options);
     printf("stress: %d threads, %.1f s (%.1f s with the end): malloc %llu, calloc %llu, realloc %llu, free %llu, "
            "hand-overs %llu, supplied %llu, short-lived threads %llu, shard_check %llu, shard_thread_done %llu, "
-           "shard_collect %llu; errors %d\n",
+           "shard_collect %llu, shard_visit %llu; errors %d\n",
            threads, ran, all, total.malloc_calls, total.calloc_calls, total.realloc_calls, total.free_calls,
-           total.handed, total.supplied, total.short_threads, total.checks, total.thread_done, total.collect, errors);
+           total.handed, total.supplied, total.short_threads, total.checks, total.thread_done, total.collect,
+           total.walks, errors);
     fflush(stdout);
     for (int i = 0; i < threads; i++) {
         free(workers[i]->inbox.blocks);
