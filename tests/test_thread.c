@@ -6,10 +6,10 @@
  * - A thread's heap is made at its first allocation; a thread that only frees makes none, and takes
  *   none while the blocks it frees are in heaps that threads have (stats.heaps and heaps_free do not
  *   move). Its first free into a heap that waits in the stack takes that heap (heaps_free - 1), unless
- *   shard_thread_done gave it back. Heaps are never freed: a thread that starts takes
- *   a waiting heap before it makes one - also while another thread has the stack of waiting heaps
- *   taken whole (to trim or check them): it waits for them - so the number of heaps is the peak of
- *   threads that held heaps at once.
+ *   shard_thread_done gave it back. Heaps are never freed: a thread that starts takes a waiting heap
+ *   before it makes one - also while another thread has the stack of waiting heaps taken whole (to
+ *   trim or check them): it waits for them - so the number of heaps is the peak of threads that held
+ *   heaps at once.
  * - Blocks outlive their thread; any thread may check, resize and free them.
  * - A free into a heap that waits in the stack is held there; the next thread to take the heap takes
  *   those frees first (at its first allocation), so the pages and arenas whose blocks were all freed
