@@ -115,8 +115,12 @@ _Static_assert(LAYOUT_ALIGN_SHIFT + 6 <= 12, "the layout's flags fit below the p
 
 static size_t span_of(const large_header *h) { return h->layout & ~(PORT_PAGE - 1); }
 static int is_far(const large_header *h) { return (h->layout & LAYOUT_FAR) != 0; }
-/* Where the block starts, from the header: 32, the alignment of an aligned block, a page for a far one. */
-static size_t offset_of(const large_header *h) { return (size_t)1 << (h->layout & LAYOUT_OFFSET_MASK); }
+/* Where the block starts, from the header: 32, the alignment of an aligned block, a page for a far one.
+ * An atomic load, as owner_of's: the walks read it (below). */
+static size_t offset_of(const large_header *h)
+{
+    return (size_t)1 << (load_relaxed(&h->layout) & LAYOUT_OFFSET_MASK);
+}
 static uint8_t *block_of(large_header *h) { return (uint8_t *)h + offset_of(h); }
 /* The reservation starts `lead` bytes below the header (0 but for a far block). */
 static size_t lead_of(const large_header *h)
@@ -139,21 +143,16 @@ typedef struct large_ext {
 } large_ext;
 _Static_assert(LARGE_HEADER + sizeof(large_ext) == LARGE_HEAP_OFFSET, "the heap's field fits before the block");
 
-static heap *owner_of(large_header *h)
-{
-    return offset_of(h) >= LARGE_HEAP_OFFSET ? ((large_ext *)(h + 1))->owner : NULL;
-}
-
 /* The walks of the segment map (large_visit, large_release_owned) read headers that other threads may be
  * writing at that moment: a block resized or moved in place, or freed and taken again from the cache.
- * The fields they read (layout, owner, size) are loaded here, and stored where that can happen, as
- * relaxed atomics. The mark they read first says the block was live; one that changes during the walk
- * may be reported or not (include/shardmm.h, shard_visit). */
-static size_t offset_seen(large_header *h) { return (size_t)1 << (load_relaxed(&h->layout) & LAYOUT_OFFSET_MASK); }
-static heap *owner_seen(large_header *h, size_t offset)
+ * The fields they read (layout, owner, size) are loaded as relaxed atomics (offset_of, owner_at), and
+ * stored so where that can happen. The mark they read first says the block was live; one that changes
+ * during the walk may be reported or not (include/shardmm.h, shard_visit). */
+static heap *owner_at(large_header *h, size_t offset)
 {
     return offset >= LARGE_HEAP_OFFSET ? load_relaxed(&((large_ext *)(h + 1))->owner) : NULL;
 }
+static heap *owner_of(large_header *h) { return owner_at(h, offset_of(h)); }
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
 /* The bytes from the header to the block's end, whole pages. */
@@ -497,7 +496,7 @@ void large_release_owned(heap *owner)
                 uintptr_t granule = (uintptr_t)hi << 32 | (uintptr_t)i << SEGMENT_SHIFT;
                 large_header *h = (large_header *)(kind == SEG_LARGE ? granule : granule - PORT_PAGE);
                 uint64_t live = mark_live(h);
-                if (load_acquire(&h->mark) == mark_live(h) && owner_seen(h, offset_seen(h)) == owner &&
+                if (load_acquire(&h->mark) == mark_live(h) && owner_of(h) == owner &&
                     cas_acq_rel(&h->mark, &live, mark_freed(h)))
                     batch[n++] = h;
             }
@@ -535,8 +534,8 @@ void large_visit(visitor *v, heap *only)
             large_header *h = (large_header *)(kind == SEG_LARGE ? granule : granule - PORT_PAGE);
             if (load_acquire(&h->mark) != mark_live(h))
                 continue;
-            size_t offset = offset_seen(h); /* owner_of and block_of, read once as atomics */
-            if (only == NULL || owner_seen(h, offset) == only)
+            size_t offset = offset_of(h); /* read once, for the owner and the start */
+            if (only == NULL || owner_at(h, offset) == only)
                 visit_block(v, (uint8_t *)h + offset, load_relaxed(&h->size), VISIT_LARGE);
         }
     }
@@ -582,7 +581,7 @@ void *large_alloc(size_t size, int zero) { return large_alloc_aligned(size, LARG
 static void *go_live(large_header *h, heap *owner)
 {
     if (offset_of(h) >= LARGE_HEAP_OFFSET)
-        store_relaxed(&((large_ext *)(h + 1))->owner, owner); /* a walk may read it (owner_seen) */
+        store_relaxed(&((large_ext *)(h + 1))->owner, owner); /* a walk may read it (owner_of) */
     if (owner != NULL) {
         fetch_add_relaxed(&owner->large_count, 1);
         fetch_add_relaxed(&owner->large_bytes, h->size);
