@@ -36,11 +36,16 @@
 #include "options.h"
 
 /* Destroyed heaps, for reuse, the most recently destroyed first (under their lock); `warm` of them keep
- * a reserve (below). */
+ * a reserve (below). A destroy that finds the lock held by another thread's fork does not wait for it
+ * (heap.c, "Fork"), nor empty the heap then: the fork holds the lock of the walk that finds the heap's
+ * large blocks too, which would stay live and counted. It pushes the heap onto `deferred`, without the
+ * lock, and arms the reserves' clock; whoever takes the lock next (a create, a destroy, the clock's
+ * expiry, shard_collect) destroys it then. */
 static struct {
     spinlock lock;
     heap *first;
     unsigned warm;
+    heap *deferred; /* linked by next_created; atomic */
 } destroyed;
 
 /* What a destroyed or reset heap keeps committed for the next engine, as a thread keeps the pages it
@@ -117,6 +122,33 @@ static void created_empty(heap *h, int keep)
     store_relaxed(&h->limit_hit, 0u);
 }
 
+/* Under the list's lock: h emptied, keeping a reserve while fewer than CREATED_RESERVE_HEAPS do, and
+ * listed for reuse. */
+static void created_retire(heap *h)
+{
+    int keep = destroyed.warm < CREATED_RESERVE_HEAPS;
+    destroyed.warm += (unsigned)keep;
+    created_empty(h, keep);
+    h->retired_at = os_clock_ms();
+    h->next_created = destroyed.first;
+    destroyed.first = h;
+    if (keep)
+        heap_arm_reserve_due(h->retired_at + options_values.reserve_delay_ms);
+}
+
+/* Under the list's lock: the destroys a fork put off, done now. */
+static void created_retire_deferred(void)
+{
+    if (load_relaxed(&destroyed.deferred) == NULL)
+        return;
+    heap *h = __atomic_exchange_n(&destroyed.deferred, (heap *)NULL, __ATOMIC_ACQUIRE);
+    while (h != NULL) {
+        heap *next = h->next_created;
+        created_retire(h);
+        h = next;
+    }
+}
+
 void created_lock_for_fork(int take)
 {
     if (take)
@@ -130,6 +162,7 @@ uint64_t created_reserve_expire(uint64_t now)
     uint64_t due = 0;
     if (!spin_lock_unless_fork(&destroyed.lock))
         return 0;
+    created_retire_deferred();
     for (heap *h = destroyed.first; h != NULL; h = h->next_created) {
         if (!h->reserve_held)
             continue;
@@ -150,6 +183,7 @@ shard_heap *shard_heap_create(const shard_heap_options *opt)
     heap_started();
     heap *h = NULL;
     if (spin_lock_unless_fork(&destroyed.lock)) {
+        created_retire_deferred();
         h = destroyed.first;
         if (h != NULL) {
             destroyed.first = h->next_created;
@@ -180,21 +214,18 @@ void API(heap_destroy)(shard_heap *sh)
         return;
     heap *h = created_heap_of(sh);
     /* Under the list's lock throughout (the OS calls too: destroys and creates are far rarer than the
-     * blocks). While another thread's fork holds it, the heap gives everything back and is not listed: its
-     * structure (a few KB) is lost, not its memory. */
+     * blocks); while another thread's fork holds it, put off (`destroyed`, above). */
     if (!spin_lock_unless_fork(&destroyed.lock)) {
-        created_empty(h, 0);
+        heap *first = load_relaxed(&destroyed.deferred);
+        do
+            h->next_created = first;
+        while (!cas_release(&destroyed.deferred, &first, h));
+        heap_arm_reserve_due(os_clock_ms());
         return;
     }
-    int keep = destroyed.warm < CREATED_RESERVE_HEAPS;
-    destroyed.warm += (unsigned)keep;
-    created_empty(h, keep);
-    h->retired_at = os_clock_ms();
-    h->next_created = destroyed.first;
-    destroyed.first = h;
+    created_retire_deferred();
+    created_retire(h);
     spin_unlock(&destroyed.lock);
-    if (keep)
-        heap_arm_reserve_due(h->retired_at + options_values.reserve_delay_ms);
 }
 
 void API(heap_reset)(shard_heap *sh)

@@ -88,7 +88,7 @@ typedef struct heap {
     size_t large_count, large_bytes; /* its live large blocks and their usable bytes; atomic */
     int (*on_limit)(void *arg, struct shard_heap *heap, size_t size);
     void *on_limit_arg;
-    struct heap *next_created; /* in the list of destroyed heaps, for reuse */
+    struct heap *next_created; /* in the list of destroyed heaps, for reuse, or of those put off (engine.c) */
 } heap;
 
 /* Count bytes committed for h (a created heap's; nothing for a thread heap): -1, nothing counted and

@@ -57,6 +57,9 @@ static struct {
     void (*collect)(void);
     int (*check)(void);
     shard_error_fn (*set_error_hook)(shard_error_fn, void *);
+    shard_heap *(*heap_create)(const shard_heap_options *); /* the heap API, NULL under glibc */
+    void (*heap_destroy)(shard_heap *);
+    void *(*heap_malloc)(shard_heap *, size_t);
 } A;
 static const char *mode = "glibc";
 
@@ -89,6 +92,9 @@ static void bind_allocator(void)
         A.collect = (void (*)(void))dlsym(lib, "shard_collect");
         A.check = (int (*)(void))dlsym(lib, "shard_check");
         A.set_error_hook = (shard_error_fn(*)(shard_error_fn, void *))dlsym(lib, "shard_set_error_hook");
+        A.heap_create = (shard_heap * (*)(const shard_heap_options *)) dlsym(lib, "shard_heap_create");
+        A.heap_destroy = (void (*)(shard_heap *))dlsym(lib, "shard_heap_destroy");
+        A.heap_malloc = (void *(*)(shard_heap *, size_t))dlsym(lib, "shard_heap_malloc");
         return;
     }
     A.malloc = malloc;
@@ -103,6 +109,9 @@ static void bind_allocator(void)
     A.collect = (void (*)(void))dlsym(RTLD_DEFAULT, "shard_collect");
     A.check = (int (*)(void))dlsym(RTLD_DEFAULT, "shard_check");
     A.set_error_hook = (shard_error_fn(*)(shard_error_fn, void *))dlsym(RTLD_DEFAULT, "shard_set_error_hook");
+    A.heap_create = (shard_heap * (*)(const shard_heap_options *)) dlsym(RTLD_DEFAULT, "shard_heap_create");
+    A.heap_destroy = (void (*)(shard_heap *))dlsym(RTLD_DEFAULT, "shard_heap_destroy");
+    A.heap_malloc = (void *(*)(shard_heap *, size_t))dlsym(RTLD_DEFAULT, "shard_heap_malloc");
     if (strcmp(mode, "preload") == 0 && A.get_stats == NULL) {
         fprintf(stderr, "preload mode without shardmm in the process\n");
         _exit(92);
@@ -544,6 +553,79 @@ static void scenario_atfork_library_locks(void)
            hook_calls);
 }
 
+/* An engine's heap destroyed by one thread while another forks: a library's prepare handler (registered
+ * before shardmm's in the api mode, so it runs while shardmm holds its locks) lets a thread destroy a heap
+ * holding a large, a medium and a small block, and waits for the destroy to return, which must not wait
+ * for the fork's locks. The heap's blocks must then be gone as after any destroy: once the fork is over,
+ * shard_collect leaves the statistics' live large and medium blocks where they were before the heap. */
+static shard_heap *fork_victim;
+static int destroy_go, destroy_done;
+
+static void *destroyer(void *arg)
+{
+    (void)arg;
+    while (!__atomic_load_n(&destroy_go, __ATOMIC_ACQUIRE))
+        sched_yield();
+    A.heap_destroy(fork_victim);
+    __atomic_store_n(&destroy_done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void destroyer_prepare(void)
+{
+    if (fork_victim == NULL || __atomic_load_n(&destroy_go, __ATOMIC_RELAXED))
+        return;
+    __atomic_store_n(&destroy_go, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&destroy_done, __ATOMIC_ACQUIRE)) /* the scenario's alarm ends a destroy that waits */
+        sched_yield();
+}
+
+static int child_after_destroy(void)
+{
+    exercise(800, "child");
+    return A.check == NULL || A.check() == 0;
+}
+
+static void scenario_destroy_during_fork(void)
+{
+    EXPECT(pthread_atfork(destroyer_prepare, NULL, NULL) == 0, "handler");
+    bind_allocator();
+    if (A.heap_create == NULL) { /* glibc: the fork alone */
+        fork_and_check(child_after_destroy, "fork");
+        return;
+    }
+    shard_stats before = stats_now();
+    fork_victim = A.heap_create(NULL);
+    EXPECT(fork_victim != NULL, "shard_heap_create");
+    if (fork_victim == NULL)
+        return;
+    static const size_t sizes[] = {3 * MB, 100 * KB, 100};
+    for (size_t i = 0; i < 3; i++) {
+        unsigned char *p = A.heap_malloc(fork_victim, sizes[i]);
+        EXPECT(p != NULL, "shard_heap_malloc(%zu)", sizes[i]);
+        if (p != NULL)
+            fill(p, sizes[i], 900 + i);
+    }
+    shard_stats full = stats_now();
+    EXPECT(full.live_large == before.live_large + 1 && full.live_medium == before.live_medium + 1,
+           "the heap's blocks counted: large %zu to %zu, medium %zu to %zu", before.live_large, full.live_large,
+           before.live_medium, full.live_medium);
+    pthread_t t;
+    EXPECT(pthread_create(&t, NULL, destroyer, NULL) == 0, "thread");
+    fork_and_check(child_after_destroy, "fork while another thread destroys a heap");
+    pthread_join(t, NULL);
+    EXPECT(destroy_done, "the destroy returned");
+    A.collect();
+    shard_stats after = stats_now();
+    EXPECT(after.live_large == before.live_large && after.live_large_bytes == before.live_large_bytes,
+           "live large blocks after the destroy and shard_collect: %zu (%zu bytes), %zu (%zu bytes) before the heap",
+           after.live_large, after.live_large_bytes, before.live_large, before.live_large_bytes);
+    EXPECT(after.live_medium == before.live_medium, "live medium blocks after the destroy: %zu, %zu before",
+           after.live_medium, before.live_medium);
+    EXPECT(A.check() == 0, "shard_check after the destroy");
+    exercise(810, "main thread after the fork");
+}
+
 /* The first blocks of the process are large ones, allocated and freed by two threads in a tight loop
  * (the large-block cache's lock is held much of the time), while the main thread forks: every child must
  * be able to allocate. The fork handlers must be in place from the first allocation of any kind. */
@@ -914,6 +996,7 @@ static const struct {
     {"atfork-handlers-allocate", scenario_atfork_handlers_allocate},
     {"atfork-library-locks", scenario_atfork_library_locks},
     {"first-blocks-large-then-fork", scenario_first_blocks_large_then_fork},
+    {"destroy-during-fork", scenario_destroy_during_fork},
     {"late-destructor-heaps", scenario_late_destructor_heaps},
     {"exited-thread-memory-returned", scenario_exited_thread_memory_returned},
     {"idle-heaps-100", scenario_idle_heaps_100},
@@ -1008,6 +1091,7 @@ TEST(atfork_many_handlers_before_first_malloc) { run_scenario("atfork-many-befor
 TEST(atfork_handlers_allocate_and_free) { run_scenario("atfork-handlers-allocate"); }
 TEST(atfork_handlers_that_lock_free_and_collect) { run_scenario("atfork-library-locks"); }
 TEST(first_blocks_large_then_fork) { run_scenario("first-blocks-large-then-fork"); }
+TEST(heap_destroyed_while_another_thread_forks) { run_scenario("destroy-during-fork"); }
 TEST(first_allocation_in_last_destructor_round_leaves_no_heap) { run_scenario("late-destructor-heaps"); }
 TEST(exited_thread_memory_returned_without_a_call) { run_scenario("exited-thread-memory-returned"); }
 TEST(idle_heaps_of_100_threads_return_their_memory) { run_scenario("idle-heaps-100"); }

@@ -141,7 +141,7 @@ static size_t reservation(size_t n)
 /* Where a block of need c holding `committed` bytes gives back its tail from when it shrinks or a cached
  * block is taken for less: where the platform gives large pages, the next 2 MB boundary from its header
  * (at most `committed`), so that the large page it ends in stays whole; elsewhere c. */
-static size_t tail_start(size_t c, size_t committed)
+static inline size_t tail_start(size_t c, size_t committed)
 {
     if (!COMMITS_WHOLE_LARGE_PAGES)
         return c;
