@@ -381,7 +381,7 @@ static int ensure_committed(arena *a, size_t end)
     heap *h = a->seg.owner;
     if (heap_charge(h, to - a->committed) != 0)
         return -1;
-    if (os_commit((uint8_t *)a + a->committed, to - a->committed) != 0) {
+    if (segment_commit(&a->seg, (uint8_t *)a + a->committed, to - a->committed) != 0) {
         heap_uncharge(h, to - a->committed);
         return -1;
     }

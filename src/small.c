@@ -510,12 +510,12 @@ static page *page_acquire(heap *h)
     pg = h->cold_pages.first;
     if (heap_charge(h, PAGE_SIZE) != 0)
         return NULL;
-    if (os_commit(page_start(pg), PAGE_SIZE) != 0) {
+    segment *s = segment_of(pg);
+    if (segment_commit(s, page_start(pg), PAGE_SIZE) != 0) {
         heap_uncharge(h, PAGE_SIZE);
         return NULL;
     }
     list_remove(&h->cold_pages, pg);
-    segment *s = segment_of(pg);
     if (unlikely(s->spared_left != 0)) {
         size_t at = (size_t)(page_start(pg) - (uint8_t *)s);
         segment_spared_commit(s, at, at + PAGE_SIZE);
