@@ -301,6 +301,14 @@ size_t segment_large_from(int first, uint32_t created)
     return SEGMENT_SIZE;
 }
 
+/* seg's spared unit onto large pages now (segment.h). */
+static void spared_collapse(segment *seg)
+{
+    seg->spared_left = 0;
+    count_call();
+    port_caps.collapse_large_pages(seg, SEGMENT_LARGE_UNIT);
+}
+
 void segment_spared_commit(segment *seg, size_t from, size_t to)
 {
     if (from >= SEGMENT_LARGE_UNIT)
@@ -310,9 +318,14 @@ void segment_spared_commit(segment *seg, size_t from, size_t to)
         seg->spared_left -= pieces;
         return;
     }
-    seg->spared_left = 0;
-    count_call();
-    port_caps.collapse_large_pages(seg, SEGMENT_LARGE_UNIT);
+    spared_collapse(seg);
+}
+
+void segment_spared_grown(segment *seg, unsigned kind)
+{
+    uint32_t all = kind == SEG_SMALL ? SHARD_SPARED_SMALL : SHARD_SPARED_MEDIUM;
+    if (seg->spared_left != 0 && all - seg->spared_left >= (all + 3) / 4)
+        spared_collapse(seg);
 }
 
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t large_from)

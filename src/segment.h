@@ -123,6 +123,14 @@ size_t segment_large_from(int first, uint32_t created);
  * only what lies below SEGMENT_LARGE_UNIT counts. */
 void segment_spared_commit(segment *seg, size_t from, size_t to);
 
+/* The owner of seg (a small segment or a medium arena, `kind`) just filled its spared unit of the other
+ * kind: seg's spared unit goes on large pages too if the heap has made at least a quarter of its commits
+ * there (SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM): a heap that has grown through one unit and well
+ * into the other is not small either. One with little of the other kind (a thread's one medium buffer
+ * of 600 KB and a few small blocks) keeps that unit on small pages. On bench/shapes.c's strings (8
+ * threads) this saved 40 % of the faults (bench/results/2026-12-03-whole-commits.md). */
+void segment_spared_grown(segment *seg, unsigned kind);
+
 /* Commit [addr, addr+size) inside seg, as os_commit: 0, or -1 with nothing changed. Where the platform
  * committed the segment whole at its reservation (the large-page kind, PORT_LARGE_RESERVE_COMMITTED),
  * only the accounting and the limit: no call to the platform. */
