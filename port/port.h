@@ -58,6 +58,9 @@ _Noreturn void port_abort(void);
 #define PORT_DECOMMIT_FAULTS 1u       /* it faults (Windows) */
 #define PORT_DECOMMIT_KEEPS_CHARGE 2u /* it reads zeros, and the range stays charged against the system's
                                        * commit limit until it is released (Linux, see linux.c) */
+/* A reserve_large_pages reservation is committed whole when it is made (Linux, see linux.c): a commit
+ * inside it would change nothing, and the core makes none (it counts the bytes all the same). */
+#define PORT_LARGE_RESERVE_COMMITTED 4u
 
 /* Returned by thread_exit_arm in a thread whose exit hook has already run. */
 #define PORT_SLOT_EXITED 1
@@ -65,7 +68,7 @@ _Noreturn void port_abort(void);
 #define PORT_THREAD_NONE 0xffffffffu
 
 typedef struct port_capabilities {
-    unsigned flags; /* PORT_DECOMMIT_* */
+    unsigned flags; /* PORT_DECOMMIT_*, PORT_LARGE_RESERVE_COMMITTED */
 
     /* Move the pages of [from, from+size), committed and inside the reservation [reservation,
      * +reservation_size), to [to, to+size) inside another reservation, without copying (their contents
@@ -86,7 +89,8 @@ typedef struct port_capabilities {
      * a whole large page from `from` on at the first touch of a committed byte in it, uncommitted
      * neighbours included, so resident memory may exceed what the core committed by up to a large page
      * less a piece for each large page touched; and the uncommitted parts may read zeros rather than
-     * fault (the core touches none). Without it the core takes port_reserve, and no large pages. */
+     * fault (the core touches none). With PORT_LARGE_RESERVE_COMMITTED it comes committed whole, and the
+ * core commits nothing inside it. Without it the core takes port_reserve, and no large pages. */
     void *(*reserve_large_pages)(size_t size, size_t align, size_t from);
 
     /* Back [addr, addr+size) of a reserve_large_pages reservation below its `from` (large-page

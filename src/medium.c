@@ -269,6 +269,12 @@ unsigned medium_release_empty(heap *h, int spare)
     return spared;
 }
 
+void medium_spared_grown(heap *h)
+{
+    for (arena *a = h->arenas; a != NULL; a = a->next)
+        segment_spared_grown(&a->seg, SEG_MEDIUM);
+}
+
 void medium_release_all(heap *h)
 {
     arena *a = h->arenas;
@@ -381,12 +387,15 @@ static int ensure_committed(arena *a, size_t end)
     heap *h = a->seg.owner;
     if (heap_charge(h, to - a->committed) != 0)
         return -1;
-    if (os_commit((uint8_t *)a + a->committed, to - a->committed) != 0) {
+    if (segment_commit(&a->seg, (uint8_t *)a + a->committed, to - a->committed) != 0) {
         heap_uncharge(h, to - a->committed);
         return -1;
     }
-    if (unlikely(a->seg.spared_left != 0))
+    if (unlikely(a->seg.spared_left != 0)) {
         segment_spared_commit(&a->seg, a->committed, to);
+        if (a->seg.spared_left == 0)
+            small_spared_grown(h);
+    }
     store_relaxed(&a->committed, to);
     return 0;
 }

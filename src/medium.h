@@ -87,6 +87,8 @@ unsigned medium_release_empty(struct heap *h, int spare);
 /* Release all of h's arenas, live blocks and all (a created heap's destroy or reset: engine.c); the
  * caller clears h's bins and lists. */
 void medium_release_all(struct heap *h);
+/* h filled its small spared unit: segment_spared_grown for each of its arenas still spared. */
+void medium_spared_grown(struct heap *h);
 /* Every arena of h becomes one free chunk again, its blocks gone, without a look at them; all but the
  * `keep` first stay committed, the rest are released (a created heap's destroy or reset: engine.c). */
 void medium_empty_keep(struct heap *h, unsigned keep);

@@ -54,16 +54,18 @@ static size_t commit_limit = SIZE_MAX; /* shard_set_limit */
 
 size_t os_set_limit(size_t bytes) { return __atomic_exchange_n(&commit_limit, bytes, __ATOMIC_RELAXED); }
 
-int os_commit(void *addr, size_t size)
+/* os_commit, with the platform asked (`ask`) or the memory committed already (segment_commit). */
+static int commit_counted(void *addr, size_t size, int ask)
 {
-    count_call();
+    if (ask)
+        count_call();
     /* The bytes are counted before the platform is asked, so that threads committing at the same time
      * cannot pass the limit together; a refusal takes them back. */
     size_t limit = load_relaxed(&commit_limit);
     if (limit != SIZE_MAX) {
         size_t now = counted(__atomic_add_fetch(&totals.committed, size, __ATOMIC_RELAXED));
         int past = now > limit;
-        if (past || port_commit(addr, size) != 0) {
+        if (past || (ask && port_commit(addr, size) != 0)) {
             fetch_add_relaxed(&totals.committed, -size);
             if (options_values.verbose)
                 past ? options_say_limit(size, limit) : options_say_refused("commit", size);
@@ -72,13 +74,20 @@ int os_commit(void *addr, size_t size)
         count_peak(now);
         return 0;
     }
-    if (port_commit(addr, size) != 0) {
+    if (ask && port_commit(addr, size) != 0) {
         if (options_values.verbose)
             options_say_refused("commit", size);
         return -1;
     }
     count_peak(counted(__atomic_add_fetch(&totals.committed, size, __ATOMIC_RELAXED)));
     return 0;
+}
+
+int os_commit(void *addr, size_t size) { return commit_counted(addr, size, 1); }
+
+int segment_commit(const segment *seg, void *addr, size_t size)
+{
+    return commit_counted(addr, size, !seg->committed_whole);
 }
 
 int os_decommit(void *addr, size_t size)
@@ -292,6 +301,14 @@ size_t segment_large_from(int first, uint32_t created)
     return SEGMENT_SIZE;
 }
 
+/* seg's spared unit onto large pages now (segment.h). */
+static void spared_collapse(segment *seg)
+{
+    seg->spared_left = 0;
+    count_call();
+    port_caps.collapse_large_pages(seg, SEGMENT_LARGE_UNIT);
+}
+
 void segment_spared_commit(segment *seg, size_t from, size_t to)
 {
     if (from >= SEGMENT_LARGE_UNIT)
@@ -301,9 +318,14 @@ void segment_spared_commit(segment *seg, size_t from, size_t to)
         seg->spared_left -= pieces;
         return;
     }
-    seg->spared_left = 0;
-    count_call();
-    port_caps.collapse_large_pages(seg, SEGMENT_LARGE_UNIT);
+    spared_collapse(seg);
+}
+
+void segment_spared_grown(segment *seg, unsigned kind)
+{
+    uint32_t all = kind == SEG_SMALL ? SHARD_SPARED_SMALL : SHARD_SPARED_MEDIUM;
+    if (seg->spared_left != 0 && all - seg->spared_left >= (all + 3) / 4)
+        spared_collapse(seg);
 }
 
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t large_from)
@@ -314,11 +336,13 @@ segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t
                        : os_reserve(SEGMENT_SIZE, SEGMENT_SIZE);
     if (seg == NULL)
         return NULL;
-    if (os_commit(seg, commit) != 0) {
+    int whole = large_from < SEGMENT_SIZE && (port_caps.flags & PORT_LARGE_RESERVE_COMMITTED) != 0;
+    if (commit_counted(seg, commit, !whole) != 0) {
         os_release(seg, SEGMENT_SIZE, 0);
         return NULL;
     }
     seg->owner = owner;
+    seg->committed_whole = (uint32_t)whole;
     if (large_from == SEGMENT_LARGE_UNIT && port_caps.collapse_large_pages != NULL)
         seg->spared_left = kind == SEG_SMALL ? SHARD_SPARED_SMALL : SHARD_SPARED_MEDIUM;
 #if SHARD_HARDENED

@@ -61,7 +61,9 @@ typedef struct segment {
     struct segment *next_released; /* in the list of segments waiting for their release (segment_release) */
     size_t released_committed;      /* bytes still committed when it was given up, for the accounting */
     uint64_t secret;                /* hardened builds: the key of its free lists (small.h); else 0 */
-    uint8_t pad_line0[8];
+    uint32_t committed_whole;       /* 1: the platform committed all of it at its reservation (segment_commit);
+                                     * written at creation only */
+    uint8_t pad_line0[4];
     /* line 1, which the owner's slow paths write: not the line of the owner word and the secret, which
      * other threads' frees read */
     uint32_t full_pages;            /* small: its pages out of their class lists as full (small.c) */
@@ -120,6 +122,19 @@ size_t segment_large_from(int first, uint32_t created);
  * owner after it committed [from, to) of seg (offsets, in 64 KB pieces), whose spared_left is not 0;
  * only what lies below SEGMENT_LARGE_UNIT counts. */
 void segment_spared_commit(segment *seg, size_t from, size_t to);
+
+/* The owner of seg (a small segment or a medium arena, `kind`) just filled its spared unit of the other
+ * kind: seg's spared unit goes on large pages too if the heap has made at least a quarter of its commits
+ * there (SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM): a heap that has grown through one unit and well
+ * into the other is not small either. One with little of the other kind (a thread's one medium buffer
+ * of 600 KB and a few small blocks) keeps that unit on small pages. On bench/shapes.c's strings (8
+ * threads) this saved 40 % of the faults (bench/results/2026-12-03-whole-commits.md). */
+void segment_spared_grown(segment *seg, unsigned kind);
+
+/* Commit [addr, addr+size) inside seg, as os_commit: 0, or -1 with nothing changed. Where the platform
+ * committed the segment whole at its reservation (the large-page kind, PORT_LARGE_RESERVE_COMMITTED),
+ * only the accounting and the limit: no call to the platform. */
+int segment_commit(const segment *seg, void *addr, size_t size);
 
 /* Give a segment of ours back to the OS, `committed` bytes of it still committed: its map entry goes at
  * once, its reservation when no statistics walk (below) can still be looking at it. The caller has taken

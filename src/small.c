@@ -334,6 +334,12 @@ static int adopt_spare(heap *h, size_t least)
     return 0;
 }
 
+void small_spared_grown(heap *h)
+{
+    for (segment *s = h->segments; s != NULL; s = s->next)
+        segment_spared_grown(s, SEG_SMALL);
+}
+
 void small_release_all(heap *h)
 {
     mem_zero(h->full_ring, sizeof h->full_ring);
@@ -510,15 +516,17 @@ static page *page_acquire(heap *h)
     pg = h->cold_pages.first;
     if (heap_charge(h, PAGE_SIZE) != 0)
         return NULL;
-    if (os_commit(page_start(pg), PAGE_SIZE) != 0) {
+    segment *s = segment_of(pg);
+    if (segment_commit(s, page_start(pg), PAGE_SIZE) != 0) {
         heap_uncharge(h, PAGE_SIZE);
         return NULL;
     }
     list_remove(&h->cold_pages, pg);
-    segment *s = segment_of(pg);
     if (unlikely(s->spared_left != 0)) {
         size_t at = (size_t)(page_start(pg) - (uint8_t *)s);
         segment_spared_commit(s, at, at + PAGE_SIZE);
+        if (s->spared_left == 0)
+            medium_spared_grown(h);
     }
     return pg;
 }

@@ -347,6 +347,8 @@ unsigned small_release_empty(struct heap *h, int spare);
 /* Release all of h's segments, live blocks and all (a created heap's destroy or reset: engine.c); the
  * caller clears h's lists. */
 void small_release_all(struct heap *h);
+/* h filled its medium spared unit: segment_spared_grown for each of its segments still spared. */
+void small_spared_grown(struct heap *h);
 /* Every page of h becomes free, its blocks gone, without a look at them; then all but the `keep` most
  * recently listed free pages are decommitted, and segments left without a committed page released (a
  * created heap's destroy or reset that keeps a warm reserve: engine.c). */

@@ -28,6 +28,7 @@
 #define WIN32_LEAN_AND_MEAN
 #include <windows.h>
 #else
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -282,6 +283,79 @@ static void scenario_huge_pages_spared(void)
         shard_free(medium[i]);
 }
 
+/* The mapping that holds address a: whether it has the huge-page hint (VmFlags "hg", which the spared
+ * unit gets only with its collapse), and the KB of huge pages in it, or -1 when none holds a. */
+static long hinted_huge_kb_at(uintptr_t a)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    unsigned long lo, hi, kb;
+    long huge = -1;
+    int ours = 0, hinted = 0;
+    while (f != NULL && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            ours = a >= lo && a < hi;
+        else if (ours && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1)
+            huge = (long)kb;
+        else if (ours && strncmp(line, "VmFlags:", 8) == 0)
+            hinted = strstr(line, " hg") != NULL;
+    }
+    if (f != NULL)
+        fclose(f);
+    return hinted ? huge : 0;
+}
+
+/* In a heap of its own (a thread's): `blocks` medium blocks of 32 KB in its first arena, then 64-byte
+ * blocks until its first segment's spared 2 MB is full (as above), every block checked; the KB of huge
+ * pages in the arena's mapping then, 0 when it has no huge-page hint, or -1 when a block lost its
+ * pattern. */
+static void *medium_then_small(void *arg)
+{
+    enum { SMALL_MAX = 32 * 1024 };
+    static uint64_t *small[SMALL_MAX];
+    uint64_t *medium[16];
+    size_t n_small = 0, n_medium = (size_t)(uintptr_t)arg, bad = 0;
+    for (size_t i = 0; i < n_medium; i++) {
+        medium[i] = shard_malloc(32768);
+        for (size_t w = 0; w < 4096; w += 511)
+            medium[i][w] = (uint64_t)(uintptr_t)medium[i] * 7 + w;
+    }
+    uintptr_t arena = (uintptr_t)medium[0] & ~(uintptr_t)(4 * MB - 1), seg = 0;
+    while (n_small < SMALL_MAX) {
+        uint64_t *p = shard_malloc(64);
+        p[0] = (uint64_t)(uintptr_t)p * 31;
+        small[n_small++] = p;
+        seg = (uintptr_t)small[0] & ~(uintptr_t)(4 * MB - 1);
+        if ((uintptr_t)p - seg >= 31 * 65536)
+            break;
+    }
+    long huge = hinted_huge_kb_at(arena);
+    for (size_t i = 0; i < n_small; i++) {
+        bad += small[i][0] != (uint64_t)(uintptr_t)small[i] * 31;
+        shard_free(small[i]);
+    }
+    for (size_t i = 0; i < n_medium; i++) {
+        for (size_t w = 0; w < 4096; w += 511)
+            bad += medium[i][w] != (uint64_t)(uintptr_t)medium[i] * 7 + w;
+        shard_free(medium[i]);
+    }
+    return (void *)(intptr_t)(bad == 0 ? huge : -1);
+}
+
+/* A heap that fills its small spared unit with a quarter of its medium one committed (8 blocks of 32 KB:
+ * 4 commits of 64 KB past the arena's first, of 8) puts the arena's unit on huge pages too; one with 3
+ * blocks (1 commit) keeps it on small pages. Each in a thread, both alive at once (two heaps). */
+static void scenario_huge_pages_spared_both(void)
+{
+    unsigned long fallback_before = vmstat("thp_fault_fallback");
+    pthread_t t;
+    void *few = NULL, *quarter = medium_then_small((void *)(uintptr_t)8);
+    if (pthread_create(&t, NULL, medium_then_small, (void *)(uintptr_t)3) == 0)
+        pthread_join(t, &few);
+    fprintf(stderr, "child: arena %ld KB with 8 blocks, %ld KB with 3, %lu fallbacks\n", (long)(intptr_t)quarter,
+            (long)(intptr_t)few, vmstat("thp_fault_fallback") - fallback_before);
+}
+
 /* A heap that grows to 16 MB of small blocks, and one of 1 MB, which stays in its first 2 MB. */
 static void scenario_huge_pages(void) { huge_pages_under(16 * MB); }
 static void scenario_huge_pages_small(void) { huge_pages_under(1 * MB); }
@@ -310,6 +384,7 @@ static const struct {
     {"huge-pages", scenario_huge_pages},
     {"huge-pages-small", scenario_huge_pages_small},
     {"huge-pages-spared", scenario_huge_pages_spared},
+    {"huge-pages-spared-both", scenario_huge_pages_spared_both},
 #endif
 };
 
@@ -772,6 +847,27 @@ static int kernel_collapses(void)
     int ok = madvise(p, 2 * MB, MADV_HUGEPAGE) == 0 && madvise(p, 2 * MB, 25 /* MADV_COLLAPSE */) == 0;
     munmap(r, 4 * MB);
     return ok;
+}
+
+/* scenario_huge_pages_spared_both: the arena of a heap with a quarter of its medium unit committed goes
+ * on huge pages with its small unit; one with less stays on small pages. */
+TEST(a_heap_that_fills_one_spared_unit_puts_the_other_on_huge_pages_when_it_used_a_quarter)
+{
+    if (strcmp(thp_mode(), "madvise") != 0 && strcmp(thp_mode(), "always") != 0)
+        SKIP_TEST();
+    child *c = run("huge-pages-spared-both", NO_VARS);
+    long quarter = -1, few = -1;
+    unsigned long fallbacks = 0;
+    const char *line = strstr(c->err, "child: arena ");
+    int parsed = line != NULL && sscanf(line, "child: arena %ld KB with 8 blocks, %ld KB with 3, %lu fallbacks",
+                                        &quarter, &few, &fallbacks) == 3;
+    CHECKF(parsed && quarter >= 0 && few >= 0, "the blocks of both heaps kept their patterns: %s", c->err);
+    if (!kernel_collapses() || fallbacks > 0)
+        SKIP_TEST(); /* no collapse here, or no huge page free */
+    CHECKF(quarter >= 2048, "the arena of a heap that filled its small spared unit with 4 of 8 medium commits: "
+           "%ld KB of huge pages (2048 expected)", quarter);
+    if (strcmp(thp_mode(), "madvise") == 0)
+        CHECKF(few == 0, "the arena of a heap with 1 medium commit: %ld KB of huge pages (0 expected)", few);
 }
 
 TEST(a_heap_that_fills_its_spared_first_2_mb_gets_huge_pages_there_with_its_blocks_intact)

@@ -108,7 +108,7 @@ TEST(the_capabilities_are_those_of_the_os)
           port_caps.address_space_limit == NULL && port_caps.reserve_large_pages == NULL &&
           port_caps.collapse_large_pages == NULL);
 #else
-    CHECK_EQ(port_caps.flags, PORT_DECOMMIT_KEEPS_CHARGE);
+    CHECK_EQ(port_caps.flags, PORT_DECOMMIT_KEEPS_CHARGE | PORT_LARGE_RESERVE_COMMITTED);
     CHECK(port_caps.move_release != NULL && port_caps.hint_large_pages != NULL && port_caps.fork_hooks != NULL &&
           port_caps.thread_tag != NULL && port_caps.address_space_limit != NULL &&
           port_caps.reserve_large_pages != NULL && port_caps.collapse_large_pages != NULL);
@@ -383,6 +383,30 @@ TEST(a_large_page_reservation_follows_the_contract_as_one_mapping) { large_page_
 TEST(a_large_page_reservation_from_2_mb_on_is_two_mappings_however_it_is_committed)
 {
     large_page_reservation((size_t)2 << 20, 2);
+}
+
+/* PORT_LARGE_RESERVE_COMMITTED: the core commits nothing inside a large-page reservation, so all of it
+ * must be usable as it comes, below the offset too, and again after a decommit (zeros). */
+TEST(a_large_page_reservation_comes_committed_whole)
+{
+    if (!(port_caps.flags & PORT_LARGE_RESERVE_COMMITTED))
+        return;
+    const size_t size = (size_t)4 << 20, piece = (size_t)64 << 10;
+    unsigned char *r = port_caps.reserve_large_pages(size, size, (size_t)2 << 20);
+    CHECK(r != NULL);
+    if (r == NULL)
+        return;
+    CHECK_EQ(bytes_not_equal(r, size, 0), size);
+    fill(r, 3 * piece, 41);
+    fill(r + 3 * piece, piece, 42);
+    fill(r + 4 * piece, size - 4 * piece, 41);
+    CHECK_EQ(port_decommit(r + 3 * piece, piece), 0);
+    CHECK_EQ(bytes_not_equal(r + 3 * piece, piece, 0), piece);
+    fill(r + 3 * piece, piece, 43); /* no commit: still read/write */
+    CHECK(check_pattern(r + 3 * piece, piece, 43));
+    CHECK(check_pattern(r, 3 * piece, 41));
+    CHECK(check_pattern(r + 4 * piece, size - 4 * piece, 41));
+    CHECK_EQ(port_release(r, size), 0);
 }
 
 /* The part below the offset collapsed into large pages keeps the contract: what was written stays,

@@ -873,6 +873,71 @@ TEST(a_new_small_segment_reserves_4mb_of_address_space)
 #endif
 }
 
+#if SHARD_RULES
+struct page_commits {
+    void *blocks[4 * 48];
+    size_t commits;   /* mallocs that committed a page of their segment (no new segment) */
+    size_t calls;     /* OS calls those made */
+    size_t committed; /* the bytes they committed */
+};
+
+/* 16 KB blocks, four to a page, in a fresh thread: 48 pages of its first segment, each committed by the
+ * malloc that takes its first block. */
+static void *page_commits_thread(void *arg)
+{
+    struct page_commits *w = arg;
+    void *first = shard_malloc(16); /* the thread's heap and its first segment, before anything is counted */
+    CHECK(first != NULL);
+    for (size_t i = 0; i < sizeof w->blocks / sizeof *w->blocks; i++) {
+        shard_stats a = stats_now();
+        void *p = shard_malloc(SMALL_MAX);
+        shard_stats b = stats_now();
+        CHECK(p != NULL);
+        if (p != NULL)
+            fill(p, SMALL_MAX, 1700 + i);
+        w->blocks[i] = p;
+        if (b.committed > a.committed && b.reserved == a.reserved) {
+            w->commits++;
+            w->calls += b.os_calls - a.os_calls;
+            w->committed += b.committed - a.committed;
+        }
+    }
+    shard_free(first);
+    return NULL;
+}
+#endif
+
+/* Where the platform commits a segment whole when it reserves it (Linux, for the segments on huge pages:
+ * all of them but with SHARDMM_HUGE_PAGES=0), a page's commit is counted but asks the OS nothing: the
+ * mprotect it was (to the protection the range had) took the process's mapping lock for nothing. The
+ * one call allowed is the collapse of the spared first 2 MB onto huge pages (segment.h). Elsewhere each
+ * commit is one call. */
+TEST(a_page_commit_in_a_segment_committed_whole_makes_no_system_call)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    static struct page_commits w;
+    memset(&w, 0, sizeof w);
+    shard_collect(); /* the waiting heaps' free pages and the spare segments go: the thread commits */
+    run_thread(page_commits_thread, &w);
+    CHECKF(w.commits >= 40 && w.committed == w.commits * 65536, "%zu page commits of %zu bytes", w.commits,
+           w.committed);
+#ifdef __linux__
+    const char *mode = getenv("SHARDMM_HUGE_PAGES");
+    int whole = mode == NULL || strcmp(mode, "0") != 0;
+#else
+    int whole = 0;
+#endif
+    if (whole)
+        CHECKF(w.calls <= 1, "%zu OS calls for %zu page commits", w.calls, w.commits);
+    else
+        CHECKF(w.calls == w.commits, "%zu OS calls for %zu page commits", w.calls, w.commits);
+    check_and_free_blocks(w.blocks, sizeof w.blocks / sizeof *w.blocks, SMALL_MAX, 1700, "16 KB block");
+    CHECK_EQ(shard_check(), 0);
+#endif
+}
+
 /* Blocks above 1 MB give their committed memory back when freed (statistics), and allocations whose
  * commit is refused give NULL rather than memory that cannot be touched, after a second try with what
  * waited given back. The refusal comes from a limit (shard_set_limit), so that it does not depend on
