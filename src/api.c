@@ -530,6 +530,9 @@ void shard_get_stats(shard_stats *out)
     out->medium_arenas = mc.arenas;
     out->medium_arenas_empty = mc.empty;
     out->medium_arenas_decommitted = mc.decommitted;
+#if SHARD_FULL_DEBUG
+    debugmode_stats(out);
+#endif
 }
 
 int API(check)(void)

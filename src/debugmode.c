@@ -40,7 +40,9 @@
  *
  * shard_usable_size gives the size asked for; shard_visit (and the leak report) gives the program's
  * blocks with that size, quarantined blocks left out; realloc always moves the block (a stale pointer to
- * the old one then reads the free pattern). shard_get_stats counts the core's blocks, quarantine included.
+ * the old one then reads the free pattern). shard_get_stats counts the core's blocks less the quarantined
+ * ones (debugmode_stats): those the program freed are not live (their memory stays in `committed` and
+ * `live_large_committed`); blocks kept out of use after a report are.
  *
  * Depends on: debugmode.h (the core's names), error.h, fast.h (api_usable), options.h, segment.h (errno),
  * sync.h, libc.h, port.h (symbolize), include/shardmm.h.
@@ -317,7 +319,47 @@ static struct {
     spinlock lock;
     dbg_header *oldest, *youngest;
     size_t bytes;
+    size_t blocks_of[3], usable_of[3]; /* the blocks waiting by kind (small, medium, large) and the core's
+                                        * usable bytes of them: shard_get_stats leaves them out */
 } quarantine;
+
+/* The kind of a core block, as the statistics count it: by the memory it lies in. */
+static unsigned kind_of(void *base)
+{
+    unsigned k = segmap_kind((uintptr_t)base);
+    return k == SEG_SMALL ? 0 : k == SEG_MEDIUM ? 1 : 2;
+}
+
+/* h comes into the quarantine (+1) or leaves it (-1): its kind's tally follows (the caller holds the lock). */
+static void tally(dbg_header *h, int sign)
+{
+    void *base = base_of(h);
+    unsigned k = kind_of(base);
+    size_t usable = core_usable_size(base);
+    quarantine.blocks_of[k] += (size_t)(long)sign;
+    quarantine.usable_of[k] += sign > 0 ? usable : -usable;
+}
+
+/* The quarantine given up (a damaged block in it): what it held is out of use for good, and counted live. */
+static void quarantine_forget(void)
+{
+    quarantine.oldest = quarantine.youngest = NULL;
+    quarantine.bytes = 0;
+    mem_zero(quarantine.blocks_of, sizeof quarantine.blocks_of);
+    mem_zero(quarantine.usable_of, sizeof quarantine.usable_of);
+}
+
+void debugmode_stats(shard_stats *s)
+{
+    spin_lock(&quarantine.lock);
+    size_t *blocks[3] = {&s->live_small, &s->live_medium, &s->live_large};
+    size_t *bytes[3] = {&s->live_small_bytes, &s->live_medium_bytes, &s->live_large_bytes};
+    for (unsigned k = 0; k < 3; k++) {
+        *blocks[k] -= *blocks[k] < quarantine.blocks_of[k] ? *blocks[k] : quarantine.blocks_of[k];
+        *bytes[k] -= *bytes[k] < quarantine.usable_of[k] ? *bytes[k] : quarantine.usable_of[k];
+    }
+    spin_unlock(&quarantine.lock);
+}
 
 void debugmode_lock_for_fork(int take)
 {
@@ -353,6 +395,7 @@ static void quarantine_put(dbg_header *h, void *now_site)
         quarantine.oldest = h;
     quarantine.youngest = h;
     quarantine.bytes += cost_of(h);
+    tally(h, 1);
     /* The oldest blocks leave, from `leaving` to `last` along their links. A block whose seal fails
      * (its header written to while it waited) leaves last: its link and size cannot be trusted, so the
      * blocks after it stay out of use, unchecked, and the quarantine starts anew. */
@@ -361,14 +404,14 @@ static void quarantine_put(dbg_header *h, void *now_site)
         dbg_header *o = quarantine.oldest;
         last = o;
         if (!sealed(o)) {
-            quarantine.oldest = quarantine.youngest = NULL;
-            quarantine.bytes = 0;
+            quarantine_forget();
             break;
         }
         quarantine.oldest = o->next;
         if (quarantine.oldest == NULL)
             quarantine.youngest = NULL;
         quarantine.bytes -= cost_of(o);
+        tally(o, -1);
     }
     spin_unlock(&quarantine.lock);
     for (dbg_header *o = last != NULL ? leaving : NULL; o != NULL;) { /* checked and freed outside the lock: a
@@ -712,10 +755,8 @@ void debugmode_at_exit(void)
     found.count = 0;
     spin_lock(&quarantine.lock);
     quarantine_check(&found);
-    if (found.count != 0) {
-        quarantine.oldest = quarantine.youngest = NULL;
-        quarantine.bytes = 0;
-    }
+    if (found.count != 0)
+        quarantine_forget();
     spin_unlock(&quarantine.lock);
     for (size_t i = 0; i < found.count && i < FINDINGS_SHOWN; i++)
         report(&found.f[i]);

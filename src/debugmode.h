@@ -57,6 +57,8 @@ void *debugmode_alloc_site(const void *block);
 void debugmode_out_site(text_out *o, void *site);
 /* At exit (options.c): the quarantine checked once more, each damaged block reported. */
 void debugmode_at_exit(void);
+/* shard_get_stats's live counts and bytes less the quarantined blocks (api.c). */
+void debugmode_stats(shard_stats *s);
 /* Take (1) or give back (0) the quarantine's lock around a fork (heap.c's fork hooks). */
 void debugmode_lock_for_fork(int take);
 #endif

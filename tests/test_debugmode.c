@@ -620,6 +620,40 @@ TEST(quarantine_keeps_memory_bounded)
     CHECK_EQ(calls.count, 0);
 }
 
+/* A freed block that waits in the quarantine is not a live block of the program's: shard_get_stats leaves
+ * it out of the live counts and bytes of its kind, as it does the blocks that left the quarantine. */
+TEST(statistics_leave_out_the_quarantined_blocks)
+{
+    calls_reset();
+    flush_quarantine();
+    shard_stats before, live, after;
+    shard_get_stats(&before);
+    void *s = shard_malloc(100), *m = shard_malloc(100 * KB), *l = shard_malloc(3 * MB);
+    CHECK(s != NULL && m != NULL && l != NULL);
+    shard_get_stats(&live);
+    CHECK_EQ(live.live_small, before.live_small + 1);
+    CHECK_EQ(live.live_medium, before.live_medium + 1);
+    CHECK_EQ(live.live_large, before.live_large + 1);
+    shard_free(s);
+    shard_free(m);
+    shard_free(l);
+    shard_get_stats(&after);
+    CHECKF(after.live_small == before.live_small && after.live_small_bytes == before.live_small_bytes,
+           "small: %zu blocks, %zu bytes after the frees; %zu, %zu before", after.live_small, after.live_small_bytes,
+           before.live_small, before.live_small_bytes);
+    CHECKF(after.live_medium == before.live_medium && after.live_medium_bytes == before.live_medium_bytes,
+           "medium: %zu blocks, %zu bytes after the frees; %zu, %zu before", after.live_medium,
+           after.live_medium_bytes, before.live_medium, before.live_medium_bytes);
+    CHECKF(after.live_large == before.live_large && after.live_large_bytes == before.live_large_bytes,
+           "large: %zu blocks, %zu bytes after the frees; %zu, %zu before", after.live_large, after.live_large_bytes,
+           before.live_large, before.live_large_bytes);
+    flush_quarantine();
+    shard_get_stats(&after);
+    CHECK_EQ(after.live_medium, before.live_medium);
+    CHECK_EQ(after.live_large, before.live_large);
+    CHECK_EQ(calls.count, 0);
+}
+
 TEST(leak_report_names_the_allocation_site)
 {
     calls_reset();
