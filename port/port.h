@@ -90,7 +90,7 @@ typedef struct port_capabilities {
      * neighbours included, so resident memory may exceed what the core committed by up to a large page
      * less a piece for each large page touched; and the uncommitted parts may read zeros rather than
      * fault (the core touches none). With PORT_LARGE_RESERVE_COMMITTED it comes committed whole, and the
- * core commits nothing inside it. Without it the core takes port_reserve, and no large pages. */
+     * core commits nothing inside it. Without it the core takes port_reserve, and no large pages. */
     void *(*reserve_large_pages)(size_t size, size_t align, size_t from);
 
     /* Back [addr, addr+size) of a reserve_large_pages reservation below its `from` (large-page

@@ -128,7 +128,7 @@ void segment_spared_commit(segment *seg, size_t from, size_t to);
  * there (SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM): a heap that has grown through one unit and well
  * into the other is not small either. One with little of the other kind (a thread's one medium buffer
  * of 600 KB and a few small blocks) keeps that unit on small pages. On bench/shapes.c's strings (8
- * threads) this saved 40 % of the faults (bench/results/2026-12-03-whole-commits.md). */
+ * threads) this saved 37 % of the faults (bench/results/2026-12-03-whole-commits.md). */
 void segment_spared_grown(segment *seg, unsigned kind);
 
 /* Commit [addr, addr+size) inside seg, as os_commit: 0, or -1 with nothing changed. Where the platform
