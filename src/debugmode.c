@@ -336,7 +336,7 @@ static void tally(dbg_header *h, int sign)
     void *base = base_of(h);
     unsigned k = kind_of(base);
     size_t usable = core_usable_size(base);
-    quarantine.blocks_of[k] += (size_t)(long)sign;
+    quarantine.blocks_of[k] += (size_t)sign;
     quarantine.usable_of[k] += sign > 0 ? usable : -usable;
 }
 

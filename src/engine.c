@@ -136,17 +136,21 @@ static void created_retire(heap *h)
         heap_arm_reserve_due(h->retired_at + options_values.reserve_delay_ms);
 }
 
-/* Under the list's lock: the destroys a fork put off, done now. */
-static void created_retire_deferred(void)
+/* Take the list's lock, unless another thread's fork holds it (0); the destroys a fork put off are done
+ * first, so that whoever takes it finds them listed. */
+static int destroyed_lock(void)
 {
-    if (load_relaxed(&destroyed.deferred) == NULL)
-        return;
-    heap *h = __atomic_exchange_n(&destroyed.deferred, (heap *)NULL, __ATOMIC_ACQUIRE);
-    while (h != NULL) {
-        heap *next = h->next_created;
-        created_retire(h);
-        h = next;
+    if (!spin_lock_unless_fork(&destroyed.lock))
+        return 0;
+    if (load_relaxed(&destroyed.deferred) != NULL) {
+        heap *h = __atomic_exchange_n(&destroyed.deferred, (heap *)NULL, __ATOMIC_ACQUIRE);
+        while (h != NULL) {
+            heap *next = h->next_created;
+            created_retire(h);
+            h = next;
+        }
     }
+    return 1;
 }
 
 void created_lock_for_fork(int take)
@@ -160,9 +164,8 @@ void created_lock_for_fork(int take)
 uint64_t created_reserve_expire(uint64_t now)
 {
     uint64_t due = 0;
-    if (!spin_lock_unless_fork(&destroyed.lock))
+    if (!destroyed_lock())
         return 0;
-    created_retire_deferred();
     for (heap *h = destroyed.first; h != NULL; h = h->next_created) {
         if (!h->reserve_held)
             continue;
@@ -182,8 +185,7 @@ shard_heap *shard_heap_create(const shard_heap_options *opt)
 {
     heap_started();
     heap *h = NULL;
-    if (spin_lock_unless_fork(&destroyed.lock)) {
-        created_retire_deferred();
+    if (destroyed_lock()) {
         h = destroyed.first;
         if (h != NULL) {
             destroyed.first = h->next_created;
@@ -215,7 +217,7 @@ void API(heap_destroy)(shard_heap *sh)
     heap *h = created_heap_of(sh);
     /* Under the list's lock throughout (the OS calls too: destroys and creates are far rarer than the
      * blocks); while another thread's fork holds it, put off (`destroyed`, above). */
-    if (!spin_lock_unless_fork(&destroyed.lock)) {
+    if (!destroyed_lock()) {
         heap *first = load_relaxed(&destroyed.deferred);
         do
             h->next_created = first;
@@ -223,7 +225,6 @@ void API(heap_destroy)(shard_heap *sh)
         heap_arm_reserve_due(os_clock_ms());
         return;
     }
-    created_retire_deferred();
     created_retire(h);
     spin_unlock(&destroyed.lock);
 }

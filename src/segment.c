@@ -301,6 +301,9 @@ size_t segment_large_from(int first, uint32_t created)
     return SEGMENT_SIZE;
 }
 
+/* The commits of 64 KB a spared unit of a segment of `kind` takes before it goes on large pages. */
+static uint32_t spared_commits(unsigned kind) { return kind == SEG_SMALL ? SHARD_SPARED_SMALL : SHARD_SPARED_MEDIUM; }
+
 /* seg's spared unit onto large pages now (segment.h). */
 static void spared_collapse(segment *seg)
 {
@@ -323,7 +326,7 @@ void segment_spared_commit(segment *seg, size_t from, size_t to)
 
 void segment_spared_grown(segment *seg, unsigned kind)
 {
-    uint32_t all = kind == SEG_SMALL ? SHARD_SPARED_SMALL : SHARD_SPARED_MEDIUM;
+    uint32_t all = spared_commits(kind);
     if (seg->spared_left != 0 && all - seg->spared_left >= (all + 3) / 4)
         spared_collapse(seg);
 }
@@ -344,7 +347,7 @@ segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t
     seg->owner = owner;
     seg->committed_whole = (uint32_t)whole;
     if (large_from == SEGMENT_LARGE_UNIT && port_caps.collapse_large_pages != NULL)
-        seg->spared_left = kind == SEG_SMALL ? SHARD_SPARED_SMALL : SHARD_SPARED_MEDIUM;
+        seg->spared_left = spared_commits(kind);
 #if SHARD_HARDENED
     seg->secret = secret_new();
 #endif

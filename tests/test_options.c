@@ -221,23 +221,31 @@ static void huge_pages_under(size_t bytes)
             vmstat("thp_fault_fallback") - fallback_before);
 }
 
-/* The AnonHugePages of the mappings that overlap the 4 MB at seg, summed over /proc/self/smaps. */
-static unsigned long huge_kb_in(uintptr_t seg)
+/* The AnonHugePages of the mappings that overlap [from, to), summed over /proc/self/smaps; *hinted (when
+ * not NULL): whether one of them has the huge-page hint (VmFlags "hg"). */
+static unsigned long huge_kb_over(uintptr_t from, uintptr_t to, int *hinted)
 {
     FILE *f = fopen("/proc/self/smaps", "r");
     char line[512];
     unsigned long lo, hi, kb, huge = 0;
     int ours = 0;
+    if (hinted != NULL)
+        *hinted = 0;
     while (f != NULL && fgets(line, sizeof line, f)) {
         if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
-            ours = seg < hi && seg + 4 * MB > lo;
+            ours = from < hi && to > lo;
         else if (ours && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1)
             huge += kb;
+        else if (ours && hinted != NULL && strncmp(line, "VmFlags:", 8) == 0)
+            *hinted |= strstr(line, " hg") != NULL;
     }
     if (f != NULL)
         fclose(f);
     return huge;
 }
+
+/* The AnonHugePages of the mappings that overlap the 4 MB at seg. */
+static unsigned long huge_kb_in(uintptr_t seg) { return huge_kb_over(seg, seg + 4 * MB, NULL); }
 
 /* A heap that commits every page of its first segment's spared 2 MB (64-byte blocks up to the first in
  * page 31, the last page below 2 MB), and a medium arena past 512 KB (32 KB blocks up to the first
@@ -283,28 +291,6 @@ static void scenario_huge_pages_spared(void)
         shard_free(medium[i]);
 }
 
-/* The mapping that holds address a: whether it has the huge-page hint (VmFlags "hg", which the spared
- * unit gets only with its collapse), and the KB of huge pages in it, or -1 when none holds a. */
-static long hinted_huge_kb_at(uintptr_t a)
-{
-    FILE *f = fopen("/proc/self/smaps", "r");
-    char line[512];
-    unsigned long lo, hi, kb;
-    long huge = -1;
-    int ours = 0, hinted = 0;
-    while (f != NULL && fgets(line, sizeof line, f)) {
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
-            ours = a >= lo && a < hi;
-        else if (ours && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1)
-            huge = (long)kb;
-        else if (ours && strncmp(line, "VmFlags:", 8) == 0)
-            hinted = strstr(line, " hg") != NULL;
-    }
-    if (f != NULL)
-        fclose(f);
-    return hinted ? huge : 0;
-}
-
 /* In a heap of its own (a thread's): `blocks` medium blocks of 32 KB in its first arena, then 64-byte
  * blocks until its first segment's spared 2 MB is full (as above), every block checked; the KB of huge
  * pages in the arena's mapping then, 0 when it has no huge-page hint, or -1 when a block lost its
@@ -329,7 +315,9 @@ static void *medium_then_small(void *arg)
         if ((uintptr_t)p - seg >= 31 * 65536)
             break;
     }
-    long huge = hinted_huge_kb_at(arena);
+    int hinted;
+    unsigned long kb = huge_kb_over(arena, arena + 1, &hinted); /* the mapping that holds the arena's start */
+    long huge = hinted ? (long)kb : 0;
     for (size_t i = 0; i < n_small; i++) {
         bad += small[i][0] != (uint64_t)(uintptr_t)small[i] * 31;
         shard_free(small[i]);
