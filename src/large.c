@@ -62,6 +62,20 @@
  *   the one with the most committed memory, which commits the rest in place. Memory committed beyond
  *   the request stays with the block for growth unless it is both more than four times the request
  *   and more than 16 MB.
+ * - The byte limit follows the live blocks' high (cache_limit): by default the cache may hold, beyond
+ *   the 128 MB, what the live blocks have given up since the most they held (live_high), so that live
+ *   and cached blocks together hold no more than the live ones once did. A program whose large working
+ *   set is 1 GB frees and allocates it again without a system call for each block, as mimalloc's
+ *   arenas, which keep freed memory for a second whatever its size, let it (bench/shapes.py's
+ *   malloc-large: 128 MB and 32 blocks sent most of its frees to the OS;
+ *   bench/results/2026-12-03-cache-high.md). What holds the limit there is a new reservation: a fresh
+ *   large block, segment or arena first sends as many bytes of the cache over its 128 MB back to the
+ *   OS (large_cache_shed), so that what the process holds does not grow while the cache holds more
+ *   than the 128 MB. The high comes down to what live and cached blocks hold whenever blocks leave
+ *   the cache for age or all at once (lower_high). SHARDMM_LARGE_CACHE_MB fixes the limit instead,
+ *   and so does an address-space limit (RLIMIT_AS), which the cached blocks' reservations count
+ *   against: 1.1 MB blocks each took a cached 64 MB one there, and the limit held 16 of them instead
+ *   of 480 (tests/test_hostile.c's address_space_limit).
  * - Back to the OS: a block cached for the delay (SHARDMM_DELAY_MS; SHARD_LARGE_CACHE_DELAY_MS by
  *   default), the oldest ones when slots or bytes run out, and a block committed above the byte limit
  *   at once, without entering (with a limit of 0, every block); all of them when memory runs out
@@ -197,6 +211,7 @@ static size_t commit_end(size_t need, size_t span, int exact)
 
 /* Atomic: large blocks have no owner to count them. */
 static size_t live_blocks, live_bytes, live_committed; /* blocks; their usable sizes; their committed memory */
+static size_t live_high; /* the most live_committed has been, since lower_high (below) */
 
 /* The live blocks change by `blocks`, their usable bytes by `bytes` and their committed memory by
  * `committed` (each a two's complement difference: a free passes -1 and minus its block's figures). */
@@ -206,8 +221,12 @@ static void count_live(size_t blocks, size_t bytes, size_t committed)
         fetch_add_relaxed(&live_blocks, blocks);
     if (bytes != 0)
         fetch_add_relaxed(&live_bytes, bytes);
-    if (committed != 0)
-        fetch_add_relaxed(&live_committed, committed);
+    if (committed != 0) {
+        size_t now = fetch_add_relaxed(&live_committed, committed) + committed;
+        size_t high = load_relaxed(&live_high);
+        while ((ptrdiff_t)committed > 0 && now > high && !cas_acq_rel(&live_high, &high, now))
+            ;
+    }
 }
 
 /* ---- reservations ---------------------------------------------------------------------------------- */
@@ -220,6 +239,7 @@ static large_header *reserve_block(size_t need, size_t offset, size_t commit_fro
                                    enum headroom headroom, int exact, size_t *span_out)
 {
     size_t span = span_for(need, headroom);
+    large_cache_shed(need);
     large_header *h = os_reserve(span, SEGMENT_SIZE);
     if (h == NULL && span > span_for(need, HEADROOM_NONE)) {
         span = span_for(need, HEADROOM_NONE);
@@ -323,6 +343,7 @@ static struct {
     unsigned count;     /* entries, oldest first */
     size_t bytes;       /* their committed memory */
     uint64_t oldest_at; /* freed_at of the first entry, UINT64_MAX when empty: read without the lock */
+    size_t bytes_seen;  /* bytes, for readers without the lock */
     cached entry[SHARD_LARGE_CACHE_BLOCKS];
 } cache = {.oldest_at = UINT64_MAX};
 
@@ -359,9 +380,33 @@ static unsigned expired_count(uint64_t now)
     return n;
 }
 
+/* The cache's byte limit now (the file comment): the option's, or what the live blocks have given up
+ * since their high, if that is more. The counts are read without the lock: another thread's block may
+ * be between its count and the cache, which the next put or reservation evens out. */
+static size_t cache_limit(void)
+{
+    size_t limit = options_values.large_cache_bytes;
+    if (limit == 0 || options_values.large_cache_fixed)
+        return limit;
+    size_t high = load_relaxed(&live_high), live = load_relaxed(&live_committed);
+    if (high <= live || high - live <= limit)
+        return limit;
+    /* Under an address-space limit the cached blocks' reservations count against it: the option's
+     * bytes and no more (a system call, made only here). */
+    return os_address_space_limit() == SIZE_MAX ? high - live : limit;
+}
+
+/* Under the lock, after blocks left for age or all at once: the high becomes what live and cached
+ * blocks hold now, so that a program past its peak does not keep the room for it. */
+static void lower_high(void)
+{
+    store_relaxed(&live_high, load_relaxed(&live_committed) + cache.bytes);
+}
+
 static void publish_oldest(void)
 {
     store_relaxed(&cache.oldest_at, cache.count ? cache.entry[0].freed_at : UINT64_MAX);
+    store_relaxed(&cache.bytes_seen, cache.bytes);
 }
 
 static void release_all(large_header **victims, unsigned n)
@@ -379,6 +424,29 @@ void large_cache_expire(void)
     if (!spin_lock_unless_fork(&cache.lock))
         return; /* a fork holds the cache: the blocks wait for the next look */
     unsigned n = take_oldest(expired_count(os_clock_ms()), victims);
+    if (n != 0)
+        lower_high();
+    publish_oldest();
+    spin_unlock(&cache.lock);
+    release_all(victims, n);
+}
+
+/* (large.h) The oldest blocks go until the cache holds `bytes` less, but not less than the option's
+ * limit: one load while it holds no more than that. */
+void large_cache_shed(size_t bytes)
+{
+    size_t limit = options_values.large_cache_bytes;
+    if (load_relaxed(&cache.bytes_seen) <= limit)
+        return;
+    large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
+    if (!spin_lock_unless_fork(&cache.lock))
+        return;
+    size_t keep = cache.bytes > limit + bytes ? cache.bytes - bytes : limit;
+    unsigned n = 0;
+    size_t left = cache.bytes;
+    while (n < cache.count && left > keep)
+        left -= cache.entry[n++].committed;
+    take_oldest(n, victims);
     publish_oldest();
     spin_unlock(&cache.lock);
     release_all(victims, n);
@@ -390,6 +458,7 @@ void large_cache_release_all(void)
     if (!spin_lock_unless_fork(&cache.lock))
         return;
     unsigned n = take_oldest(cache.count, victims);
+    lower_high();
     publish_oldest();
     spin_unlock(&cache.lock);
     release_all(victims, n);
@@ -405,6 +474,8 @@ static large_header *cache_take(size_t need, size_t *committed)
     if (!spin_lock_unless_fork(&cache.lock))
         return NULL; /* a fork holds the cache: a fresh block instead */
     unsigned n = take_oldest(expired_count(os_clock_ms()), victims);
+    if (n != 0)
+        lower_high();
     unsigned best = cache.count;
     for (unsigned i = 0; i < cache.count; i++) {
         const cached *c = &cache.entry[i];
@@ -433,8 +504,8 @@ static large_header *cache_take(size_t need, size_t *committed)
 /* Put a freed block (mark FREED) into the cache, or give it back to the OS. */
 static void cache_put(large_header *h)
 {
-    size_t committed = h->committed;
-    if (committed > options_values.large_cache_bytes) {
+    size_t committed = h->committed, limit = cache_limit();
+    if (committed > limit) {
         release_block(h);
         return;
     }
@@ -449,7 +520,6 @@ static void cache_put(large_header *h)
     size_t bytes = cache.bytes;
     for (unsigned i = 0; i < n; i++)
         bytes -= cache.entry[i].committed;
-    size_t limit = options_values.large_cache_bytes;
     while (n < cache.count && (cache.count - n >= SHARD_LARGE_CACHE_BLOCKS || bytes + committed > limit))
         bytes -= cache.entry[n++].committed;
     take_oldest(n, victims);
@@ -600,6 +670,7 @@ static void *far_alloc(size_t size, size_t align, heap *owner)
     size_t body = round_up(size, PORT_RESERVE_ALIGN), lead = align - PORT_PAGE, need = PORT_PAGE + round_up(size, PORT_PAGE);
     if (owner != NULL && heap_charge(owner, need) != 0)
         return NULL;
+    large_cache_shed(need);
     uint8_t *r = os_reserve(align + body, align);
     if (r == NULL) {
         if (owner != NULL)
@@ -825,7 +896,8 @@ int large_check(void)
         problems += insist(i == 0 || c->freed_at >= cache.entry[i - 1].freed_at,
                            "large: the cache is not in the order of its blocks' free times at", c->h);
     }
-    problems += insist(bytes == cache.bytes && cache.count <= SHARD_LARGE_CACHE_BLOCKS && bytes <= options_values.large_cache_bytes,
+    problems += insist(bytes == cache.bytes && cache.count <= SHARD_LARGE_CACHE_BLOCKS &&
+                           (bytes <= options_values.large_cache_bytes || bytes <= load_relaxed(&live_high)),
                        "large: the cache's counts differ from its entries or its limits, bytes", bytes);
     problems += insist(cache.oldest_at == (cache.count ? cache.entry[0].freed_at : UINT64_MAX),
                        "large: the cache's published oldest time differs from its first entry's:", cache.oldest_at);

@@ -12,6 +12,7 @@
 #include "config.h"
 #include "error.h"
 #include "heap.h"
+#include "large.h"
 #include "libc.h"
 #include "options.h"
 
@@ -360,6 +361,7 @@ static int arena_new(heap *h)
         if (heap_charge(h, ARENA_KEEP) != 0)
             return -1;
         size_t large_from = segment_large_from(h->arenas_made++ == 0, h->created);
+        large_cache_shed(SEGMENT_SIZE);
         a = (arena *)segment_create(h, SEG_MEDIUM, ARENA_KEEP, large_from);
         if (a == NULL) {
             heap_uncharge(h, ARENA_KEEP);

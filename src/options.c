@@ -43,7 +43,11 @@ static void set_delay(uint64_t v)
 {
     options_values.decommit_delay_ms = options_values.reserve_delay_ms = options_values.large_cache_delay_ms = (uint32_t)v;
 }
-static void set_large_cache(uint64_t v) { options_values.large_cache_bytes = (size_t)v << MB_SHIFT; }
+static void set_large_cache(uint64_t v)
+{
+    options_values.large_cache_bytes = (size_t)v << MB_SHIFT;
+    options_values.large_cache_fixed = 1;
+}
 static void set_quarantine(uint64_t v) { options_values.quarantine_bytes = (size_t)v << MB_SHIFT; }
 static void set_huge_pages(uint64_t v) { options_values.huge_pages = (uint32_t)v; }
 

@@ -24,7 +24,8 @@ typedef struct options {
     uint32_t reserve_delay_ms;     /* the reserve of an exited thread's heap (SHARD_RESERVE_DELAY_MS) */
     uint32_t large_cache_delay_ms; /* the large-block cache (SHARD_LARGE_CACHE_DELAY_MS) */
     size_t large_cache_bytes;      /* SHARDMM_LARGE_CACHE_MB: the cache's committed bytes at most, 0: no
-                                      cache (SHARD_LARGE_CACHE_BYTES) */
+                                      cache (SHARD_LARGE_CACHE_BYTES); more by default (large.c) */
+    uint32_t large_cache_fixed;    /* SHARDMM_LARGE_CACHE_MB is set: large_cache_bytes and no more */
     uint32_t huge_pages;           /* SHARDMM_HUGE_PAGES: which segments and arenas go on large pages where
                                       the platform has them, SHARD_HUGE_PAGES_* (config.h; segment.h's
                                       segment_large_from) */

@@ -500,6 +500,7 @@ static page *page_acquire(heap *h)
         if (heap_charge(h, SEGMENT_DESC_BYTES + PAGE_SIZE) != 0)
             return NULL; /* a created heap's limit: the descriptors and the page to come */
         size_t large_from = segment_large_from(h->segments_made++ == 0, h->created);
+        large_cache_shed(SEGMENT_SIZE);
         segment *seg = segment_create(h, SEG_SMALL, SEGMENT_DESC_BYTES, large_from);
         heap_uncharge(h, PAGE_SIZE);
         if (seg == NULL) {

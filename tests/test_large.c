@@ -25,8 +25,13 @@
  *   of the old block of a move the rules leave open: cached like a free, or its memory given back or
  *   handed to the new block (Linux moves the pages); either way it is accounted for.
  * - free(p) of a block with C <= 128 MB puts it into the process's cache, still committed (large_cached
- *   and large_cached_bytes count it); above 128 MB it is released at once. At most 32 blocks and 128 MB
- *   are cached; a free that passes either releases the oldest cached blocks until both hold.
+ *   and large_cached_bytes count it); above 128 MB it is released at once. At most 128 blocks and 128 MB
+ *   are cached; a free that passes either releases the oldest cached blocks until both hold. That is
+ *   the byte limit SHARDMM_LARGE_CACHE_MB=128 sets. By default (the variable unset) it is 128 MB or, if
+ *   more, what the live large blocks' committed memory has fallen by since its high (H - L); a new
+ *   large block (or segment, or arena) first releases the oldest cached blocks until the cache holds its
+ *   need less, but not below 128 MB; shard_collect empties the cache and H becomes L. tests/run runs
+ *   this program once with the variable and once without; a test of one limit skips in the other run.
  * - malloc(n > 1 MB) takes a cached block whose R >= need(n): the one with the smallest C >= need(n),
  *   else the one with the most C (committed up to K(need(n), R) in place). The excess beyond
  *   T(need(n), C) goes back when it is both above 4 need(n) and above 16 MB (the seed: a block "may keep up to 16 MB, or four
@@ -81,8 +86,9 @@
 #define RESERVE_EXTRA_MAX GB        /* the reservation beyond need is need, at most 1 GB */
 #define GROWN_RESERVE_MIN (16 * MB) /* ... and a block that moved to grow reserves at least 16 MB */
 #define MOVE_HEADROOM 16            /* a growing block that moves gets 1/16 more */
-#define CACHE_MAX_BLOCKS 32
+#define CACHE_MAX_BLOCKS 128
 #define CACHE_MAX_BYTES (128 * MB)  /* also the most a cached block may hold committed */
+#define CACHE_FIXED_ENV "SHARDMM_LARGE_CACHE_MB"
 #define CACHE_DELAY_MS 1000
 #define TRIM_FACTOR 4               /* a taken block gives back its excess beyond 4 need ... */
 #define TRIM_MIN (16 * MB)          /* ... when that excess is above 16 MB too */
@@ -309,6 +315,25 @@ static void fill_edges(unsigned char *p, size_t n, uint64_t seed)
 
 /* ---- statistics, the error hook, the cache ---- */
 
+/* Whether this run has the cache's byte limit fixed at 128 MB (the file comment). */
+static int cache_limit_fixed(void)
+{
+    const char *v = getenv(CACHE_FIXED_ENV);
+    return v != NULL && strcmp(v, "128") == 0;
+}
+
+/* Ends a test of the fixed limit in the default run, and the other way round. */
+#define NEEDS_FIXED_LIMIT()                                                                              \
+    do {                                                                                                 \
+        if (!cache_limit_fixed())                                                                        \
+            SKIP_TEST();                                                                                 \
+    } while (0)
+#define NEEDS_DEFAULT_LIMIT()                                                                            \
+    do {                                                                                                 \
+        if (getenv(CACHE_FIXED_ENV) != NULL)                                                             \
+            SKIP_TEST();                                                                                 \
+    } while (0)
+
 #if SHARD_RULES
 
 static size_t live_of(const shard_stats *s, enum kind k)
@@ -349,6 +374,12 @@ static int committed_by(size_t a, size_t b, long long delta, int fresh)
         }                                                                                                \
     } while (0)
 
+#define CHECK_CACHE_NOW(count, bytes, ...)                                                               \
+    do {                                                                                                 \
+        shard_stats now_ = stats_now();                                                                  \
+        CHECK_CACHE(now_, count, bytes, __VA_ARGS__);                                                    \
+    } while (0)
+
 /* After a large block holding `held` bytes moved out (realloc beyond its reservation, or to 1 MB or
  * less) with the cache empty before: the rules leave its old memory to the allocator - cached as a
  * block (in the cache with `held` bytes), or given back or handed to the new block (out of committed).
@@ -357,7 +388,7 @@ static void check_moved_out(const shard_stats *a, const shard_stats *b, size_t h
                             const char *what)
 {
     long long d = (long long)b->committed - (long long)a->committed;
-    if (b->large_cached == 1 && held <= CACHE_MAX_BYTES) {
+    if (b->large_cached == 1 && (held <= CACHE_MAX_BYTES || !cache_limit_fixed())) {
         CHECKF(b->large_cached_bytes == held, "%s: the old block is cached with %zu bytes, it held %zu", what,
                b->large_cached_bytes, held);
         if (new_commit >= 0)
@@ -669,6 +700,7 @@ TEST(a_freed_large_block_stays_committed_in_the_cache_and_the_next_malloc_that_f
  * 200 MB below half it is cached. */
 TEST(a_block_holding_more_than_128mb_committed_is_released_at_once_and_128mb_is_cached)
 {
+    NEEDS_FIXED_LIMIT();
     const size_t at_limit = with_need(CACHE_MAX_BYTES), big = 200 * MB;
     drained d;
     cache_drain(&d);
@@ -773,10 +805,17 @@ TEST(a_block_holding_more_than_128mb_committed_is_released_at_once_and_128mb_is_
  * (then the only cached block) it leaves the cache empty. */
 static void *flusher;
 
-/* Empties the cache through its byte limit; whether it is empty. The rules this relies on have tests of
- * their own (a_block_holding_more..., the_cache_keeps_at_most_128mb...). */
+/* Empties the cache through its byte limit (by shard_collect in the default run); whether it is empty.
+ * The rules this relies on have tests of their own (a_block_holding_more...,
+ * the_cache_keeps_at_most_128mb..., past_128mb_the_cache_holds_...). */
 static int cache_flush(void)
 {
+    if (!cache_limit_fixed()) {
+        shard_collect();
+        size_t left = stats_now().large_cached;
+        CHECKF(left == 0, "shard_collect left %zu blocks in the cache", left);
+        return left == 0;
+    }
     const size_t n = with_need(CACHE_MAX_BYTES);
     if (flusher == NULL)
         flusher = shard_malloc(n);
@@ -1674,14 +1713,16 @@ __attribute__((unused)) static int one_of(const void *p, unsigned char *const *b
     return 0;
 }
 
-/* 33 blocks of 1 MB + 1 freed in a scrambled order: the cache holds each, up to 32; the 33rd free
+/* 129 blocks of 1 MB + 1 freed in a scrambled order: the cache holds each, up to 128; the 129th free
  * releases the block freed first (its committed bytes go, the freed one stays committed). Taken back,
- * the 32 cached blocks are exactly the 32 freed last. */
-TEST(the_cache_keeps_at_most_32_blocks_releasing_the_oldest_first)
+ * the 128 cached blocks are exactly the 128 freed last. 128 blocks hold more than 128 MB: the default
+ * limit, where the blocks' own high makes room for them. */
+TEST(the_cache_keeps_at_most_128_blocks_releasing_the_oldest_first)
 {
 #if !SHARD_RULES
     SKIP_TEST();
 #else
+    NEEDS_DEFAULT_LIMIT();
     enum { N = CACHE_MAX_BLOCKS + 1 };
     unsigned char *blocks[N], *back[N];
     size_t order[N];
@@ -1695,7 +1736,7 @@ TEST(the_cache_keeps_at_most_32_blocks_releasing_the_oldest_first)
         ok &= blocks[i] != NULL;
         if (blocks[i])
             fill64(blocks[i], LARGE_MIN, 0x6000 + i);
-        order[i] = (i * 7 + 5) % N; /* 7 and 33 have no common factor: a permutation */
+        order[i] = (i * 7 + 5) % N; /* 7 and 129 have no common factor: a permutation */
     }
     if (!ok) {
         for (size_t i = 0; i < N; i++)
@@ -1731,14 +1772,14 @@ TEST(the_cache_keeps_at_most_32_blocks_releasing_the_oldest_first)
         fill64(back[k], LARGE_MIN, 0x6100 + k);
     }
     shard_stats s = stats_now();
-    CHECK_CACHE(s, 0, 0, "after 32 blocks were taken back");
+    CHECK_CACHE(s, 0, 0, "after 128 blocks were taken back");
     for (size_t k = 0; k < CACHE_MAX_BLOCKS; k++)
         if (back[k]) {
             CHECK_BLOCK(back[k], LARGE_MIN, 0x6100 + k, "block %zu taken back", k);
             shard_free(back[k]);
         }
     cache_undrain(&d);
-    check_allocator("after the 32-block limit");
+    check_allocator("after the 128-block limit");
 #endif
 }
 
@@ -1750,6 +1791,7 @@ TEST(the_cache_keeps_at_most_128mb_releasing_the_oldest_first)
 #if !SHARD_RULES
     SKIP_TEST();
 #else
+    NEEDS_FIXED_LIMIT();
     enum { N = 9, BIG = N, ALL = N + 1 };
     static const size_t order[N] = { 3, 7, 0, 5, 8, 1, 6, 2, 4 };
     const size_t c = 16 * MB, big = 64 * MB;
@@ -1811,6 +1853,122 @@ TEST(the_cache_keeps_at_most_128mb_releasing_the_oldest_first)
         }
     cache_undrain(&d);
     check_allocator("after the 128 MB limit");
+#endif
+}
+
+/* The default limit (the file comment). After shard_collect (H = L), twenty blocks committing 16 MB
+ * are freed: all stay cached (320 MB, what the live blocks gave up since their high). A fresh 40 MB
+ * block then releases the three oldest (the cache holds its 40 MB less, in whole blocks: 272 MB), and
+ * a new arena of medium blocks one more (4 MB less: 256 MB); the 40 MB block freed joins them.
+ * shard_collect empties the cache and brings H down to L: ten blocks of 16 MB freed fill it to 160 MB,
+ * and four fresh 40 MB blocks shed it to 128 MB. As those four are freed, the limit stays 128 MB until
+ * H - L passes it, so the oldest 16 MB blocks go first and the four 40 MB blocks are what is left
+ * (160 MB). With H still at its earlier high the cache would keep all twelve blocks (288 MB). */
+#if SHARD_RULES
+enum { HIGH_FIRST = 20, HIGH_SECOND = 10, HIGH_BIG = 4, HIGH_MEDIUM_MAX = 512 };
+static unsigned char *high_blocks[HIGH_FIRST], *high_big[HIGH_BIG], *high_medium[HIGH_MEDIUM_MAX];
+
+/* n fresh blocks of with_need(c) bytes into out, filled at their edges; whether all came. */
+static int high_alloc(unsigned char **out, size_t n, size_t c, uint64_t seed)
+{
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        out[i] = shard_malloc(with_need(c));
+        CHECKF(out[i] != NULL, "shard_malloc(%zu) number %zu returned NULL", with_need(c), i);
+        ok &= out[i] != NULL;
+        if (out[i])
+            fill_edges(out[i], with_need(c), seed + i);
+    }
+    return ok;
+}
+
+static void high_free(unsigned char **blocks, size_t n, size_t c, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        if (blocks[i]) {
+            CHECK_EDGES(blocks[i], with_need(c), seed + i, "block %zu before its free", i);
+            shard_free(blocks[i]);
+            blocks[i] = NULL;
+        }
+}
+#endif
+
+TEST(past_128mb_the_cache_holds_what_live_blocks_gave_up_since_their_high)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    NEEDS_DEFAULT_LIMIT();
+    const size_t c = 16 * MB, big = 40 * MB, medium = 256 * KB;
+    shard_collect();
+    CHECK_CACHE_NOW(0, 0, "after shard_collect");
+    if (!high_alloc(high_blocks, HIGH_FIRST, c, 0x6400)) {
+        high_free(high_blocks, HIGH_FIRST, c, 0x6400);
+        return;
+    }
+    for (size_t k = 0; k < HIGH_FIRST; k++) {
+        CHECK_EDGES(high_blocks[k], with_need(c), 0x6400 + k, "block %zu before its free", k);
+        shard_stats a = stats_now();
+        shard_free(high_blocks[k]);
+        high_blocks[k] = NULL;
+        shard_stats b = stats_now();
+        CHECK_CACHE(b, k + 1, (k + 1) * c, "after free number %zu of a block committing 16 MB", k + 1);
+        CHECK_COMMITTED(a.committed, b.committed, 0, 0, "free number %zu into the cache", k + 1);
+    }
+    shard_stats a = stats_now();
+    unsigned char *p = shard_malloc(with_need(big));
+    shard_stats b = stats_now();
+    CHECK(p != NULL);
+    CHECK_CACHE(b, HIGH_FIRST - 3, (HIGH_FIRST - 3) * c, "after a fresh 40 MB block");
+    CHECK_COMMITTED(a.committed, b.committed, (long long)big - (long long)(3 * c), 1,
+                    "a fresh 40 MB block, three cached blocks released");
+    if (p)
+        fill_edges(p, with_need(big), 0x6500);
+    /* Medium blocks until a new arena is reserved (not a spare one taken: that reserves nothing). */
+    size_t m = 0, shed = 0;
+    while (m < HIGH_MEDIUM_MAX) {
+        shard_stats before = stats_now();
+        high_medium[m] = shard_malloc(medium);
+        CHECK(high_medium[m] != NULL);
+        if (!high_medium[m])
+            break;
+        fill_edges(high_medium[m], medium, 0x6600 + m);
+        m++;
+        shard_stats after = stats_now();
+        if (after.reserved != before.reserved) { /* a new arena's 4 MB, less what the cache released */
+            CHECK_CACHE(after, HIGH_FIRST - 4, (HIGH_FIRST - 4) * c, "after a new arena (medium block %zu)", m);
+            shed = 1;
+            break;
+        }
+        CHECK_CACHE(after, HIGH_FIRST - 3, (HIGH_FIRST - 3) * c, "after medium block %zu, from an arena there was", m);
+    }
+    CHECKF(shed, "%zu medium blocks of %zu bytes and no new arena", m, medium);
+    for (size_t i = 0; i < m; i++) {
+        CHECK_EDGES(high_medium[i], medium, 0x6600 + i, "medium block %zu", i);
+        shard_free(high_medium[i]);
+    }
+    if (p) {
+        CHECK_EDGES(p, with_need(big), 0x6500, "the 40 MB block");
+        shard_free(p);
+        CHECK_CACHE_NOW(HIGH_FIRST - 3, (HIGH_FIRST - 4) * c + big, "after the free of the 40 MB block");
+    }
+
+    shard_collect();
+    CHECK_CACHE_NOW(0, 0, "after shard_collect");
+    int ok = high_alloc(high_blocks, HIGH_SECOND, c, 0x6700);
+    high_free(high_blocks, HIGH_SECOND, c, 0x6700);
+    CHECK_CACHE_NOW(HIGH_SECOND, HIGH_SECOND * c, "after ten blocks of 16 MB were freed");
+    ok &= high_alloc(high_big, HIGH_BIG, big, 0x6800);
+    CHECK_CACHE_NOW(8, 8 * c, "after four fresh 40 MB blocks");
+    static const size_t blocks_after[HIGH_BIG] = { 6, 5, 3, 4 }, mb_after[HIGH_BIG] = { 120, 128, 120, 160 };
+    for (size_t k = 0; ok && k < HIGH_BIG; k++) {
+        CHECK_EDGES(high_big[k], with_need(big), 0x6800 + k, "40 MB block %zu before its free", k);
+        shard_free(high_big[k]);
+        high_big[k] = NULL;
+        CHECK_CACHE_NOW(blocks_after[k], mb_after[k] * MB, "after the free of 40 MB block %zu", k + 1);
+    }
+    high_free(high_big, HIGH_BIG, big, 0x6800);
+    check_allocator("after the limit that follows the live blocks' high");
 #endif
 }
 
@@ -2492,7 +2650,9 @@ TEST(threads_trading_large_blocks_keep_their_contents_and_the_cache_within_its_l
     thread_t t[TRADERS];
     int started[TRADERS];
 #if SHARD_RULES
-    size_t live_before = stats_now().live_large;
+    shard_collect(); /* the cache empty, its default limit counted from the blocks live now */
+    shard_stats s0 = stats_now();
+    size_t live_before = s0.live_large;
 #endif
     memset(slots, 0, sizeof slots);
     for (size_t i = 0; i < TRADERS; i++) {
@@ -2512,8 +2672,15 @@ TEST(threads_trading_large_blocks_keep_their_contents_and_the_cache_within_its_l
     shard_stats s = stats_now();
     CHECKF(s.live_large == live_before, "live_large %zu before the trade, %zu after every block was freed",
            live_before, s.live_large);
-    CHECKF(s.large_cached <= CACHE_MAX_BLOCKS && s.large_cached_bytes <= CACHE_MAX_BYTES,
-           "the cache holds %zu blocks of %zu bytes", s.large_cached, s.large_cached_bytes);
+    /* By default the cache may also hold what the live blocks gave up since their high: at most what
+     * they held before and what a slot's block (8 MB at most, committed) and a block on the move in each
+     * trader's hands add. */
+    size_t bytes_max = CACHE_MAX_BYTES, high_max = s0.live_large_committed + (SLOTS + TRADERS) * 8 * MB;
+    if (!cache_limit_fixed() && high_max > bytes_max)
+        bytes_max = high_max;
+    CHECKF(s.large_cached <= CACHE_MAX_BLOCKS && s.large_cached_bytes <= bytes_max,
+           "the cache holds %zu blocks of %zu bytes, at most %zu of %zu", s.large_cached, s.large_cached_bytes,
+           (size_t)CACHE_MAX_BLOCKS, bytes_max);
 #endif
     check_allocator("after the trade");
 }
