@@ -187,9 +187,8 @@
 #define SHARD_SPARED_MEDIUM 8
 #endif
 /* The cache of freed large blocks: at most this many blocks, and this much committed memory or what the
- * live blocks gave up since their high (large.c); a block committed above that is never cached. With 32
- * blocks, half of bench/shapes.py malloc-large's 64 went to the OS at its end: that limit took its time
- * on 8 threads to 0.90 of what it was before, with 128 blocks to 0.76 (bench/results/2026-12-03-cache-high.md). */
+ * live blocks gave up since their high (large.c); a block committed above that is never cached. 128
+ * blocks rather than 32: bench/results/2026-12-03-cache-high.md. */
 #ifndef SHARD_LARGE_CACHE_BLOCKS
 #define SHARD_LARGE_CACHE_BLOCKS 128
 #endif

@@ -71,8 +71,9 @@
  *   bench/results/2026-12-03-cache-high.md). What holds the limit there is a new reservation: a fresh
  *   large block, segment or arena first sends as many bytes of the cache over its 128 MB back to the
  *   OS (large_cache_shed), so that what the process holds does not grow while the cache holds more
- *   than the 128 MB. The high comes down to what live and cached blocks hold whenever blocks leave
- *   the cache for age or all at once (lower_high). SHARDMM_LARGE_CACHE_MB fixes the limit instead,
+ *   than the 128 MB. The high comes down to what live and cached blocks hold whenever a look-up or
+ *   an expiry pass gives blocks back for age, or all go at once (lower_high; a put that finds
+ *   expired blocks gives them back without it). SHARDMM_LARGE_CACHE_MB fixes the limit instead,
  *   and so does an address-space limit (RLIMIT_AS), which the cached blocks' reservations count
  *   against: 1.1 MB blocks each took a cached 64 MB one there, and the limit held 16 of them instead
  *   of 480 (tests/test_hostile.c's address_space_limit).
@@ -403,6 +404,28 @@ static void lower_high(void)
     store_relaxed(&live_high, load_relaxed(&live_committed) + cache.bytes);
 }
 
+/* Under the lock: the expired entries leave (into victims, for the caller to release after unlocking),
+ * and the high comes down with them; how many. */
+static unsigned take_expired(large_header **victims)
+{
+    unsigned n = take_oldest(expired_count(os_clock_ms()), victims);
+    if (n != 0)
+        lower_high();
+    return n;
+}
+
+/* Under the lock: with the `n` oldest entries leaving already, how many of the oldest must leave so that
+ * the rest are at most `blocks` entries holding at most `bytes`. */
+static unsigned leaving_for(unsigned n, unsigned blocks, size_t bytes)
+{
+    size_t left = cache.bytes;
+    for (unsigned i = 0; i < n; i++)
+        left -= cache.entry[i].committed;
+    while (n < cache.count && (cache.count - n > blocks || left > bytes))
+        left -= cache.entry[n++].committed;
+    return n;
+}
+
 static void publish_oldest(void)
 {
     store_relaxed(&cache.oldest_at, cache.count ? cache.entry[0].freed_at : UINT64_MAX);
@@ -423,9 +446,7 @@ void large_cache_expire(void)
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
     if (!spin_lock_unless_fork(&cache.lock))
         return; /* a fork holds the cache: the blocks wait for the next look */
-    unsigned n = take_oldest(expired_count(os_clock_ms()), victims);
-    if (n != 0)
-        lower_high();
+    unsigned n = take_expired(victims);
     publish_oldest();
     spin_unlock(&cache.lock);
     release_all(victims, n);
@@ -442,11 +463,7 @@ void large_cache_shed(size_t bytes)
     if (!spin_lock_unless_fork(&cache.lock))
         return;
     size_t keep = cache.bytes > limit + bytes ? cache.bytes - bytes : limit;
-    unsigned n = 0;
-    size_t left = cache.bytes;
-    while (n < cache.count && left > keep)
-        left -= cache.entry[n++].committed;
-    take_oldest(n, victims);
+    unsigned n = take_oldest(leaving_for(0, SHARD_LARGE_CACHE_BLOCKS, keep), victims);
     publish_oldest();
     spin_unlock(&cache.lock);
     release_all(victims, n);
@@ -473,9 +490,7 @@ static large_header *cache_take(size_t need, size_t *committed)
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS], *h = NULL;
     if (!spin_lock_unless_fork(&cache.lock))
         return NULL; /* a fork holds the cache: a fresh block instead */
-    unsigned n = take_oldest(expired_count(os_clock_ms()), victims);
-    if (n != 0)
-        lower_high();
+    unsigned n = take_expired(victims);
     unsigned best = cache.count;
     for (unsigned i = 0; i < cache.count; i++) {
         const cached *c = &cache.entry[i];
@@ -515,14 +530,8 @@ static void cache_put(large_header *h)
         return;
     }
     uint64_t now = os_clock_ms();
-    unsigned n = expired_count(now);
-    /* Room for one more entry and its bytes: the oldest go first. */
-    size_t bytes = cache.bytes;
-    for (unsigned i = 0; i < n; i++)
-        bytes -= cache.entry[i].committed;
-    while (n < cache.count && (cache.count - n >= SHARD_LARGE_CACHE_BLOCKS || bytes + committed > limit))
-        bytes -= cache.entry[n++].committed;
-    take_oldest(n, victims);
+    /* Room for one more entry and its bytes: the expired and then the oldest go. */
+    unsigned n = take_oldest(leaving_for(expired_count(now), SHARD_LARGE_CACHE_BLOCKS - 1, limit - committed), victims);
     cache.entry[cache.count++] = (cached){h, committed, span_of(h), now};
     cache.bytes += committed;
     publish_oldest();
