@@ -39,6 +39,8 @@
  *   that does to peaks and times. The part below the offset becomes a mapping of its own (the hint splits
  *   it off), not hinted, until the core asks for large pages there too (collapse_large_pages: the hint and
  *   MADV_COLLAPSE).
+ * - pools: large blocks' reservations carved from 1 GB read/write mappings (reserve_pooled; see its
+ *   section below).
  * - the heap slot: the core's initial-exec TLS word (PORT_SLOT_TLS); the exit hook is a pthread key,
  *   armed after the core stored the slot (pthread_setspecific may call calloc, which must find the heap
  *   there). With every key of the process taken there is no hook: the slot works, exits go unreported.
@@ -68,7 +70,8 @@ enum {
     SYS_clock_gettime = 228, SYS_exit_group = 231, SYS_tgkill = 234, SYS_openat = 257, SYS_prlimit64 = 302
 };
 enum { PROT_NONE_ = 0, PROT_RW_ = 3 };
-enum { MAP_PRIVATE_ = 0x02, MAP_ANONYMOUS_ = 0x20, MADV_DONTNEED_ = 4 };
+enum { MAP_PRIVATE_ = 0x02, MAP_ANONYMOUS_ = 0x20, MADV_DONTNEED_ = 4, MADV_HUGEPAGE_ = 14 };
+#define LARGE_PAGE_ ((uintptr_t)2 << 20)
 enum { CLOCK_MONOTONIC_COARSE_ = 6, SIGABRT_ = 6, SIG_UNBLOCK_ = 1 };
 
 static long sys6(long n, long a, long b, long c, long d, long e, long f)
@@ -146,8 +149,164 @@ static size_t linux_address_space_limit(void)
     return (size_t)limit[0];
 }
 
+/* ---- pools: large blocks' reservations carved from bigger ones ---------------------------------------
+ *
+ * A large block's reservation of its own took five system calls (mmap over-sized, two munmaps of the
+ * slack, the huge-page hint, the commit's mprotect), each taking the process's mapping lock while other
+ * threads fault in their huge pages; mimalloc carves such blocks from 1 GB arenas mapped once
+ * (bench/results/2026-12-03-pools.md). So reserve_pooled carves them from pools: 1 GB mappings, read/
+ * write and hinted for huge pages when made, never given back. A pool is 8 words of 64 granules of 2 MB;
+ * a claim is a run of granules inside one word (so at most 128 MB, at an alignment up to 128 MB, one CAS),
+ * a release sets its pages free (MADV_DONTNEED: the range stays read/write) and then its granules. A
+ * commit inside a pool asks nothing of the kernel and a hint changes nothing there.
+ * What the pools give up: the charge. MAP_NORESERVE keeps a pool out of the kernel's commit charge, so a
+ * commit inside one is not checked against it. Pools exist only where that check could refuse no claim:
+ * under heuristic overcommit (vm.overcommit_memory 0, which refuses a single mapping larger than memory
+ * and swap together, far above 128 MB on any machine this serves) or none (1), not under strict (2), and
+ * not under an address-space limit (RLIMIT_AS), where 1 GB of address space held for nothing would count
+ * against it. An impossible size still goes to port_reserve and is refused there. Headroom in a pool
+ * reads zeros where a reservation of its own would fault: nothing of ours touches it.
+ * A move out of a pool (move_release) leaves the range mapped (MREMAP_DONTUNMAP, Linux 5.7; an older
+ * kernel refuses the move and the core copies): a hole there would be free for another thread's mmap
+ * until the pool had mapped it again. Pools are made one at a time, by the thread that finds the rest
+ * full; threads that find another one making a pool wait for it. */
+enum { POOL_GRANULE_SHIFT = 21, POOL_WORDS = 8, POOLS_MAX = 64 };
+#define POOL_WORD_SPAN ((size_t)64 << POOL_GRANULE_SHIFT)
+#define POOL_SIZE (POOL_WORDS * POOL_WORD_SPAN)
+enum { MAP_NORESERVE_ = 0x4000 };
+
+static struct {
+    uintptr_t base[POOLS_MAX];            /* aligned to POOL_WORD_SPAN */
+    uint64_t used[POOLS_MAX][POOL_WORDS]; /* a bit per granule: claimed */
+    unsigned count;                       /* pools made; base[i] is set before count passes i */
+    int making;                           /* a thread is making one */
+    int state;                            /* 0 not decided yet, 1 pools, -1 none */
+} pools;
+
+static size_t linux_address_space_limit(void);
+
+/* The pool holding addr, or -1. */
+static int pool_of(uintptr_t addr)
+{
+    unsigned n = __atomic_load_n(&pools.count, __ATOMIC_ACQUIRE);
+    for (unsigned i = 0; i < n; i++)
+        if (addr - pools.base[i] < POOL_SIZE)
+            return (int)i;
+    return -1;
+}
+
+static int pools_allowed(void)
+{
+    int state = __atomic_load_n(&pools.state, __ATOMIC_RELAXED);
+    if (state == 0) {
+        char mode = '2';
+        long fd = sys6(SYS_openat, -100 /* AT_FDCWD */, (long)"/proc/sys/vm/overcommit_memory",
+                       0x80000 /* O_RDONLY | O_CLOEXEC */, 0, 0, 0);
+        if (!sys_failed(fd)) {
+            if (sys3(SYS_read, fd, (long)&mode, 1) != 1)
+                mode = '2';
+            sys3(SYS_close, fd, 0, 0);
+        }
+        state = mode == '0' || mode == '1' ? 1 : -1;
+        __atomic_store_n(&pools.state, state, __ATOMIC_RELAXED);
+    }
+    return state > 0 && linux_address_space_limit() == SIZE_MAX;
+}
+
+/* A new pool (its index), or -1: none may be made now. While another thread makes one this one waits
+ * (some thousand yields at most: a fork's child would wait for a maker that is not there) and looks at
+ * the pools again; -2 then. */
+static int pool_make(unsigned seen)
+{
+    for (int tries = 0; __atomic_exchange_n(&pools.making, 1, __ATOMIC_ACQUIRE) != 0; tries++) {
+        if (tries == 4096)
+            return -1;
+        sys3(SYS_sched_yield, 0, 0, 0);
+    }
+    if (__atomic_load_n(&pools.count, __ATOMIC_ACQUIRE) != seen) {
+        __atomic_store_n(&pools.making, 0, __ATOMIC_RELEASE);
+        return -2;
+    }
+    int made = -1;
+    unsigned n = pools.count;
+    if (n < POOLS_MAX && pools_allowed()) {
+        long r = sys6(SYS_mmap, 0, (long)(POOL_SIZE + POOL_WORD_SPAN), PROT_RW_,
+                      MAP_PRIVATE_ | MAP_ANONYMOUS_ | MAP_NORESERVE_, -1, 0);
+        if (!sys_failed(r)) {
+            uintptr_t start = (uintptr_t)r, base = (start + POOL_WORD_SPAN - 1) & ~(POOL_WORD_SPAN - 1);
+            if (base > start)
+                sys3(SYS_munmap, (long)start, (long)(base - start), 0);
+            if (base < start + POOL_WORD_SPAN)
+                sys3(SYS_munmap, (long)(base + POOL_SIZE), (long)(start + POOL_WORD_SPAN - base), 0);
+            sys3(SYS_madvise, (long)base, (long)POOL_SIZE, MADV_HUGEPAGE_);
+            pools.base[n] = base;
+            __atomic_store_n(&pools.count, n + 1, __ATOMIC_RELEASE);
+            made = (int)n;
+        }
+    }
+    __atomic_store_n(&pools.making, 0, __ATOMIC_RELEASE);
+    return made;
+}
+
+/* Claims `granules` aligned to `step` granules in pool p; the address or 0. */
+static uintptr_t pool_claim(unsigned p, unsigned granules, unsigned step)
+{
+    uint64_t run = granules == 64 ? ~(uint64_t)0 : ((uint64_t)1 << granules) - 1;
+    for (unsigned w = 0; w < POOL_WORDS; w++) {
+        uint64_t *word = &pools.used[p][w];
+        uint64_t now = __atomic_load_n(word, __ATOMIC_RELAXED);
+        for (unsigned at = 0; at + granules <= 64;) {
+            uint64_t mask = run << at;
+            if ((now & mask) != 0) {
+                at += step;
+                continue;
+            }
+            if (__atomic_compare_exchange_n(word, &now, now | mask, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+                return pools.base[p] + w * POOL_WORD_SPAN + ((uintptr_t)at << POOL_GRANULE_SHIFT);
+            /* now holds the word as it is: look at the same place again */
+        }
+    }
+    return 0;
+}
+
+static void *linux_reserve_pooled(size_t size, size_t align)
+{
+    size_t granules = (size + ((size_t)1 << POOL_GRANULE_SHIFT) - 1) >> POOL_GRANULE_SHIFT;
+    size_t step = align >> POOL_GRANULE_SHIFT;
+    if (granules > 64 || align > POOL_WORD_SPAN || __atomic_load_n(&pools.state, __ATOMIC_RELAXED) < 0)
+        return NULL;
+    if (step == 0)
+        step = 1;
+    unsigned n = __atomic_load_n(&pools.count, __ATOMIC_ACQUIRE);
+    for (unsigned i = 0;;) {
+        if (i == n) {
+            int made = pool_make(n);
+            if (made == -1)
+                return NULL;
+            /* made, or another thread made one or more: look at them */
+            n = made >= 0 ? (unsigned)made + 1 : __atomic_load_n(&pools.count, __ATOMIC_ACQUIRE);
+        }
+        uintptr_t r = pool_claim(i, (unsigned)granules, (unsigned)step);
+        if (r != 0)
+            return (void *)r;
+        i++;
+    }
+}
+
+/* Gives [addr, addr+size) of pool p back: its pages, then its granules. */
+static void pool_release(int p, uintptr_t addr, size_t size)
+{
+    sys3(SYS_madvise, (long)addr, (long)size, MADV_DONTNEED_);
+    size_t first = (addr - pools.base[p]) >> POOL_GRANULE_SHIFT;
+    size_t granules = (size + ((size_t)1 << POOL_GRANULE_SHIFT) - 1) >> POOL_GRANULE_SHIFT;
+    uint64_t run = granules == 64 ? ~(uint64_t)0 : ((uint64_t)1 << granules) - 1;
+    __atomic_fetch_and(&pools.used[p][first / 64], ~(run << (first % 64)), __ATOMIC_RELEASE);
+}
+
 int port_commit(void *addr, size_t size)
 {
+    if (pool_of((uintptr_t)addr) >= 0)
+        return 0;
     return sys_failed(sys3(SYS_mprotect, (long)addr, (long)size, PROT_RW_)) ? -1 : 0;
 }
 
@@ -158,14 +317,18 @@ int port_decommit(void *addr, size_t size)
 
 int port_release(void *addr, size_t size)
 {
+    int p = pool_of((uintptr_t)addr);
+    if (p >= 0) {
+        pool_release(p, (uintptr_t)addr, size);
+        return 0;
+    }
     return sys_failed(sys3(SYS_munmap, (long)addr, (long)size, 0)) ? -1 : 0;
 }
 
-enum { MADV_HUGEPAGE_ = 14 };
-#define LARGE_PAGE_ ((uintptr_t)2 << 20)
-
 static void linux_hint_large_pages(void *addr, size_t size)
 {
+    if (pool_of((uintptr_t)addr) >= 0)
+        return; /* hinted when made */
     sys3(SYS_madvise, (long)addr, (long)size, MADV_HUGEPAGE_); /* a hint: a kernel without THP says no */
 }
 
@@ -202,11 +365,17 @@ static void linux_collapse_large_pages(void *addr, size_t size)
 
 static int linux_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
 {
-    enum { MREMAP_MAYMOVE_ = 1, MREMAP_FIXED_ = 2 };
-    long r = sys6(SYS_mremap, (long)from, (long)size, (long)size, MREMAP_MAYMOVE_ | MREMAP_FIXED_, (long)to, 0);
+    enum { MREMAP_MAYMOVE_ = 1, MREMAP_FIXED_ = 2, MREMAP_DONTUNMAP_ = 4 };
+    uintptr_t start = (uintptr_t)reservation, end = start + reservation_size, a = (uintptr_t)from;
+    int p = pool_of(start); /* see the pools' section */
+    long flags = MREMAP_MAYMOVE_ | MREMAP_FIXED_ | (p >= 0 ? MREMAP_DONTUNMAP_ : 0);
+    long r = sys6(SYS_mremap, (long)from, (long)size, (long)size, flags, (long)to, 0);
     if (sys_failed(r))
         return -1;
-    uintptr_t start = (uintptr_t)reservation, end = start + reservation_size, a = (uintptr_t)from;
+    if (p >= 0) {
+        pool_release(p, start, reservation_size);
+        return 0;
+    }
     if (a > start)
         sys3(SYS_munmap, (long)start, (long)(a - start), 0);
     if (a + size < end)
@@ -518,6 +687,7 @@ _Noreturn void port_abort(void)
 port_capabilities port_caps = {
     .flags = PORT_DECOMMIT_KEEPS_CHARGE | PORT_LARGE_RESERVE_COMMITTED,
     .move_release = linux_move_release,
+    .reserve_pooled = linux_reserve_pooled,
     .hint_large_pages = linux_hint_large_pages,
     .reserve_large_pages = linux_reserve_large_pages,
     .collapse_large_pages = linux_collapse_large_pages,

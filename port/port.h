@@ -93,6 +93,14 @@ typedef struct port_capabilities {
      * core commits nothing inside it. Without it the core takes port_reserve, and no large pages. */
     void *(*reserve_large_pages)(size_t size, size_t align, size_t from);
 
+    /* port_reserve for a large block (size and align multiples of PORT_RESERVE_ALIGN): the same result,
+     * and commit, decommit, release (of the whole reservation only) and move_release work on it as on
+     * any reservation, but it may be carved from a bigger reservation the platform keeps, so that
+     * making it takes no system call. What may differ: it may come committed and hinted for large pages
+     * already (the core's commits and hints there then cost nothing), and its uncommitted parts may read
+     * zeros rather than fault (the core touches none). NULL: the core takes port_reserve. */
+    void *(*reserve_pooled)(size_t size, size_t align);
+
     /* Back [addr, addr+size) of a reserve_large_pages reservation below its `from` (large-page
      * aligned, committed) with large pages now: what is resident there is copied into them, and all of
      * the range becomes resident. The core's way to give a heap that has grown the large pages it was

@@ -3,7 +3,8 @@
  *
  * A block is one reservation, aligned to 4 MB so that the segment map can mark it (SEG_LARGE, one
  * entry: the rest of the reservation stays SEG_NONE, so an address in it is not a block); a 32-byte
- * header at the start, the block after it:
+ * header at the start, the block after it. The reservation comes from os_reserve_block: where the port
+ * keeps pools (Linux), carved from one without a system call (port.h: reserve_pooled):
  *
  *   start + 0     mark | size | committed | layout (span, offset)     header, 32 bytes
  *   start + 32    the block: `size` usable bytes (start + align for an aligned block, below)
@@ -241,10 +242,10 @@ static large_header *reserve_block(size_t need, size_t offset, size_t commit_fro
 {
     size_t span = span_for(need, headroom);
     large_cache_shed(need);
-    large_header *h = os_reserve(span, SEGMENT_SIZE);
+    large_header *h = os_reserve_block(span, SEGMENT_SIZE);
     if (h == NULL && span > span_for(need, HEADROOM_NONE)) {
         span = span_for(need, HEADROOM_NONE);
-        h = os_reserve(span, SEGMENT_SIZE);
+        h = os_reserve_block(span, SEGMENT_SIZE);
     }
     if (h == NULL)
         return NULL;
@@ -680,7 +681,7 @@ static void *far_alloc(size_t size, size_t align, heap *owner)
     if (owner != NULL && heap_charge(owner, need) != 0)
         return NULL;
     large_cache_shed(need);
-    uint8_t *r = os_reserve(align + body, align);
+    uint8_t *r = os_reserve_block(align + body, align);
     if (r == NULL) {
         if (owner != NULL)
             heap_uncharge(owner, need);

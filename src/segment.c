@@ -50,6 +50,12 @@ static void *reserve_counted(void *p, size_t size)
 
 void *os_reserve(size_t size, size_t align) { return reserve_counted(port_reserve(size, align), size); }
 
+void *os_reserve_block(size_t size, size_t align)
+{
+    void *p = port_caps.reserve_pooled != NULL ? port_caps.reserve_pooled(size, align) : NULL;
+    return p != NULL ? reserve_counted(p, size) : os_reserve(size, align);
+}
+
 static size_t commit_limit = SIZE_MAX; /* shard_set_limit */
 
 size_t os_set_limit(size_t bytes) { return __atomic_exchange_n(&commit_limit, bytes, __ATOMIC_RELAXED); }

@@ -195,6 +195,8 @@ static inline int visit_block(visitor *v, void *block, size_t usable, int kind)
  * commit that would pass it as the platform refuses one it cannot back. With SHARDMM_VERBOSE a refused
  * reservation or commit (by the platform or by the limit) is told on the error channel (options.h). */
 void *os_reserve(size_t size, size_t align);
+/* os_reserve for a large block: the platform's pools first (port.h: reserve_pooled). */
+void *os_reserve_block(size_t size, size_t align);
 int os_commit(void *addr, size_t size);
 int os_decommit(void *addr, size_t size);
 /* committed: how much of the reservation was committed (for the accounting). */
