@@ -214,8 +214,8 @@ static int pools_allowed(void)
 }
 
 /* A new pool (its index), or -1: none may be made now. While another thread makes one this one waits
- * (some thousand yields at most: a fork's child would wait for a maker that is not there) and looks at
- * the pools again; -2 then. */
+ * (some thousand yields at most, should a fork's child ever find the flag of a maker it does not have:
+ * the fork hooks below keep it from that) and looks at the pools again; -2 then. */
 static int pool_make(unsigned seen)
 {
     for (int tries = 0; __atomic_exchange_n(&pools.making, 1, __ATOMIC_ACQUIRE) != 0; tries++) {
@@ -400,9 +400,37 @@ static int linux_thread_exit_hook(void (*fn)(void *heap))
     return exit_key_made ? 0 : -1;
 }
 
+/* The core's fork hooks, with the pools' maker flag around them: a fork waits for a pool being made
+ * (after the core's locks, which no maker holds), so that a child never finds the flag set by a thread
+ * it does not have. Without that a child waited its 4096 yields for nothing, which on a loaded machine
+ * took longer than test_hostile's 10 s (first_blocks_large_then_fork). */
+static void (*core_prepare)(void), (*core_parent)(void), (*core_child)(void);
+
+static void pools_fork_prepare(void)
+{
+    core_prepare();
+    while (__atomic_exchange_n(&pools.making, 1, __ATOMIC_ACQUIRE) != 0)
+        sys3(SYS_sched_yield, 0, 0, 0);
+}
+
+static void pools_fork_parent(void)
+{
+    __atomic_store_n(&pools.making, 0, __ATOMIC_RELEASE);
+    core_parent();
+}
+
+static void pools_fork_child(void)
+{
+    __atomic_store_n(&pools.making, 0, __ATOMIC_RELEASE);
+    core_child();
+}
+
 static int linux_fork_hooks(void (*prepare)(void), void (*parent)(void), void (*child)(void))
 {
-    return pthread_atfork(prepare, parent, child) == 0 ? 0 : -1;
+    core_prepare = prepare;
+    core_parent = parent;
+    core_child = child;
+    return pthread_atfork(pools_fork_prepare, pools_fork_parent, pools_fork_child) == 0 ? 0 : -1;
 }
 
 static void linux_out_of_memory(void) { errno = ENOMEM; }

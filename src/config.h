@@ -186,8 +186,8 @@
 #ifndef SHARD_SPARED_MEDIUM
 #define SHARD_SPARED_MEDIUM 8
 #endif
-/* The cache of freed large blocks: at most this many blocks, and this much committed memory or what the
- * live blocks gave up since their high (large.c); a block committed above that is never cached. 128
+/* The cache of freed large blocks: at most this many blocks, and this much committed memory or the room
+ * under an eighth above the live blocks' high (large.c); a block committed above that is never cached. 128
  * blocks rather than 32: bench/results/2026-12-03-cache-high.md. */
 #ifndef SHARD_LARGE_CACHE_BLOCKS
 #define SHARD_LARGE_CACHE_BLOCKS 128

@@ -64,17 +64,22 @@
  *   the request stays with the block for growth unless it is both more than four times the request
  *   and more than 16 MB.
  * - The byte limit follows the live blocks' high (cache_limit): by default the cache may hold, beyond
- *   the 128 MB, what the live blocks have given up since the most they held (live_high), so that live
- *   and cached blocks together hold no more than the live ones once did. A program whose large working
- *   set is 1 GB frees and allocates it again without a system call for each block, as mimalloc's
- *   arenas, which keep freed memory for a second whatever its size, let it (bench/shapes.py's
- *   malloc-large: 128 MB and 32 blocks sent most of its frees to the OS;
- *   bench/results/2026-12-03-cache-high.md). What holds the limit there is a new reservation: a fresh
- *   large block, segment or arena first sends as many bytes of the cache over its 128 MB back to the
- *   OS (large_cache_shed), so that what the process holds does not grow while the cache holds more
- *   than the 128 MB. The high comes down to what live and cached blocks hold whenever a look-up or
- *   an expiry pass gives blocks back for age, or all go at once (lower_high; a put that finds
- *   expired blocks gives them back without it). SHARDMM_LARGE_CACHE_MB fixes the limit instead,
+ *   the 128 MB, what brings live and cached blocks together to an eighth above the most the live ones
+ *   held (live_high: the ceiling, room_for_cache). A program whose large working set is 1 GB frees and
+ *   allocates it again without a system call for each block, as mimalloc's arenas, which keep freed
+ *   memory for a second whatever its size, let it (bench/shapes.py's malloc-large: 128 MB and 32
+ *   blocks sent most of its frees to the OS; bench/results/2026-12-03-cache-high.md). The eighth is
+ *   for blocks of sizes that vary: a freed block serves only requests its span holds, and without it
+ *   (live and cached at most the high) bench/large.py's churn gave freed blocks back to make room for
+ *   fresh ones and took their pages from the OS again: 0.64 of the time with it, at a peak 6 % higher
+ *   and still below mimalloc's; a quarter gained no more and raised malloc-large@8's peak above
+ *   mimalloc's (bench/results/2026-12-03-cache-slack.md). What holds the limit is a new
+ *   reservation: a fresh large block first sends back as many of the oldest cached blocks as its own
+ *   need would take the total past the ceiling, a segment or arena as many bytes of the cache over
+ *   its 128 MB as it reserves (large_cache_shed: small and medium memory is not in the high, and
+ *   freed large memory must not let them grow). The high comes down to what live and cached blocks
+ *   hold whenever a look-up or an expiry pass gives blocks back for age, or all go at once
+ *   (lower_high; a put that finds expired blocks gives them back without it). SHARDMM_LARGE_CACHE_MB fixes the limit instead,
  *   and so does an address-space limit (RLIMIT_AS), which the cached blocks' reservations count
  *   against: 1.1 MB blocks each took a cached 64 MB one there, and the limit held 16 of them instead
  *   of 480 (tests/test_hostile.c's address_space_limit).
@@ -237,11 +242,13 @@ static void count_live(size_t blocks, size_t bytes, size_t committed)
  * and its map entry set to kind (with its headroom, or without when the address space cannot hold
  * that); *span_out receives the span. With commit_from 0 the header's fields but the mark are filled
  * (otherwise the header page is not committed: a move brings it). NULL out of memory. */
+static void shed(size_t bytes, int block);
+
 static large_header *reserve_block(size_t need, size_t offset, size_t commit_from, unsigned kind,
                                    enum headroom headroom, int exact, size_t *span_out)
 {
     size_t span = span_for(need, headroom);
-    large_cache_shed(need);
+    shed(need, 1);
     large_header *h = os_reserve_block(span, SEGMENT_SIZE);
     if (h == NULL && span > span_for(need, HEADROOM_NONE)) {
         span = span_for(need, HEADROOM_NONE);
@@ -382,20 +389,35 @@ static unsigned expired_count(uint64_t now)
     return n;
 }
 
-/* The cache's byte limit now (the file comment): the option's, or what the live blocks have given up
- * since their high, if that is more. The counts are read without the lock: another thread's block may
- * be between its count and the cache, which the next put or reservation evens out. */
+/* What live and cached blocks may hold together: an eighth above the live blocks' high. */
+static size_t ceiling(void)
+{
+    size_t high = load_relaxed(&live_high);
+    return high + high / 8;
+}
+
+/* What the cache may hold under the ceiling once `more` bytes of live blocks are added. The counts are
+ * read without the lock: another thread's block may be between its count and the cache, which the next
+ * put or reservation evens out. */
+static size_t room_for_cache(size_t more)
+{
+    size_t top = ceiling(), live = load_relaxed(&live_committed);
+    return top > live + more ? top - live - more : 0;
+}
+
+/* The cache's byte limit now (the file comment): the option's, or the room under the ceiling, if that
+ * is more. */
 static size_t cache_limit(void)
 {
     size_t limit = options_values.large_cache_bytes;
     if (limit == 0 || options_values.large_cache_fixed)
         return limit;
-    size_t high = load_relaxed(&live_high), live = load_relaxed(&live_committed);
-    if (high <= live || high - live <= limit)
+    size_t room = room_for_cache(0);
+    if (room <= limit)
         return limit;
     /* Under an address-space limit the cached blocks' reservations count against it: the option's
      * bytes and no more (a system call, made only here). */
-    return os_address_space_limit() == SIZE_MAX ? high - live : limit;
+    return os_address_space_limit() == SIZE_MAX ? room : limit;
 }
 
 /* Under the lock, after blocks left for age or all at once: the high becomes what live and cached
@@ -453,9 +475,10 @@ void large_cache_expire(void)
     release_all(victims, n);
 }
 
-/* (large.h) The oldest blocks go until the cache holds `bytes` less, but not less than the option's
- * limit: one load while it holds no more than that. */
-void large_cache_shed(size_t bytes)
+/* Before a new reservation of `bytes`: the oldest blocks go until the cache holds `bytes` less (for a
+ * segment or arena) or no more than the room under the ceiling once a large block of `bytes` is live
+ * (`block`), but not less than the option's limit: one load while it holds no more than that. */
+static void shed(size_t bytes, int block)
 {
     size_t limit = options_values.large_cache_bytes;
     if (load_relaxed(&cache.bytes_seen) <= limit)
@@ -463,12 +486,16 @@ void large_cache_shed(size_t bytes)
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
     if (!spin_lock_unless_fork(&cache.lock))
         return;
-    size_t keep = cache.bytes > limit + bytes ? cache.bytes - bytes : limit;
+    size_t keep = block ? room_for_cache(bytes) : cache.bytes > bytes ? cache.bytes - bytes : 0;
+    if (keep < limit)
+        keep = limit;
     unsigned n = take_oldest(leaving_for(0, SHARD_LARGE_CACHE_BLOCKS, keep), victims);
     publish_oldest();
     spin_unlock(&cache.lock);
     release_all(victims, n);
 }
+
+void large_cache_shed(size_t bytes) { shed(bytes, 0); }
 
 void large_cache_release_all(void)
 {
@@ -680,7 +707,7 @@ static void *far_alloc(size_t size, size_t align, heap *owner)
     size_t body = round_up(size, PORT_RESERVE_ALIGN), lead = align - PORT_PAGE, need = PORT_PAGE + round_up(size, PORT_PAGE);
     if (owner != NULL && heap_charge(owner, need) != 0)
         return NULL;
-    large_cache_shed(need);
+    shed(need, 1);
     uint8_t *r = os_reserve_block(align + body, align);
     if (r == NULL) {
         if (owner != NULL)
@@ -907,7 +934,7 @@ int large_check(void)
                            "large: the cache is not in the order of its blocks' free times at", c->h);
     }
     problems += insist(bytes == cache.bytes && cache.count <= SHARD_LARGE_CACHE_BLOCKS &&
-                           (bytes <= options_values.large_cache_bytes || bytes <= load_relaxed(&live_high)),
+                           (bytes <= options_values.large_cache_bytes || bytes <= ceiling()),
                        "large: the cache's counts differ from its entries or its limits, bytes", bytes);
     problems += insist(cache.oldest_at == (cache.count ? cache.entry[0].freed_at : UINT64_MAX),
                        "large: the cache's published oldest time differs from its first entry's:", cache.oldest_at);

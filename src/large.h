@@ -31,8 +31,8 @@ void *large_resize_in_place(void *p, size_t size);
 void *large_move(void *p, size_t size);
 /* Give cached blocks older than the delay back to the OS; one load when the cache is empty. */
 void large_cache_expire(void);
-/* A reservation of `bytes` is about to be made (a segment, an arena, a large block): the cache gives back
- * as much of what it holds over its 128 MB (large.c's file comment). */
+/* A reservation of `bytes` is about to be made (a segment, an arena): the cache gives back as much of
+ * what it holds over its 128 MB (large.c's file comment). */
 void large_cache_shed(size_t bytes);
 /* Give every cached block back to the OS now (shard_collect). */
 void large_cache_release_all(void);

@@ -28,9 +28,10 @@
  *   and large_cached_bytes count it); above 128 MB it is released at once. At most 128 blocks and 128 MB
  *   are cached; a free that passes either releases the oldest cached blocks until both hold. That is
  *   the byte limit SHARDMM_LARGE_CACHE_MB=128 sets. By default (the variable unset) it is 128 MB or, if
- *   more, what the live large blocks' committed memory has fallen by since its high (H - L); a new
- *   large block (or segment, or arena) first releases the oldest cached blocks until the cache holds its
- *   need less, but not below 128 MB; shard_collect empties the cache and H becomes L. tests/run runs
+ *   more, what brings live and cached blocks to 9/8 of the live blocks' committed high H (9/8 H - L);
+ *   a new large block first releases the oldest cached blocks until live and cached blocks, its need
+ *   included, hold at most 9/8 H, a new segment or arena until the cache holds its 4 MB less, neither
+ *   below 128 MB; shard_collect empties the cache and H becomes L. tests/run runs
  *   this program once with the variable and once without; a test of one limit skips in the other run.
  * - malloc(n > 1 MB) takes a cached block whose R >= need(n): the one with the smallest C >= need(n),
  *   else the one with the most C (committed up to K(need(n), R) in place). The excess beyond
@@ -1857,13 +1858,15 @@ TEST(the_cache_keeps_at_most_128mb_releasing_the_oldest_first)
 }
 
 /* The default limit (the file comment). After shard_collect (H = L), twenty blocks committing 16 MB
- * are freed: all stay cached (320 MB, what the live blocks gave up since their high). A fresh 40 MB
- * block then releases the three oldest (the cache holds its 40 MB less, in whole blocks: 272 MB), and
- * a new arena of medium blocks one more (4 MB less: 256 MB); the 40 MB block freed joins them.
- * shard_collect empties the cache and brings H down to L: ten blocks of 16 MB freed fill it to 160 MB,
- * and four fresh 40 MB blocks shed it to 128 MB. As those four are freed, the limit stays 128 MB until
- * H - L passes it, so the oldest 16 MB blocks go first and the four 40 MB blocks are what is left
- * (160 MB). With H still at its earlier high the cache would keep all twelve blocks (288 MB). */
+ * are freed: all stay cached (320 MB, what the live blocks gave up since their high H = 320 MB; the
+ * ceiling is 9/8 H = 360 MB). A fresh 34 MB block (too large for a cached block's 32 MB span) finds
+ * room under the ceiling (34 + 320) and releases none; a fresh 64 MB block releases the four oldest
+ * (34 + 64 + 256 <= 360), and a new arena of medium blocks one more (the cache holds its 4 MB less, in
+ * whole blocks: 240 MB); the 64 MB and 34 MB blocks freed join them (338 MB). shard_collect empties the cache and brings H down to L: ten blocks of 16 MB
+ * freed fill it to 160 MB (H = 160 MB, ceiling 180 MB), and four fresh 40 MB blocks shed it to 128 MB.
+ * As those four are freed the limit is 128 MB until the room under the ceiling passes it, so the oldest
+ * 16 MB blocks go first: 120, 128, 136 and at last 176 MB in 5 blocks. With H still at its earlier
+ * high the cache would keep all twelve blocks (288 MB). */
 #if SHARD_RULES
 enum { HIGH_FIRST = 20, HIGH_SECOND = 10, HIGH_BIG = 4, HIGH_MEDIUM_MAX = 512 };
 static unsigned char *high_blocks[HIGH_FIRST], *high_big[HIGH_BIG], *high_medium[HIGH_MEDIUM_MAX];
@@ -1893,13 +1896,13 @@ static void high_free(unsigned char **blocks, size_t n, size_t c, uint64_t seed)
 }
 #endif
 
-TEST(past_128mb_the_cache_holds_what_live_blocks_gave_up_since_their_high)
+TEST(past_128mb_live_and_cached_blocks_hold_up_to_an_eighth_above_the_live_high)
 {
 #if !SHARD_RULES
     SKIP_TEST();
 #else
     NEEDS_DEFAULT_LIMIT();
-    const size_t c = 16 * MB, big = 40 * MB, medium = 256 * KB;
+    const size_t c = 16 * MB, first = 34 * MB, big = 40 * MB, bigger = 64 * MB, medium = 256 * KB;
     shard_collect();
     CHECK_CACHE_NOW(0, 0, "after shard_collect");
     if (!high_alloc(high_blocks, HIGH_FIRST, c, 0x6400)) {
@@ -1916,14 +1919,22 @@ TEST(past_128mb_the_cache_holds_what_live_blocks_gave_up_since_their_high)
         CHECK_COMMITTED(a.committed, b.committed, 0, 0, "free number %zu into the cache", k + 1);
     }
     shard_stats a = stats_now();
-    unsigned char *p = shard_malloc(with_need(big));
+    unsigned char *p = shard_malloc(with_need(first));
     shard_stats b = stats_now();
     CHECK(p != NULL);
-    CHECK_CACHE(b, HIGH_FIRST - 3, (HIGH_FIRST - 3) * c, "after a fresh 40 MB block");
-    CHECK_COMMITTED(a.committed, b.committed, (long long)big - (long long)(3 * c), 1,
-                    "a fresh 40 MB block, three cached blocks released");
+    CHECK_CACHE(b, HIGH_FIRST, HIGH_FIRST * c, "after a fresh 34 MB block");
+    CHECK_COMMITTED(a.committed, b.committed, (long long)first, 1, "a fresh 34 MB block, no cached block released");
     if (p)
-        fill_edges(p, with_need(big), 0x6500);
+        fill_edges(p, with_need(first), 0x6500);
+    a = stats_now();
+    unsigned char *q = shard_malloc(with_need(bigger));
+    b = stats_now();
+    CHECK(q != NULL);
+    CHECK_CACHE(b, HIGH_FIRST - 4, (HIGH_FIRST - 4) * c, "after a fresh 64 MB block");
+    CHECK_COMMITTED(a.committed, b.committed, (long long)bigger - (long long)(4 * c), 1,
+                    "a fresh 64 MB block, four cached blocks released");
+    if (q)
+        fill_edges(q, with_need(bigger), 0x6501);
     /* Medium blocks until a new arena is reserved (not a spare one taken: that reserves nothing). */
     size_t m = 0, shed = 0;
     while (m < HIGH_MEDIUM_MAX) {
@@ -1936,21 +1947,26 @@ TEST(past_128mb_the_cache_holds_what_live_blocks_gave_up_since_their_high)
         m++;
         shard_stats after = stats_now();
         if (after.reserved != before.reserved) { /* a new arena's 4 MB, less what the cache released */
-            CHECK_CACHE(after, HIGH_FIRST - 4, (HIGH_FIRST - 4) * c, "after a new arena (medium block %zu)", m);
+            CHECK_CACHE(after, HIGH_FIRST - 5, (HIGH_FIRST - 5) * c, "after a new arena (medium block %zu)", m);
             shed = 1;
             break;
         }
-        CHECK_CACHE(after, HIGH_FIRST - 3, (HIGH_FIRST - 3) * c, "after medium block %zu, from an arena there was", m);
+        CHECK_CACHE(after, HIGH_FIRST - 4, (HIGH_FIRST - 4) * c, "after medium block %zu, from an arena there was", m);
     }
     CHECKF(shed, "%zu medium blocks of %zu bytes and no new arena", m, medium);
     for (size_t i = 0; i < m; i++) {
         CHECK_EDGES(high_medium[i], medium, 0x6600 + i, "medium block %zu", i);
         shard_free(high_medium[i]);
     }
+    if (q) {
+        CHECK_EDGES(q, with_need(bigger), 0x6501, "the 64 MB block");
+        shard_free(q);
+        CHECK_CACHE_NOW(HIGH_FIRST - 4, (HIGH_FIRST - 5) * c + bigger, "after the free of the 64 MB block");
+    }
     if (p) {
-        CHECK_EDGES(p, with_need(big), 0x6500, "the 40 MB block");
+        CHECK_EDGES(p, with_need(first), 0x6500, "the 34 MB block");
         shard_free(p);
-        CHECK_CACHE_NOW(HIGH_FIRST - 3, (HIGH_FIRST - 4) * c + big, "after the free of the 40 MB block");
+        CHECK_CACHE_NOW(HIGH_FIRST - 3, (HIGH_FIRST - 5) * c + bigger + first, "after the free of the 34 MB block");
     }
 
     shard_collect();
@@ -1960,7 +1976,7 @@ TEST(past_128mb_the_cache_holds_what_live_blocks_gave_up_since_their_high)
     CHECK_CACHE_NOW(HIGH_SECOND, HIGH_SECOND * c, "after ten blocks of 16 MB were freed");
     ok &= high_alloc(high_big, HIGH_BIG, big, 0x6800);
     CHECK_CACHE_NOW(8, 8 * c, "after four fresh 40 MB blocks");
-    static const size_t blocks_after[HIGH_BIG] = { 6, 5, 3, 4 }, mb_after[HIGH_BIG] = { 120, 128, 120, 160 };
+    static const size_t blocks_after[HIGH_BIG] = { 6, 5, 4, 5 }, mb_after[HIGH_BIG] = { 120, 128, 136, 176 };
     for (size_t k = 0; ok && k < HIGH_BIG; k++) {
         CHECK_EDGES(high_big[k], with_need(big), 0x6800 + k, "40 MB block %zu before its free", k);
         shard_free(high_big[k]);
@@ -2672,10 +2688,11 @@ TEST(threads_trading_large_blocks_keep_their_contents_and_the_cache_within_its_l
     shard_stats s = stats_now();
     CHECKF(s.live_large == live_before, "live_large %zu before the trade, %zu after every block was freed",
            live_before, s.live_large);
-    /* By default the cache may also hold what the live blocks gave up since their high: at most what
-     * they held before and what a slot's block (8 MB at most, committed) and a block on the move in each
-     * trader's hands add. */
+    /* By default the cache may also hold up to 9/8 of the live blocks' high: at most what they held
+     * before and what a slot's block (8 MB at most, committed) and a block on the move in each trader's
+     * hands add. */
     size_t bytes_max = CACHE_MAX_BYTES, high_max = s0.live_large_committed + (SLOTS + TRADERS) * 8 * MB;
+    high_max += high_max / 8;
     if (!cache_limit_fixed() && high_max > bytes_max)
         bytes_max = high_max;
     CHECKF(s.large_cached <= CACHE_MAX_BLOCKS && s.large_cached_bytes <= bytes_max,
