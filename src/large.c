@@ -79,10 +79,10 @@
  *   its 128 MB as it reserves (large_cache_shed: small and medium memory is not in the high, and
  *   freed large memory must not let them grow). The high comes down to what live and cached blocks
  *   hold whenever a look-up or an expiry pass gives blocks back for age, or all go at once
- *   (lower_high; a put that finds expired blocks gives them back without it). SHARDMM_LARGE_CACHE_MB fixes the limit instead,
- *   and so does an address-space limit (RLIMIT_AS), which the cached blocks' reservations count
- *   against: 1.1 MB blocks each took a cached 64 MB one there, and the limit held 16 of them instead
- *   of 480 (tests/test_hostile.c's address_space_limit).
+ *   (lower_high; a put that finds expired blocks gives them back without it). SHARDMM_LARGE_CACHE_MB
+ *   fixes the limit instead, and so does an address-space limit (RLIMIT_AS), which the cached blocks'
+ *   reservations count against: 1.1 MB blocks each took a cached 64 MB one there, and the limit held 16
+ *   of them instead of 480 (tests/test_hostile.c's address_space_limit).
  * - Back to the OS: a block cached for the delay (SHARDMM_DELAY_MS; SHARD_LARGE_CACHE_DELAY_MS by
  *   default), the oldest ones when slots or bytes run out, and a block committed above the byte limit
  *   at once, without entering (with a limit of 0, every block); all of them when memory runs out
