@@ -111,23 +111,31 @@ static uintptr_t map_at(uintptr_t at, size_t size)
     return 0;
 }
 
+/* A private anonymous mapping of size bytes at a multiple of align, with protection prot and the extra
+ * flags; 0 when the kernel refuses. It maps align - 4 KB more than asked and unmaps what lies before the
+ * first aligned address and after the mapping: the slack goes back at once. */
+static uintptr_t map_aligned(size_t size, size_t align, long prot, long flags)
+{
+    long r = sys6(SYS_mmap, 0, (long)(size + align - PORT_PAGE), prot, MAP_PRIVATE_ | MAP_ANONYMOUS_ | flags, -1, 0);
+    if (sys_failed(r))
+        return 0;
+    uintptr_t start = (uintptr_t)r, aligned = (start + align - 1) & ~(align - 1), end = start + size + align - PORT_PAGE;
+    if (aligned > start)
+        sys3(SYS_munmap, (long)start, (long)(aligned - start), 0);
+    if (end > aligned + size)
+        sys3(SYS_munmap, (long)(aligned + size), (long)(end - aligned - size), 0);
+    return aligned;
+}
+
 void *port_reserve(size_t size, size_t align)
 {
-    /* Map align - 4 KB more than asked and unmap what lies before the first aligned address and after the
-     * reservation: the slack goes back at once. */
-    long r = map_none(0, size + align - PORT_PAGE);
-    if (!sys_failed(r)) {
-        uintptr_t start = (uintptr_t)r, aligned = (start + align - 1) & ~(align - 1), end = start + size + align - PORT_PAGE;
-        if (aligned > start)
-            sys3(SYS_munmap, (long)start, (long)(aligned - start), 0);
-        if (end > aligned + size)
-            sys3(SYS_munmap, (long)(aligned + size), (long)(end - aligned - size), 0);
+    uintptr_t aligned = map_aligned(size, align, PROT_NONE_, 0);
+    if (aligned != 0)
         return (void *)aligned;
-    }
     /* No room for the slack (RLIMIT_AS almost reached): a mapping of the size alone, and if it is not
      * aligned, the aligned addresses just below and above it, where the kernel (which places mappings
      * from the top down) has usually left the space free. */
-    r = map_none(0, size);
+    long r = map_none(0, size);
     if (sys_failed(r))
         return NULL;
     uintptr_t start = (uintptr_t)r, down = start & ~(align - 1);
@@ -230,14 +238,8 @@ static int pool_make(unsigned seen)
     int made = -1;
     unsigned n = pools.count;
     if (n < POOLS_MAX && pools_allowed()) {
-        long r = sys6(SYS_mmap, 0, (long)(POOL_SIZE + POOL_WORD_SPAN), PROT_RW_,
-                      MAP_PRIVATE_ | MAP_ANONYMOUS_ | MAP_NORESERVE_, -1, 0);
-        if (!sys_failed(r)) {
-            uintptr_t start = (uintptr_t)r, base = (start + POOL_WORD_SPAN - 1) & ~(POOL_WORD_SPAN - 1);
-            if (base > start)
-                sys3(SYS_munmap, (long)start, (long)(base - start), 0);
-            if (base < start + POOL_WORD_SPAN)
-                sys3(SYS_munmap, (long)(base + POOL_SIZE), (long)(start + POOL_WORD_SPAN - base), 0);
+        uintptr_t base = map_aligned(POOL_SIZE, POOL_WORD_SPAN, PROT_RW_, MAP_NORESERVE_);
+        if (base != 0) {
             sys3(SYS_madvise, (long)base, (long)POOL_SIZE, MADV_HUGEPAGE_);
             pools.base[n] = base;
             __atomic_store_n(&pools.count, n + 1, __ATOMIC_RELEASE);
@@ -248,10 +250,14 @@ static int pool_make(unsigned seen)
     return made;
 }
 
+/* The granules a reservation of size bytes takes, and the bits of a run of that many. */
+static size_t granules_of(size_t size) { return (size + ((size_t)1 << POOL_GRANULE_SHIFT) - 1) >> POOL_GRANULE_SHIFT; }
+static uint64_t run_of(size_t granules) { return granules == 64 ? ~(uint64_t)0 : ((uint64_t)1 << granules) - 1; }
+
 /* Claims `granules` aligned to `step` granules in pool p; the address or 0. */
 static uintptr_t pool_claim(unsigned p, unsigned granules, unsigned step)
 {
-    uint64_t run = granules == 64 ? ~(uint64_t)0 : ((uint64_t)1 << granules) - 1;
+    uint64_t run = run_of(granules);
     for (unsigned w = 0; w < POOL_WORDS; w++) {
         uint64_t *word = &pools.used[p][w];
         uint64_t now = __atomic_load_n(word, __ATOMIC_RELAXED);
@@ -271,8 +277,7 @@ static uintptr_t pool_claim(unsigned p, unsigned granules, unsigned step)
 
 static void *linux_reserve_pooled(size_t size, size_t align)
 {
-    size_t granules = (size + ((size_t)1 << POOL_GRANULE_SHIFT) - 1) >> POOL_GRANULE_SHIFT;
-    size_t step = align >> POOL_GRANULE_SHIFT;
+    size_t granules = granules_of(size), step = align >> POOL_GRANULE_SHIFT;
     if (granules > 64 || align > POOL_WORD_SPAN || __atomic_load_n(&pools.state, __ATOMIC_RELAXED) < 0)
         return NULL;
     if (step == 0)
@@ -298,9 +303,7 @@ static void pool_release(int p, uintptr_t addr, size_t size)
 {
     sys3(SYS_madvise, (long)addr, (long)size, MADV_DONTNEED_);
     size_t first = (addr - pools.base[p]) >> POOL_GRANULE_SHIFT;
-    size_t granules = (size + ((size_t)1 << POOL_GRANULE_SHIFT) - 1) >> POOL_GRANULE_SHIFT;
-    uint64_t run = granules == 64 ? ~(uint64_t)0 : ((uint64_t)1 << granules) - 1;
-    __atomic_fetch_and(&pools.used[p][first / 64], ~(run << (first % 64)), __ATOMIC_RELEASE);
+    __atomic_fetch_and(&pools.used[p][first / 64], ~(run_of(granules_of(size)) << (first % 64)), __ATOMIC_RELEASE);
 }
 
 int port_commit(void *addr, size_t size)
