@@ -861,6 +861,10 @@ def generate():
         "malloc, chosen by -DALLOC_* (bench/allocator.h).")
     for bm in BENCHMARKS:
         put(BUILD_NINJA, bench_edges(bm), doc=bm.doc)
+    put(BUILD_NINJA, [Edge("build/bench/peak.so", "link", ("bench/peak.c",), "$bench_flags -fPIC -shared", "-ldl",
+                           phony="bench")],
+        doc="peak.so: preloaded after libshardmm.so, shardmm's statistics at the process's peak of anonymous "
+            "memory (bench/peak.c).")
 
     for f, names in ((BUILD_NINJA, ("libs", "tests", "bench")), (FUZZ_NINJA, ("fuzz",))):
         text[f].append("\n")
