@@ -644,7 +644,7 @@ heap *heap_new(uint32_t thread)
 static void take_over(heap *h)
 {
     set_owner(h, os_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
-    h->segments_made = h->arenas_made = 0; /* its growth is the new thread's to show */
+    h->segments_made = h->arenas_made = h->early_back = 0; /* its growth is the new thread's to show */
     store_relaxed(&h->thread_done, 0u);
     drop_reserve(h);                /* the reserve is this thread's now */
     trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* what was freed into it while it waited; nothing goes back */

@@ -66,6 +66,9 @@ typedef struct heap {
      * first 2 MB on small pages (segment.h's segment_large_from) until the heap fills it
      * (segment_spared_commit). */
     uint32_t segments_made, arenas_made;
+    /* 1 once it took back a segment it gave the orphans early (small.c's give_full_segment): its thread
+     * frees what it made, so it gives none early again. Reset with the two above. */
+    uint32_t early_back;
     /* A thread heap's pages that went full last, the one of its page-full count `fulls` at index
      * fulls % SHARD_LOOSE_AFTER: a page still full when its entry comes round again goes loose
      * (small.h). Entries are cleared when their segment leaves the heap; others may be out of date.

@@ -271,6 +271,7 @@ static void full_ring_forget(heap *h, const segment *s)
  * table, where the fast paths of free and realloc find it. */
 static void segment_enter(heap *h, segment *s)
 {
+    s->given_early = 0; /* a giver sets its own after the move */
     store_relaxed(&s->next, h->segments);
     store_release(&h->segments, s);
     heap_own_segment(h, s);
@@ -636,7 +637,25 @@ static void page_gone(heap *h, page *pg)
 /* ---- allocation and free ------------------------------------------------------------------------- */
 
 static int adopt_orphan(heap *h);
-static void give_full_segment(heap *h, segment *s);
+static void give_full_segment(heap *h, segment *s, int early);
+
+/* Whether s may go to the orphans early (config.h's SHARD_GIVE_FULL_PAGES): every page of it serves a
+ * class (none free, none cold) and its owner has freed nothing into its full pages since they went full
+ * (every item out, or the page loose), as a thread that filled memory and stopped: one that frees what it
+ * made would take the segment back at once and meanwhile make new pages for the classes it gave. Frees
+ * by other threads do not count: they are what the segment waits for. */
+static int segment_quiet(const segment *s)
+{
+    for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
+        const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
+        if (pg->state != PAGE_IN_USE)
+            return 0;
+        if (pg->full && pg->used + pg->full_out != pg->capacity &&
+            HOLD_STATE(load_relaxed(&pg->hold)) != HOLD_LOOSE)
+            return 0;
+    }
+    return 1;
+}
 
 /* The items of thread-free word w, just exchanged out of pg, go to the front of pg's local_free. */
 static void take_items(page *pg, uint64_t w)
@@ -736,8 +755,11 @@ again:
         page_set_full(pg);
         if (!h->created)
             full_ring_push(h, pg);
-        if (segment_of(pg)->full_pages == SEGMENT_PAGES - 1)
-            give_full_segment(h, segment_of(pg));
+        segment *s = segment_of(pg);
+        if (s->full_pages == SEGMENT_PAGES - 1)
+            give_full_segment(h, s, 0);
+        else if (s->full_pages >= SHARD_GIVE_FULL_PAGES && !h->early_back && segment_quiet(s))
+            give_full_segment(h, s, 1);
     }
     /* Without a free page of its own, h takes an orphan segment's free pages, and its pages in use,
      * which may serve this class (at most once: h has a free page after it). */
@@ -953,6 +975,9 @@ static spinlock orphan_lock;
 /* orphans.free_count as of the last change, for adopt_orphan's look before it takes the lock (the
  * count itself is written without atomics, under the lock). */
 static uint32_t orphan_free_pages;
+/* 1 when a segment given early may wait in the orphans (set under the lock by its giver, cleared by the
+ * adopter's walk that finds none), for the same look. */
+static uint32_t orphan_early;
 
 int small_is_orphans(const heap *h) { return h == &orphans; }
 
@@ -1018,15 +1043,35 @@ void small_orphan_give(heap *h)
         heap_arm_reserve_due(os_clock_ms() + options_values.reserve_delay_ms);
 }
 
-/* s, every page of which is full, leaves h, a thread heap whose thread runs, for the orphans, as it is.
- * Its pages serve no allocation of h until their items come back, and those that other threads free
- * come back to whichever heap takes the segment. */
-static void give_full_segment(heap *h, segment *s)
+/* s leaves h, a thread heap whose thread runs, for the orphans, as it is: every page of it full, or
+ * `early`, SHARD_GIVE_FULL_PAGES of them full and the rest serving a class (they leave h's class lists
+ * for the orphans'). Its pages serve no allocation of h until h takes it back, and the items that other
+ * threads free there come back to whichever heap takes the segment. */
+static void give_full_segment(heap *h, segment *s, int early)
 {
-    if (h->created || !spin_lock_unless_fork(&orphan_lock))
-        return; /* a created heap keeps what is charged to it; a fork's lock: h keeps s */
+    if (h->created)
+        return; /* a created heap keeps what is charged to it */
+    if (early) /* the orphans' pages are not lazy: a free into one queues it there (small.h) */
+        for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
+            page *pg = (page *)((uint8_t *)s + i * PAGE_DESC_SIZE);
+            uint64_t w = load_relaxed(&pg->thread_free);
+            if (pg->state != PAGE_IN_USE || !(w & THREAD_FREE_LAZY))
+                continue;
+            w = exchange_acq_rel(&pg->thread_free, (uint64_t)0);
+            if (w == THREAD_FREE_LAZY)
+                continue;
+            take_items(pg, w);
+            if (pg->used == 0)
+                page_emptied(h, pg, 1);
+        }
+    if (!spin_lock_unless_fork(&orphan_lock))
+        return; /* a fork's lock: h keeps s */
     h->forwards = 1; /* before the owner word changes */
     segment_move(h, &orphans, s);
+    if (early) {
+        s->given_early = 1;
+        store_relaxed(&orphan_early, 1u);
+    }
     debug_check_heap(&orphans, "the orphans inconsistent after a heap gave a full segment");
     orphan_unlock();
 }
@@ -1040,6 +1085,7 @@ int small_take_back(heap *h, segment *s)
     if (taken) {
         if (load_relaxed(&orphans.delayed) != NULL)
             small_drain_delayed(&orphans, 0); /* what others freed into its pages comes with them */
+        h->early_back |= s->given_early; /* a thread that frees what it made: none early again */
         segment_move(&orphans, h, s);
         debug_check_heap(&orphans, "the orphans inconsistent after a heap took back a segment");
     }
@@ -1047,24 +1093,44 @@ int small_take_back(heap *h, segment *s)
     return taken ? 0 : -1;
 }
 
+/* A segment given early that h did not give, or NULL; the hint goes when none is left (under the lock). */
+static segment *early_orphan(const heap *h)
+{
+    int any = 0;
+    for (segment *s = orphans.segments; s != NULL; s = s->next)
+        if (s->given_early) {
+            if (s->given_by != h)
+                return s;
+            any = 1;
+        }
+    if (!any)
+        store_relaxed(&orphan_early, 0u);
+    return NULL;
+}
+
 /* The segment of the orphans' most recently freed page becomes h's, with its free pages and its pages in
- * use; 0, or -1 when the orphans have no free page. What other threads freed into the orphans is taken
- * in first: it may empty pages of a segment whose free pages went back to the OS (an expired reserve's)
- * or of a full segment a running heap gave, and a heap that took a new page instead would leave those
- * pages waiting for the next trim. */
+ * use; else a segment a running heap gave early (not h: it would take back what it just gave), whose
+ * class pages serve h from then on, and the frees of its blocks with them: 0, or -1 when there is none.
+ * What other threads freed into the orphans is taken in first: it may empty pages of a segment whose
+ * free pages went back to the OS (an expired reserve's) or of a full segment a running heap gave, and a
+ * heap that took a new page instead would leave those pages waiting for the next trim. */
 static int adopt_orphan(heap *h)
 {
-    if (h->created || (load_relaxed(&orphan_free_pages) == 0 && load_relaxed(&orphans.delayed) == NULL) ||
+    if (h->created ||
+        (load_relaxed(&orphan_free_pages) == 0 && load_relaxed(&orphans.delayed) == NULL &&
+         load_relaxed(&orphan_early) == 0) ||
         !spin_lock_unless_fork(&orphan_lock))
         return -1;
     if (load_relaxed(&orphans.delayed) != NULL)
         small_drain_delayed(&orphans, 0); /* what other threads freed into it, before its pages move */
-    page *pg = orphans.free_pages.last;
-    if (pg != NULL)
-        segment_move(&orphans, h, segment_of(pg));
+    segment *s = orphans.free_pages.last != NULL ? segment_of(orphans.free_pages.last) : NULL;
+    if (s == NULL && load_relaxed(&orphan_early) != 0)
+        s = early_orphan(h);
+    if (s != NULL)
+        segment_move(&orphans, h, s);
     debug_check_heap(&orphans, "the orphans inconsistent after a heap took a segment");
     orphan_unlock();
-    return pg != NULL ? 0 : -1;
+    return s != NULL ? 0 : -1;
 }
 
 uint64_t small_orphan_expire(uint64_t now)

@@ -2299,6 +2299,115 @@ TEST(a_thread_takes_back_the_full_segment_it_gave_at_its_first_free_into_it)
 #endif
 }
 
+/* A running thread's heap gives the orphans a segment whose pages are mostly full and the rest its
+ * classes' current pages (SHARD_GIVE_FULL_PAGES, config.h): a thread that filled memory and went quiet,
+ * as larson's main thread, would keep them from the threads that free its blocks. The heap that needs a
+ * page next takes the segment with those class pages and allocates from them. */
+#define EARLY_CLASSES 16 /* one block each, a page each; 47 pages of 16384-byte blocks fill the rest */
+
+#if SHARD_RULES
+static const size_t early_size[EARLY_CLASSES] = {16, 32, 64, 80, 96, 112, 128, 160,
+                                                 192, 224, 256, 320, 384, 448, 512, 640};
+
+struct early_filler {
+    struct agent agent;
+    struct blk small[EARLY_CLASSES];
+    struct blk big[FULL_SEGMENT_MOST];
+    size_t count;       /* 16384-byte blocks made */
+    size_t given_at;    /* the 16384-byte block whose allocation gave a segment away, 0 for none */
+    uintptr_t segment;  /* the segment given */
+    shard_stats before; /* at the start */
+};
+
+/* The small blocks first, then 16384-byte blocks until the orphans gain a segment (or FULL_SEGMENT_MOST). */
+static void early_filler_job(void *arg)
+{
+    struct early_filler *f = arg;
+    f->before = stats_now();
+    for (size_t i = 0; i < EARLY_CLASSES; i++)
+        if (!blk_alloc(&f->small[i], early_size[i], 0x7700 + i))
+            return;
+    while (f->count < FULL_SEGMENT_MOST && f->given_at == 0) {
+        if (!blk_alloc(&f->big[f->count], 16384, 0x7800 + f->count))
+            return;
+        f->count++;
+        shard_stats now = stats_now();
+        if (now.orphan_segments == f->before.orphan_segments + 1) {
+            f->given_at = f->count;
+            f->segment = segment_base(f->small[0].p);
+        }
+    }
+}
+
+static void early_filler_free_job(void *arg)
+{
+    struct early_filler *f = arg;
+    for (size_t i = 0; i < EARLY_CLASSES; i++)
+        if (f->small[i].p != NULL) {
+            blk_check(&f->small[i], "small block of the thread that gave its segment early");
+            blk_free(&f->small[i]);
+        }
+    for (size_t i = 0; i < f->count; i++)
+        if (f->big[i].p != NULL) {
+            blk_check(&f->big[i], "16384-byte block of the thread that gave its segment early");
+            blk_free(&f->big[i]);
+        }
+}
+
+static void early_alloc_job(void *arg) { blk_alloc(arg, early_size[EARLY_CLASSES - 1], 0x7a00); }
+
+static void early_free_job(void *arg)
+{
+    blk_check(arg, "block from the class page of a segment another thread gave");
+    blk_free(arg);
+}
+#endif
+
+TEST(a_running_thread_gives_a_mostly_full_segment_and_its_class_pages_to_the_heap_that_needs_a_page)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    scene_begin(&s);
+    static struct early_filler f;
+    memset(&f, 0, sizeof f);
+    struct agent a; /* a heap of its own, no free page */
+    struct blk got = {0};
+    if (agent_start(&a))
+        agent_do(&a, small_op_job, NULL);
+    if (agent_start(&f.agent)) {
+        agent_do(&f.agent, early_filler_job, &f);
+        size_t in_segment = 0;
+        for (size_t i = 0; i < EARLY_CLASSES; i++)
+            in_segment += f.small[i].p != NULL && segment_base(f.small[i].p) == f.segment;
+        for (size_t i = 0; i < f.count; i++)
+            in_segment += f.big[i].p != NULL && segment_base(f.big[i].p) == f.segment;
+        CHECKF(f.given_at != 0 && f.given_at <= FULL_SEGMENT_BLOCKS && in_segment >= EARLY_CLASSES + 4 * 40,
+               "a thread made %zu small blocks of as many classes, then %zu of 16384 bytes: it gave %s segment "
+               "to the orphans, holding %zu of its blocks (its first segment expected, once the 16384-byte "
+               "blocks left it: by the %dth, with its %d small blocks and 160 or more of the others)",
+               (size_t)EARLY_CLASSES, f.count, f.given_at != 0 ? "a" : "no", in_segment, FULL_SEGMENT_BLOCKS,
+               EARLY_CLASSES);
+        if (f.given_at != 0 && a.running) {
+            shard_stats before = stats_now();
+            agent_do(&a, early_alloc_job, &got);
+            shard_stats after = stats_now();
+            check_took_orphan(&before, &after, got.p, f.segment,
+                              "another thread's block of a class whose page the given segment holds");
+            check_allocator("after a thread took a segment another gave with its class pages");
+            agent_do(&a, early_free_job, &got);
+        }
+        agent_do(&f.agent, early_filler_free_job, &f);
+        check_allocator("after the thread that gave its segment early freed its blocks");
+        agent_stop(&f.agent);
+    }
+    if (a.running)
+        agent_stop(&a);
+    scene_end(&s);
+#endif
+}
+
 /* A running thread collects what other threads free into the pages of its class lists itself, when its
  * allocations reach those pages (small.h: lazy pages); a heap out of free pages first takes in those
  * frees and retires the pages they emptied, and uses them before a page it never used. Here a thread
@@ -2402,17 +2511,24 @@ TEST(a_running_thread_uses_the_pages_others_emptied_before_committing_more)
 #define LOOSE_PAGES 96 /* SHARD_LOOSE_AFTER + 32 */
 #define LOOSE_PER_PAGE 64 /* 1024-byte blocks in a 64 KB page */
 #define LOOSE_GONE 30     /* pages 1-30: the 31 loose ones but page 0, which its owner took back */
+#define LOOSE_ANCHORS 17  /* 63 pages - 46 */
 
 #if SHARD_RULES
 struct loose_filler {
     struct blk kb[LOOSE_PAGES * LOOSE_PER_PAGE];
     struct blk again[LOOSE_GONE * LOOSE_PER_PAGE];
     void *twice; /* a block of a page that went back, freed already: the owner frees it again */
-    /* A block of a class of its own in each segment the 1024-byte pages reach, so that no segment has
-     * every page full: such a segment leaves its heap for the orphans (small.c's give_full_segment),
-     * and its pages with it. */
-    struct blk anchor[4];
+    /* In each of the first two segments the 1024-byte pages reach, blocks of LOOSE_ANCHORS classes of
+     * their own, each its class's page, so that at most 46 pages of a segment go full: a segment with 47
+     * (config.h's SHARD_GIVE_FULL_PAGES) and no free or cold page leaves its heap for the orphans
+     * (small.c's give_full_segment), and its pages with it. */
+    struct blk anchor[2 * LOOSE_ANCHORS];
 };
+
+/* The anchors' sizes: a class each, none of them 1024's. */
+static const size_t loose_anchor_size[2 * LOOSE_ANCHORS] = {
+    16, 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768,
+    1280, 1536, 1792, 2048, 2304, 2560, 2816, 3072, 3328, 3584, 3840, 4096, 4608, 5120, 5632, 6144, 6656};
 
 static void loose_fill_job(void *arg)
 {
@@ -2422,13 +2538,14 @@ static void loose_fill_job(void *arg)
     for (size_t i = 0; i < LOOSE_PAGES * LOOSE_PER_PAGE; i++) {
         if (!blk_alloc(&f->kb[i], 1024, 0xc000 + i))
             return;
-        if ((uintptr_t)f->kb[i].p >> 22 != segment && anchors < 4) {
-            segment = (uintptr_t)f->kb[i].p >> 22; /* the next cold page is this segment's */
-            if (!blk_alloc(&f->anchor[anchors], 10240 + 2048 * anchors, 0xa000 + anchors))
-                return;
-            CHECKF((uintptr_t)f->anchor[anchors].p >> 22 == segment, "the %zu-byte block in the segment of the "
-                   "1024-byte ones", (size_t)(10240 + 2048 * anchors));
-            anchors++;
+        if ((uintptr_t)f->kb[i].p >> 22 != segment && anchors < 2 * LOOSE_ANCHORS) {
+            segment = (uintptr_t)f->kb[i].p >> 22; /* the next cold pages are this segment's */
+            for (size_t k = 0; k < LOOSE_ANCHORS; k++, anchors++) {
+                if (!blk_alloc(&f->anchor[anchors], loose_anchor_size[anchors], 0xa000 + anchors))
+                    return;
+                CHECKF((uintptr_t)f->anchor[anchors].p >> 22 == segment, "the %zu-byte block in the segment of "
+                       "the 1024-byte ones", loose_anchor_size[anchors]);
+            }
         }
     }
 }
@@ -2508,7 +2625,7 @@ TEST(the_pages_other_threads_empty_in_a_heap_that_allocates_no_more_go_back)
             shard_set_error_hook(previous, NULL);
         }
         agent_do(&a, loose_again_job, &f);
-        for (size_t i = 0; i < 4; i++)
+        for (size_t i = 0; i < 2 * LOOSE_ANCHORS; i++)
             if (f.anchor[i].p != NULL) {
                 blk_check(&f.anchor[i], "block of a class of its own among the 1024-byte pages");
                 blk_free(&f.anchor[i]);
