@@ -692,6 +692,23 @@ static int page_collect(page *pg)
 /* Take what other threads freed into h's lazy pages, each page's word left `mark` (the lazy mark, or 0 to
  * end it), and retire the pages left empty. Returns the pages of h's class lists, all read; *retired
  * counts those retired. */
+/* What other threads freed into lazy page pg of h, its word left `mark` (the lazy mark, or 0 to end it);
+ * 1 when that emptied the page and retired it. */
+static int page_take_lazy(heap *h, page *pg, uint64_t mark)
+{
+    uint64_t w = load_relaxed(&pg->thread_free);
+    if (!(w & THREAD_FREE_LAZY) || w == mark)
+        return 0;
+    w = exchange_acq_rel(&pg->thread_free, mark);
+    if (w == THREAD_FREE_LAZY)
+        return 0; /* nothing waited: only the mark ended */
+    take_items(pg, w);
+    if (pg->used != 0)
+        return 0;
+    page_emptied(h, pg, 1);
+    return 1;
+}
+
 static uint32_t take_lazy(heap *h, uint64_t mark, uint32_t *retired)
 {
     uint32_t walked = 0;
@@ -699,17 +716,7 @@ static uint32_t take_lazy(heap *h, uint64_t mark, uint32_t *retired)
         page *next;
         for (page *pg = h->classes[cls].first; pg != NULL; pg = next, walked++) {
             next = pg->next;
-            uint64_t w = load_relaxed(&pg->thread_free);
-            if (!(w & THREAD_FREE_LAZY) || w == mark)
-                continue;
-            w = exchange_acq_rel(&pg->thread_free, mark);
-            if (w == THREAD_FREE_LAZY)
-                continue; /* nothing waited: only the mark ended */
-            take_items(pg, w);
-            if (pg->used == 0) {
-                page_emptied(h, pg, 1);
-                ++*retired;
-            }
+            *retired += (uint32_t)page_take_lazy(h, pg, mark);
         }
     }
     return walked;
@@ -1054,15 +1061,8 @@ static void give_full_segment(heap *h, segment *s, int early)
     if (early) /* the orphans' pages are not lazy: a free into one queues it there (small.h) */
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             page *pg = (page *)((uint8_t *)s + i * PAGE_DESC_SIZE);
-            uint64_t w = load_relaxed(&pg->thread_free);
-            if (pg->state != PAGE_IN_USE || !(w & THREAD_FREE_LAZY))
-                continue;
-            w = exchange_acq_rel(&pg->thread_free, (uint64_t)0);
-            if (w == THREAD_FREE_LAZY)
-                continue;
-            take_items(pg, w);
-            if (pg->used == 0)
-                page_emptied(h, pg, 1);
+            if (pg->state == PAGE_IN_USE)
+                (void)page_take_lazy(h, pg, 0);
         }
     if (!spin_lock_unless_fork(&orphan_lock))
         return; /* a fork's lock: h keeps s */
