@@ -729,8 +729,9 @@ heap *heap_claim(heap *want)
 int heap_check(heap *h)
 {
     int problems = 0;
-    size_t segments = 0, entered = 0, all_cold = 0;
+    size_t segments = 0, entered = 0, all_cold = 0, taken_early = 0;
     for (segment *s = h->segments; s != NULL; s = s->next, segments++) {
+        taken_early += s->taken_early;
         problems += insist(s->owner == h && segmap_kind((uintptr_t)s) == SEG_SMALL,
                            "heap: a segment with a wrong owner or map entry:", s);
         uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
@@ -745,6 +746,8 @@ int heap_check(heap *h)
         }
         problems += insist(s->full_pages == full, "heap: a segment's count of full pages is wrong:", s);
     }
+    problems += insist(taken_early == h->early_held, "heap: segments taken as given early, against its mark:",
+                       taken_early);
     /* Every own-segment entry is one of these segments (entry 0 holds 1), each at most once. */
     size_t entries = 0;
     for (size_t i = 1; i < HEAP_OWN_SLOTS; i++)

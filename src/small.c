@@ -258,12 +258,18 @@ static void own_entry_leave(heap *h, const segment *s)
         }
 }
 
-/* s leaves h, or goes back to the OS: h's full_ring forgets its pages. */
-static void full_ring_forget(heap *h, const segment *s)
+/* s, taken out of h's list, leaves h for another heap or the OS: its own-segment entry goes, h's
+ * full_ring forgets its pages, and h no longer holds it as a segment given early. */
+static void segment_leave(heap *h, segment *s)
 {
+    own_entry_leave(h, s);
     for (unsigned i = 0; i < SHARD_LOOSE_AFTER; i++)
         if (h->full_ring[i] != NULL && segment_of(h->full_ring[i]) == s)
             h->full_ring[i] = NULL;
+    if (s->taken_early) {
+        s->taken_early = 0;
+        h->early_held = 0;
+    }
 }
 
 /* s becomes one of h's segments: first in its list, which other threads walk for the statistics (the
@@ -300,8 +306,7 @@ unsigned small_release_empty(heap *h, int spare)
         }
         h->free_count -= free_pages;
         store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
-        own_entry_leave(h, s);
-        full_ring_forget(h, s);
+        segment_leave(h, s);
         size_t committed = SEGMENT_DESC_BYTES + free_pages * PAGE_SIZE;
         heap_uncharge(h, committed);
         if (spare && segment_spare_put(s, SEG_SMALL, committed))
@@ -408,8 +413,7 @@ void small_empty_keep(heap *h, unsigned keep)
         for (unsigned i = 1; i < SEGMENT_PAGES; i++)
             list_remove(&h->cold_pages, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
         store_release(link, s->next);
-        own_entry_leave(h, s);
-        full_ring_forget(h, s);
+        segment_leave(h, s);
         heap_uncharge(h, SEGMENT_DESC_BYTES);
         segment_release(s, SEGMENT_DESC_BYTES);
     }
@@ -769,7 +773,8 @@ again:
             give_full_segment(h, s, 1);
     }
     /* Without a free page of its own, h takes an orphan segment's free pages, and its pages in use,
-     * which may serve this class (at most once: h has a free page after it). */
+     * which may serve this class (twice at most: h has a free page after it, or holds a segment given
+     * early). */
     if (h->free_pages.last == NULL)
         sweep_lazy(h);
     if (h->free_pages.last == NULL && adopt_orphan(h) == 0)
@@ -1024,8 +1029,7 @@ static void segment_move(heap *from, heap *to, segment *s)
     while (*link != s)
         link = &(*link)->next;
     store_release(link, s->next); /* statistics walk the list (segment_walk_begin) */
-    own_entry_leave(from, s);
-    full_ring_forget(from, s);
+    segment_leave(from, s);
     store_release(&s->owner, to);
     store_relaxed(&s->given_by, to == &orphans ? from : (heap *)NULL); /* small_take_back reads it unlocked */
     if (s->full_pages != SEGMENT_PAGES - 1) /* else every page is full, in no list: none to move */
@@ -1111,6 +1115,10 @@ static segment *early_orphan(const heap *h)
 /* The segment of the orphans' most recently freed page becomes h's, with its free pages and its pages in
  * use; else a segment a running heap gave early (not h: it would take back what it just gave), whose
  * class pages serve h from then on, and the frees of its blocks with them: 0, or -1 when there is none.
+ * A heap holds one segment given early at a time: one brings pages of many classes, and a heap that took
+ * them one after another left none to the heaps that started later (larson at 8 threads: the first worker
+ * took all five of the main thread's, and 120 of their pages, emptied by the others' frees, stood free in
+ * its heap while the others carved pages of their own).
  * What other threads freed into the orphans is taken in first: it may empty pages of a segment whose
  * free pages went back to the OS (an expired reserve's) or of a full segment a running heap gave, and a
  * heap that took a new page instead would leave those pages waiting for the next trim. */
@@ -1118,16 +1126,19 @@ static int adopt_orphan(heap *h)
 {
     if (h->created ||
         (load_relaxed(&orphan_free_pages) == 0 && load_relaxed(&orphans.delayed) == NULL &&
-         load_relaxed(&orphan_early) == 0) ||
+         (load_relaxed(&orphan_early) == 0 || h->early_held)) ||
         !spin_lock_unless_fork(&orphan_lock))
         return -1;
     if (load_relaxed(&orphans.delayed) != NULL)
         small_drain_delayed(&orphans, 0); /* what other threads freed into it, before its pages move */
     segment *s = orphans.free_pages.last != NULL ? segment_of(orphans.free_pages.last) : NULL;
-    if (s == NULL && load_relaxed(&orphan_early) != 0)
+    int early = s == NULL && !h->early_held && load_relaxed(&orphan_early) != 0;
+    if (early)
         s = early_orphan(h);
     if (s != NULL)
         segment_move(&orphans, h, s);
+    if (s != NULL && early)
+        s->taken_early = (uint8_t)(h->early_held = 1);
     debug_check_heap(&orphans, "the orphans inconsistent after a heap took a segment");
     orphan_unlock();
     return s != NULL ? 0 : -1;

@@ -2408,6 +2408,85 @@ TEST(a_running_thread_gives_a_mostly_full_segment_and_its_class_pages_to_the_hea
 #endif
 }
 
+#if SHARD_RULES
+static void kb_alloc_job(void *arg) { blk_alloc(arg, 1024, 0x7b00); }
+
+static void blk_free_job(void *arg)
+{
+    blk_check(arg, "block of a thread that took a segment given early");
+    blk_free(arg);
+}
+
+/* The thread that fills a segment until it gives it early; whether it did (the test failed if not). */
+static int early_give(struct early_filler *f)
+{
+    memset(f, 0, sizeof *f);
+    if (!agent_start(&f->agent))
+        return 0;
+    agent_do(&f->agent, early_filler_job, f);
+    CHECKF(f->given_at != 0, "a thread made %zu blocks of 16384 bytes and gave no segment early", f->count);
+    return f->given_at != 0;
+}
+#endif
+
+/* A heap takes one segment given early at a time: with one, it has pages of many classes, and a second
+ * would leave a heap that starts later with none (larson's first worker took all of the main thread's).
+ * Thread A takes the segment thread F1 gave; F2 then gives one, and A, needing a page of a class neither
+ * holds, commits it rather than take F2's; thread C, which needs a page too, takes it. */
+TEST(a_heap_that_holds_a_segment_given_early_leaves_the_next_to_another_heap)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    scene_begin(&s);
+    static struct early_filler f1, f2;
+    struct agent a, c; /* heaps of their own, no free page */
+    struct blk got = {0}, kb = {0}, got_c = {0};
+    if (!agent_start(&a) || !agent_start(&c)) {
+        CHECKF(0, "no agent thread");
+        scene_end(&s);
+        return;
+    }
+    agent_do(&a, small_op_job, NULL);
+    agent_do(&c, small_op_job, NULL);
+    if (early_give(&f1)) {
+        shard_stats before = stats_now();
+        agent_do(&a, early_alloc_job, &got);
+        shard_stats after = stats_now();
+        check_took_orphan(&before, &after, got.p, f1.segment, "thread A's block of a class F1's segment holds");
+    }
+    if (f1.given_at != 0 && early_give(&f2)) {
+        shard_stats before = stats_now();
+        agent_do(&a, kb_alloc_job, &kb);
+        shard_stats after = stats_now();
+        CHECKF(after.orphan_segments == before.orphan_segments && kb.p != NULL && segment_base(kb.p) != f2.segment,
+               "thread A, holding F1's segment, needed a 1024-byte page: orphan segments %+lld (none expected), "
+               "its block %s F2's segment",
+               delta(before.orphan_segments, after.orphan_segments),
+               kb.p != NULL && segment_base(kb.p) == f2.segment ? "in" : "outside");
+        before = stats_now();
+        agent_do(&c, early_alloc_job, &got_c);
+        after = stats_now();
+        check_took_orphan(&before, &after, got_c.p, f2.segment, "thread C's block of a class F2's segment holds");
+        check_allocator("after two threads took a segment given early each");
+    }
+    agent_do(&a, blk_free_job, &got);
+    agent_do(&a, blk_free_job, &kb);
+    agent_do(&c, blk_free_job, &got_c);
+    struct early_filler *fillers[] = {&f1, &f2};
+    for (int i = 0; i < 2; i++)
+        if (fillers[i]->agent.running) {
+            agent_do(&fillers[i]->agent, early_filler_free_job, fillers[i]);
+            agent_stop(&fillers[i]->agent);
+        }
+    check_allocator("after the threads that gave segments early freed their blocks");
+    agent_stop(&a);
+    agent_stop(&c);
+    scene_end(&s);
+#endif
+}
+
 /* A running thread collects what other threads free into the pages of its class lists itself, when its
  * allocations reach those pages (small.h: lazy pages); a heap out of free pages first takes in those
  * frees and retires the pages they emptied, and uses them before a page it never used. Here a thread
