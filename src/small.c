@@ -769,8 +769,8 @@ again:
         segment *s = segment_of(pg);
         if (s->full_pages == SEGMENT_PAGES - 1)
             give_full_segment(h, s, 0);
-        else if (s->full_pages >= SHARD_GIVE_FULL_PAGES && !h->early_back && segment_quiet(s))
-            give_full_segment(h, s, 1);
+        else if (s->full_pages >= SHARD_GIVE_FULL_PAGES && !h->early_back && !s->taken_early && segment_quiet(s))
+            give_full_segment(h, s, 1); /* not one taken early: that would only pass it on (adopt_orphan) */
     }
     /* Without a free page of its own, h takes an orphan segment's free pages, and its pages in use,
      * which may serve this class (twice at most: h has a free page after it, or holds a segment given

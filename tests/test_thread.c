@@ -2487,6 +2487,74 @@ TEST(a_heap_that_holds_a_segment_given_early_leaves_the_next_to_another_heap)
 #endif
 }
 
+/* A heap that took a segment given early keeps it: when the class pages that came with it fill, the
+ * segment is as full and as quiet as when its giver gave it, but giving it again would only pass it on
+ * (larson at 8 threads: taken back and forth, four of them ended in one heap). Thread A takes F1's
+ * segment and fills its page of 640-byte blocks (102 of them) and more: the orphans gain nothing. */
+#define EARLY_KEEP_BLOCKS 110
+
+#if SHARD_RULES
+static struct blk early_keep[EARLY_KEEP_BLOCKS];
+
+static void early_keep_job(void *unused)
+{
+    (void)unused;
+    for (size_t i = 0; i < EARLY_KEEP_BLOCKS; i++)
+        if (!blk_alloc(&early_keep[i], early_size[EARLY_CLASSES - 1], 0x7c00 + i))
+            return;
+}
+
+static void early_keep_free_job(void *unused)
+{
+    (void)unused;
+    for (size_t i = 0; i < EARLY_KEEP_BLOCKS; i++)
+        if (early_keep[i].p != NULL) {
+            blk_check(&early_keep[i], "640-byte block of a thread that took a segment given early");
+            blk_free(&early_keep[i]);
+        }
+}
+#endif
+
+TEST(a_heap_that_took_a_segment_given_early_does_not_give_it_early_again)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    struct scene s;
+    scene_begin(&s);
+    static struct early_filler f1;
+    struct agent a; /* a heap of its own, no free page */
+    memset(early_keep, 0, sizeof early_keep);
+    if (!agent_start(&a)) {
+        CHECKF(0, "no agent thread");
+        scene_end(&s);
+        return;
+    }
+    agent_do(&a, small_op_job, NULL);
+    if (early_give(&f1)) {
+        shard_stats before = stats_now();
+        agent_do(&a, early_keep_job, NULL);
+        shard_stats after = stats_now();
+        size_t in_segment = 0;
+        for (size_t i = 0; i < EARLY_KEEP_BLOCKS; i++)
+            in_segment += early_keep[i].p != NULL && segment_base(early_keep[i].p) == f1.segment;
+        CHECKF(delta(before.orphan_segments, after.orphan_segments) == -1 && in_segment >= 100,
+               "thread A made %d blocks of 640 bytes, %zu of them in F1's segment (100 or more expected): "
+               "orphan segments %+lld (-1 expected: it took the segment and kept it)",
+               EARLY_KEEP_BLOCKS, in_segment, delta(before.orphan_segments, after.orphan_segments));
+        check_allocator("after a thread filled a class page of a segment given early");
+    }
+    agent_do(&a, early_keep_free_job, NULL);
+    if (f1.agent.running) {
+        agent_do(&f1.agent, early_filler_free_job, &f1);
+        agent_stop(&f1.agent);
+    }
+    check_allocator("after the thread that gave its segment early freed its blocks");
+    agent_stop(&a);
+    scene_end(&s);
+#endif
+}
+
 /* A running thread collects what other threads free into the pages of its class lists itself, when its
  * allocations reach those pages (small.h: lazy pages); a heap out of free pages first takes in those
  * frees and retires the pages they emptied, and uses them before a page it never used. Here a thread
