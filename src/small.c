@@ -693,9 +693,6 @@ static int page_collect(page *pg)
     return 0;
 }
 
-/* Take what other threads freed into h's lazy pages, each page's word left `mark` (the lazy mark, or 0 to
- * end it), and retire the pages left empty. Returns the pages of h's class lists, all read; *retired
- * counts those retired. */
 /* What other threads freed into lazy page pg of h, its word left `mark` (the lazy mark, or 0 to end it);
  * 1 when that emptied the page and retired it. */
 static int page_take_lazy(heap *h, page *pg, uint64_t mark)
@@ -713,6 +710,9 @@ static int page_take_lazy(heap *h, page *pg, uint64_t mark)
     return 1;
 }
 
+/* Take what other threads freed into h's lazy pages, each page's word left `mark` (the lazy mark, or 0 to
+ * end it), and retire the pages left empty. Returns the pages of h's class lists, all read; *retired
+ * counts those retired. */
 static uint32_t take_lazy(heap *h, uint64_t mark, uint32_t *retired)
 {
     uint32_t walked = 0;
@@ -1135,10 +1135,11 @@ static int adopt_orphan(heap *h)
     int early = s == NULL && !h->early_held && load_relaxed(&orphan_early) != 0;
     if (early)
         s = early_orphan(h);
-    if (s != NULL)
+    if (s != NULL) {
         segment_move(&orphans, h, s);
-    if (s != NULL && early)
-        s->taken_early = (uint8_t)(h->early_held = 1);
+        if (early)
+            s->taken_early = (uint8_t)(h->early_held = 1);
+    }
     debug_check_heap(&orphans, "the orphans inconsistent after a heap took a segment");
     orphan_unlock();
     return s != NULL ? 0 : -1;

@@ -2409,11 +2409,9 @@ TEST(a_running_thread_gives_a_mostly_full_segment_and_its_class_pages_to_the_hea
 }
 
 #if SHARD_RULES
-static void kb_alloc_job(void *arg) { blk_alloc(arg, 1024, 0x7b00); }
-
-static void blk_free_job(void *arg)
+static void kb_free_job(void *arg)
 {
-    blk_check(arg, "block of a thread that took a segment given early");
+    blk_check(arg, "1024-byte block of a thread that holds a segment given early");
     blk_free(arg);
 }
 
@@ -2458,7 +2456,7 @@ TEST(a_heap_that_holds_a_segment_given_early_leaves_the_next_to_another_heap)
     }
     if (f1.given_at != 0 && early_give(&f2)) {
         shard_stats before = stats_now();
-        agent_do(&a, kb_alloc_job, &kb);
+        agent_do(&a, adopter_kb_job, &kb);
         shard_stats after = stats_now();
         CHECKF(after.orphan_segments == before.orphan_segments && kb.p != NULL && segment_base(kb.p) != f2.segment,
                "thread A, holding F1's segment, needed a 1024-byte page: orphan segments %+lld (none expected), "
@@ -2471,9 +2469,9 @@ TEST(a_heap_that_holds_a_segment_given_early_leaves_the_next_to_another_heap)
         check_took_orphan(&before, &after, got_c.p, f2.segment, "thread C's block of a class F2's segment holds");
         check_allocator("after two threads took a segment given early each");
     }
-    agent_do(&a, blk_free_job, &got);
-    agent_do(&a, blk_free_job, &kb);
-    agent_do(&c, blk_free_job, &got_c);
+    agent_do(&a, early_free_job, &got);
+    agent_do(&a, kb_free_job, &kb);
+    agent_do(&c, early_free_job, &got_c);
     struct early_filler *fillers[] = {&f1, &f2};
     for (int i = 0; i < 2; i++)
         if (fillers[i]->agent.running) {
