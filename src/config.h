@@ -97,6 +97,16 @@
 #define SHARD_LOOSE_AFTER 64
 #endif
 
+/* For each loose page its thread takes back by a free of its own, having drained no other thread's frees
+ * since it went loose, this many of the next pages to go full take no place in full_ring, so never go
+ * loose (heap.h's loose_skip), SHARD_LOOSE_SKIP_MAX pending at most (small.h). */
+#ifndef SHARD_LOOSE_SKIP
+#define SHARD_LOOSE_SKIP 8
+#endif
+#ifndef SHARD_LOOSE_SKIP_MAX
+#define SHARD_LOOSE_SKIP_MAX 32
+#endif
+
 /* A running thread heap gives a segment to the orphans early (small.h) once this many of its 63 pages are
  * out of their class lists as full, untouched by its own frees, and every other one serves a class (its
  * class's current page, mostly): a thread that filled memory and went quiet (larson's main thread, which

@@ -645,6 +645,7 @@ static void take_over(heap *h)
 {
     set_owner(h, os_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
     h->segments_made = h->arenas_made = h->early_back = 0; /* its growth is the new thread's to show */
+    h->loose_skip = 0;
     store_relaxed(&h->thread_done, 0u);
     drop_reserve(h);                /* the reserve is this thread's now */
     trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* what was freed into it while it waited; nothing goes back */
@@ -776,6 +777,8 @@ int heap_check(heap *h)
         problems += insist(pg->state == PAGE_COLD && segment_of(pg)->owner == h && (pg->next == NULL || pg->next->prev == pg),
                            "heap: a page in the cold pages that is not cold or not linked back:", pg);
     problems += insist(free_pages == h->free_count, "heap: the free page count differs from its list:", h->free_count);
+    problems += insist(h->loose_skip <= SHARD_LOOSE_SKIP_MAX, "heap: more pages to keep out of full_ring than the most:",
+                       h->loose_skip);
     for (unsigned i = 0; i < SHARD_LOOSE_AFTER; i++) {
         const page *pg = h->full_ring[i];
         int own = pg == NULL;

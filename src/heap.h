@@ -78,6 +78,10 @@ typedef struct heap {
      * Read and written only on slow paths: here, behind what the others use more often. */
     uint32_t fulls;
     page *full_ring[SHARD_LOOSE_AFTER];
+    /* The next pages to go full that take no place in full_ring: its thread took loose pages back by
+     * frees of its own lately, SHARD_LOOSE_SKIP for each, SHARD_LOOSE_SKIP_MAX at most (small.h). Reset
+     * when a thread takes the heap. */
+    uint32_t loose_skip;
     /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own,
      * with the owner word, which those frees read (heap.c: generation << 32 | the thread's number,
      * 0 while no thread has the heap, PORT_THREAD_NONE for a parent's thread's heap in a fork child). */

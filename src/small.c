@@ -764,7 +764,9 @@ again:
         }
         class_remove(h, pg); /* full: out of the list until its wake count of items comes back */
         page_set_full(pg);
-        if (!h->created)
+        if (h->loose_skip != 0)
+            h->loose_skip--; /* its thread's frees took loose pages back lately: this one may not go loose */
+        else if (!h->created)
             full_ring_push(h, pg);
         segment *s = segment_of(pg);
         if (s->full_pages == SEGMENT_PAGES - 1)
@@ -794,10 +796,17 @@ take:;
 
 void small_free_local_slow(heap *h, page *pg, block *b)
 {
-    if (unlikely(pg->used == USED_LOOSE) && !page_take_loose(pg)) {
-        /* Released: every item had come back, b too, if it is one; its memory is not read. */
-        error_invalid_pointer(page_has_item_any_thread(pg, b) ? SHARD_ERROR_DOUBLE_FREE : SHARD_ERROR_INVALID_FREE, b);
-        return;
+    if (unlikely(pg->used == USED_LOOSE)) {
+        if (!page_take_loose(pg)) {
+            /* Released: every item had come back, b too, if it is one; its memory is not read. */
+            error_invalid_pointer(page_has_item_any_thread(pg, b) ? SHARD_ERROR_DOUBLE_FREE : SHARD_ERROR_INVALID_FREE, b);
+            return;
+        }
+        if (load_relaxed(&pg->loose_drains) == h->drains) { /* and no other thread's frees came meanwhile */
+            h->loose_skip += SHARD_LOOSE_SKIP;
+            if (h->loose_skip > SHARD_LOOSE_SKIP_MAX)
+                h->loose_skip = SHARD_LOOSE_SKIP_MAX;
+        }
     }
     /* Not an item of the page, or a page with no item out: the second free of its last item (the
      * fast path sends every free here that would make `used` 0 or less) is caught here at no cost. */

@@ -65,8 +65,16 @@
  * that a late free of one of its items is refused before it reads the item). A page that frees reach
  * soon never goes loose: its owner's frees stay on the fast path (glibc-thread), and its owner's drain
  * has no compare-and-swap to make (ring); loosening and taking back every full page cost glibc-thread
- * 5 % (bench/results/2026-12-02-loose-pages.md). A created heap's pages never go loose: their memory
- * is charged to it.
+ * 5 % (bench/results/2026-12-02-loose-pages.md). Where pages hold a few items and frees land at random
+ * (bench/medium.c's 8-16 KB row: 4-8 items a page), most full pages still see no free while 64 more go
+ * full, and the owner's own frees took them back by the hundred thousand, each loosening a clock read
+ * and each take-back a compare-and-swap. So a take-back by the owner's free, when it drained no other
+ * thread's frees while the page was loose (`loose_drains`: nothing came that loosening could have
+ * served), keeps the next SHARD_LOOSE_SKIP pages that go full out of full_ring (heap.h's loose_skip,
+ * SHARD_LOOSE_SKIP_MAX pending at most): 8k-16k's allocator instructions fell by three quarters of
+ * what loosening cost there (bench/results/2026-12-03-loose-skip.md). A heap that waits takes nothing
+ * back, and a main thread that builds what others free loosens as before. A created heap's pages never
+ * go loose: their memory is charged to it.
  *
  * The descriptor is laid out by cache lines: the first line holds what the owner reads and writes on
  * every operation, the second what other threads write, so a foreign free does not take the owner's

@@ -2781,3 +2781,117 @@ TEST(the_pages_other_threads_empty_in_a_heap_that_allocates_no_more_go_back)
     scene_end(&s);
 #endif
 }
+
+/* A page goes loose for other threads' frees; one that its own thread's free takes back, with no other
+ * thread's frees drained meanwhile, cost its loosening and the take-back for nothing: medium.c's 8k-16k
+ * row, whose pages of four to eight items go loose and come back by the hundred thousand. For each such
+ * take-back (config.h's SHARD_LOOSE_SKIP: 8) the next pages that go full in its heap, 32 at most
+ * (SHARD_LOOSE_SKIP_MAX), take no place in its full_ring, so none of them goes loose later. Here the
+ * thread of the test above fills its 96 pages (pages 0-30 go loose, 31-94 wait in the ring), frees a
+ * block of each of pages 0-3 itself (four take-backs: 32 skipped), then fills 40 more pages: the first
+ * 32 of them to go full are skipped, the last 8 take their places in the ring and put out pages 31-38,
+ * which go loose. Another thread then empties pages 31-70: 31-38 go back, 39-70 stay with the owner
+ * (before, all 40 went loose and back). When the owner drained another thread's free into a loose page
+ * (page 5) before its take-backs, they count for nothing: all 40 go loose and back. */
+#define SKIP_TAKEN 4       /* take-backs by the owner's frees: pages 0-3 */
+#define SKIP_MORE 40       /* pages filled after them */
+#define SKIP_LOOSE 8       /* SKIP_MORE - 4 * SHARD_LOOSE_SKIP */
+
+#if SHARD_RULES
+struct skip_filler {
+    struct loose_filler f;
+    struct blk more[SKIP_MORE * LOOSE_PER_PAGE];
+    struct blk drain; /* a block of a class of its own, whose allocation drains the page 5 free */
+};
+
+static void skip_drain_job(void *arg)
+{
+    struct skip_filler *s = arg;
+    blk_alloc(&s->drain, 16384, 0xf000);
+}
+
+static void skip_take_back_job(void *arg)
+{
+    struct skip_filler *s = arg;
+    for (size_t i = 0; i < SKIP_TAKEN; i++) {
+        blk_check(&s->f.kb[i * LOOSE_PER_PAGE], "1024-byte block its thread frees into its loose page");
+        blk_free(&s->f.kb[i * LOOSE_PER_PAGE]);
+    }
+}
+
+static void skip_more_job(void *arg)
+{
+    struct skip_filler *s = arg;
+    for (size_t i = 0; i < SKIP_MORE * LOOSE_PER_PAGE; i++)
+        if (!blk_alloc(&s->more[i], 1024, 0xe000 + i))
+            return;
+}
+
+/* The scene of both tests: the pages that go back when another thread empties pages 31-70, or -1 when
+ * the committed bytes and the pages in use disagree. drained: another thread frees a block of loose page
+ * 5 first, and the owner drains it. */
+static long long skip_scene(int drained)
+{
+    long long back = -2;
+    struct scene sc;
+    scene_begin(&sc);
+    static struct skip_filler s;
+    memset(&s, 0, sizeof s);
+    struct agent a;
+    if (agent_start(&a)) {
+        agent_do(&a, loose_fill_job, &s.f);
+        if (drained) {
+            blk_check(&s.f.kb[5 * LOOSE_PER_PAGE], "1024-byte block another thread frees into a loose page");
+            blk_free(&s.f.kb[5 * LOOSE_PER_PAGE]);
+            agent_do(&a, skip_drain_job, &s);
+        }
+        agent_do(&a, skip_take_back_job, &s);
+        agent_do(&a, skip_more_job, &s);
+        sleep_ms(50); /* the loose delay */
+        shard_stats before = stats_now();
+        for (size_t i = 31 * LOOSE_PER_PAGE; i < (31 + SKIP_MORE) * LOOSE_PER_PAGE; i++) {
+            blk_check(&s.f.kb[i], "1024-byte block another thread frees");
+            blk_free(&s.f.kb[i]);
+        }
+        shard_stats after = stats_now();
+        long long pages = -delta(before.small_pages_used, after.small_pages_used);
+        back = delta(before.committed, after.committed) == -pages * 65536 ? pages : -1;
+        check_allocator("after another thread emptied pages, some of them loose");
+        struct blk *all[] = {s.f.kb, s.more, s.f.anchor, &s.drain};
+        size_t counts[] = {LOOSE_PAGES * LOOSE_PER_PAGE, SKIP_MORE * LOOSE_PER_PAGE, 2 * LOOSE_ANCHORS, 1};
+        for (size_t k = 0; k < 4; k++)
+            for (size_t i = 0; i < counts[k]; i++)
+                if (all[k][i].p != NULL) {
+                    blk_check(&all[k][i], "block of the scene");
+                    blk_free(&all[k][i]);
+                }
+        check_allocator("after the blocks of the scene were freed");
+        agent_stop(&a);
+    }
+    scene_end(&sc);
+    return back;
+}
+#endif
+
+TEST(a_heap_whose_own_frees_take_its_loose_pages_back_loosens_fewer)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    long long back = skip_scene(0);
+    CHECKF(back == SKIP_LOOSE, "another thread emptied pages 31-70 of a thread whose own frees took 4 loose pages "
+           "back: %lld went back (-1: committed bytes and pages in use disagree; %d expected)", back, SKIP_LOOSE);
+#endif
+}
+
+TEST(take_backs_after_a_drain_of_other_threads_frees_do_not_keep_pages_from_going_loose)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    long long back = skip_scene(1);
+    CHECKF(back == SKIP_MORE, "another thread emptied pages 31-70 of a thread that drained a free into a loose page "
+           "before its own took 4 back: %lld went back (-1: committed bytes and pages in use disagree; %d "
+           "expected)", back, SKIP_MORE);
+#endif
+}
