@@ -25,7 +25,16 @@
 
 #ifndef _WIN32
 #include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <stddef.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <ucontext.h>
 #endif
 
 #ifdef _WIN32
@@ -571,6 +580,121 @@ TEST(pooled_reservations_taken_by_threads_at_once_never_overlap)
         CHECK_EQ(thread_start(&t[i], pool_thread, (void *)(uintptr_t)(i + 1)), 0);
     for (unsigned i = 0; i < POOL_THREADS; i++)
         thread_join(t[i]);
+}
+
+/* A fork while another thread makes a pool (test_hostile's first_blocks_large_then_fork failed once in
+ * CI on it): the port's fork hooks wait for the maker, so the child never finds the maker's flag set by
+ * a thread it does not have. Here the maker's mmap of the new pool is held up: a seccomp filter of the
+ * maker thread's own traps it (SIGSYS), and the handler waits for the test before it makes the call
+ * itself (with MAP_NONBLOCK, which the filter lets through and which changes nothing without
+ * MAP_POPULATE). Meanwhile another thread forks; the child then takes a pooled reservation. Without the
+ * wait it found the flag set and gave up after its 4096 yields: NULL. */
+static int pool_trap_held, pool_trap_go; /* held: 1 in the trap, -1 no filter, -2 no pool made */
+
+static void pool_trap(int sig, siginfo_t *info, void *context)
+{
+    (void)sig;
+    (void)info;
+    greg_t *r = ((ucontext_t *)context)->uc_mcontext.gregs;
+    __atomic_store_n(&pool_trap_held, 1, __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&pool_trap_go, __ATOMIC_ACQUIRE))
+        sched_yield();
+    long got = syscall(SYS_mmap, r[REG_RDI], r[REG_RSI], r[REG_RDX], r[REG_R10] | MAP_NONBLOCK, r[REG_R8], r[REG_R9]);
+    r[REG_RAX] = got == -1 ? -errno : got;
+}
+
+/* The filter: an mmap of 1 GB or more without MAP_NONBLOCK (a pool's) traps; every other call passes. */
+static int pool_trap_arm(void)
+{
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mmap, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[3])),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, MAP_NONBLOCK, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]) + 4),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 2), /* 4 GB or more: not a pool */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])),
+        BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 1u << 30, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof code / sizeof code[0]), code};
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = pool_trap;
+    sa.sa_flags = SA_SIGINFO;
+    if (sigaction(SIGSYS, &sa, NULL) != 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return -1;
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+}
+
+#define TRAP_CLAIMS 512 /* 64 pools of 8 claims of 128 MB: enough to need a new pool */
+static struct {
+    void *claims[TRAP_CLAIMS];
+    int child; /* the forked child's exit status */
+} pool_trap_state;
+
+static void *pool_trap_maker(void *arg)
+{
+    (void)arg;
+    if (pool_trap_arm() != 0) {
+        __atomic_store_n(&pool_trap_held, -1, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    for (unsigned i = 0; i < TRAP_CLAIMS && !__atomic_load_n(&pool_trap_go, __ATOMIC_ACQUIRE); i++)
+        if ((pool_trap_state.claims[i] = port_caps.reserve_pooled((size_t)128 << 20, (size_t)2 << 20)) == NULL)
+            break;
+    int none = 0; /* no pool was made: the test must not wait for one */
+    __atomic_compare_exchange_n(&pool_trap_held, &none, -2, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return NULL;
+}
+
+static void *pool_trap_forker(void *arg)
+{
+    (void)arg;
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(port_caps.reserve_pooled((size_t)128 << 20, (size_t)2 << 20) != NULL ? 0 : 3);
+    int status = -1;
+    if (pid > 0)
+        waitpid(pid, &status, 0);
+    pool_trap_state.child = status;
+    return NULL;
+}
+
+static void hook_none(void) {}
+
+TEST(a_fork_while_another_thread_makes_a_pool_leaves_the_child_pools_it_can_use)
+{
+    if (!pools_expected())
+        SKIP_TEST();
+    CHECK_EQ(port_caps.fork_hooks(hook_none, hook_none, hook_none), 0);
+    thread_t maker, forker;
+    CHECK_EQ(thread_start(&maker, pool_trap_maker, NULL), 0);
+    while (__atomic_load_n(&pool_trap_held, __ATOMIC_ACQUIRE) == 0)
+        sched_yield();
+    int held = __atomic_load_n(&pool_trap_held, __ATOMIC_ACQUIRE);
+    if (held > 0) {
+        CHECK_EQ(thread_start(&forker, pool_trap_forker, NULL), 0);
+        struct timespec pause = {0, 100 * 1000 * 1000}; /* the fork starts meanwhile */
+        nanosleep(&pause, NULL);
+        __atomic_store_n(&pool_trap_go, 1, __ATOMIC_RELEASE);
+        thread_join(forker);
+        CHECKF(WIFEXITED(pool_trap_state.child) && WEXITSTATUS(pool_trap_state.child) == 0,
+               "the child of a fork during a pool's making took no pooled reservation (status %#x; 3: NULL)",
+               pool_trap_state.child);
+    }
+    thread_join(maker);
+    for (unsigned i = 0; i < TRAP_CLAIMS && pool_trap_state.claims[i] != NULL; i++)
+        CHECK_EQ(port_release(pool_trap_state.claims[i], (size_t)128 << 20), 0);
+    CHECKF(held != -2, "%u pooled reservations of 128 MB made no new pool", TRAP_CLAIMS);
+    if (held == -1)
+        SKIP_TEST(); /* no seccomp filter here (a container's own may forbid it) */
 }
 #endif
 
