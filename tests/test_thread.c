@@ -2827,9 +2827,9 @@ static void skip_more_job(void *arg)
             return;
 }
 
-/* The scene of both tests: the pages that go back when another thread empties pages 31-70, or -1 when
- * the committed bytes and the pages in use disagree. drained: another thread frees a block of loose page
- * 5 first, and the owner drains it. */
+/* The scene of both tests: the pages that go back when another thread empties pages 31-70, -1 when the
+ * committed bytes and the pages in use disagree, -2 when no agent thread started. drained: another
+ * thread frees a block of loose page 5 first, and the owner drains it. */
 static long long skip_scene(int drained)
 {
     long long back = -2;
@@ -2880,7 +2880,8 @@ TEST(a_heap_whose_own_frees_take_its_loose_pages_back_loosens_fewer)
 #else
     long long back = skip_scene(0);
     CHECKF(back == SKIP_LOOSE, "another thread emptied pages 31-70 of a thread whose own frees took 4 loose pages "
-           "back: %lld went back (-1: committed bytes and pages in use disagree; %d expected)", back, SKIP_LOOSE);
+           "back: %lld went back (-1: committed bytes and pages in use disagree, -2: no thread; %d "
+           "expected)", back, SKIP_LOOSE);
 #endif
 }
 
@@ -2891,7 +2892,7 @@ TEST(take_backs_after_a_drain_of_other_threads_frees_do_not_keep_pages_from_goin
 #else
     long long back = skip_scene(1);
     CHECKF(back == SKIP_MORE, "another thread emptied pages 31-70 of a thread that drained a free into a loose page "
-           "before its own took 4 back: %lld went back (-1: committed bytes and pages in use disagree; %d "
-           "expected)", back, SKIP_MORE);
+           "before its own took 4 back: %lld went back (-1: committed bytes and pages in use disagree, -2: no thread; "
+           "%d expected)", back, SKIP_MORE);
 #endif
 }
