@@ -8,14 +8,14 @@
 ;
 ; Linux instruction counts on the fast path, `ret` included (tests/test_asm.c checks them exactly by
 ; single-stepping; bench/instr.py counts them under callgrind): malloc up to 2 KB 15, 2-16 KB 22 (20 and
-; 27 when the page's free list is dry and its local_free list is taken instead), free 24
+; 27 when the page's free list is dry and its local_free list is taken instead), free 22
 ; (also when it empties the only page of its class: that page's `used` counts one more, src/small.c),
-; realloc in place 26. Where free's go: the heap slot 2, "a small segment of mine" through the heap's
+; realloc in place 24. Where free's go: the heap slot 2, "a small segment of mine" through the heap's
 ; own-segment table 6, the page descriptor's address 4, the item test (carved and at a multiple of the
 ; class size, so that an interior or never-handed-out pointer reaches the error hook rather than a free
-; list) 6, `used` - 1 and its test 2, the push 3, ret 1. Windows adds 4 to each for the TLS index test
+; list) 4, `used` - 1 and its test 2, the push 3, ret 1. Windows adds 4 to each for the TLS index test
 ; and the NULL test of its slot. The hardened build (SHARD_HARDENED, src/small.h) adds the decoding and
-; the tests of the links: malloc 25 or 28, free 34 to 40, realloc 32 (tests/test_asm.c's HARD_*).
+; the tests of the links: malloc 25 or 26, free 32 to 38, realloc 30 (tests/test_asm.c's HARD_*).
 
 %ifndef SHARD_HARDENED
     %define SHARD_HARDENED 0                        ; 1: the hardened build's checks (src/small.h)
@@ -71,10 +71,8 @@ FUNC shard_malloc
     ja .end_or_damaged
     xor T1, rax                                     ; the next free item
     movzx T4D, T1W                                  ; an item of the page (ITEM_TEST's steps)
-    cmp T4D, [T2 + SHARD_L_PAGE_CARVED_END]
-    jae .slow
-    imul T4, [T2 + SHARD_L_PAGE_DIVISOR]
-    cmp T4, [T2 + SHARD_L_PAGE_DIVISOR]
+    imul T4D, [T2 + SHARD_L_PAGE_ITEM_MUL]
+    cmp T4D, [T2 + SHARD_L_PAGE_ITEM_BOUND]
     jae .slow
 .fits:
     mov qword [rax], 0                              ; a live block's first word decodes to no link
@@ -116,15 +114,13 @@ FUNC shard_malloc
     jmp api_malloc_slow
 ENDFUNC shard_malloc
 
-; The item test: T3 = p's offset in its page; below the carved end and a multiple of the class size
-; (offset * ceil(2^64 / size) mod 2^64 < ceil(2^64 / size), see page_has_item in src/small.h).
+; The item test: T3 = p's offset in its page; a multiple of the class size below the carved items
+; when offset * item_mul mod 2^32 < item_bound (page_has_item in src/small.h says why).
 ; %1: the descriptor, %2: where to go when p is not an item.
 %macro ITEM_TEST 2
     movzx T3D, ARG0W
-    cmp T3D, [%1 + SHARD_L_PAGE_CARVED_END]
-    jae %2
-    imul T3, [%1 + SHARD_L_PAGE_DIVISOR]
-    cmp T3, [%1 + SHARD_L_PAGE_DIVISOR]
+    imul T3D, [%1 + SHARD_L_PAGE_ITEM_MUL]
+    cmp T3D, [%1 + SHARD_L_PAGE_ITEM_BOUND]
     jae %2
 %endmacro
 

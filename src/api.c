@@ -29,8 +29,8 @@
 /* The layout asm/fast.asm reads by number (gen/layout.py writes the numbers for both sides). */
 #define FIELD_IS(type, field, offset, size) (offsetof(type, field) == (offset) && sizeof(((type *)0)->field) == (size))
 _Static_assert(FIELD_IS(page, free, SHARD_L_PAGE_FREE, 8) && FIELD_IS(page, local_free, SHARD_L_PAGE_LOCAL_FREE, 8) &&
-                   FIELD_IS(page, used, SHARD_L_PAGE_USED, 4) && FIELD_IS(page, carved_end, SHARD_L_PAGE_CARVED_END, 4) &&
-                   FIELD_IS(page, divisor, SHARD_L_PAGE_DIVISOR, 8) &&
+                   FIELD_IS(page, used, SHARD_L_PAGE_USED, 4) && FIELD_IS(page, item_bound, SHARD_L_PAGE_ITEM_BOUND, 4) &&
+                   FIELD_IS(page, item_mul, SHARD_L_PAGE_ITEM_MUL, 4) &&
                    FIELD_IS(page, block_size, SHARD_L_PAGE_BLOCK_SIZE, 4),
                "struct page differs from gen/layout.py");
 _Static_assert(FIELD_IS(segment, secret, SHARD_L_SEGMENT_SECRET, 8), "struct segment differs from gen/layout.py");

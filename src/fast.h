@@ -21,8 +21,9 @@
  *          item = page->free; page->free = item->next; page->used++; prefetchw the new page->free.
  *   free(p): seg = p & ~(4 MB - 1); heap->own[(uint32_t)p >> 22] == seg (else slow: not a small block
  *          of ours, or another thread's, or NULL) - one load where the segment map and the owner in
- *          descriptor 0 would take four (heap.h); page = descriptor of p; p below carved_end and a
- *          multiple of the class size (else slow, which reports it); page->used - 1, and if that is not
+ *          descriptor 0 would take four (heap.h); page = descriptor of p; p at a multiple of the
+ *          class size below the carved items, by one multiply and compare (page_has_item in small.h;
+ *          else slow, which reports it); page->used - 1, and if that is not
  *          above 0 (the page empties, or was full) + 1 again and slow (the only page of a class
  *          list counts one more in `used`, so emptying it stays fast); push p on page->free
  *          (last in, first out; small.h).

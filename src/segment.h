@@ -51,7 +51,7 @@ struct heap;
  * So the "is this block mine" test of a free reads a line that is written at most twice for each time
  * a segment ends up with no use for its heap.
  * `zero` and `pad` are never written: they overlay the fields of a page descriptor that the free paths
- * test (`used`, `carved_end`, the shared divisor), so a pointer into page 0 looks like one into a page
+ * test (`used`, `item_bound`, `item_mul`, the shared divisor), so a pointer into page 0 looks like one into a page
  * with no items and reaches the error hook. The other fields overlay page fields that no free path
  * reads for a pointer that failed those tests. */
 typedef struct segment {

@@ -155,6 +155,7 @@ static void page_init(page *pg, unsigned cls)
 {
     uint32_t size = class_size[cls];
     uint64_t divisor = UINT64_MAX / size + 1;
+    uint32_t mul = (uint32_t)(((uint64_t)1 << 32) / size + 1);
     pg->free = pg->local_free = NULL;
     pg->used = 0;
     pg->sole = 0;
@@ -162,9 +163,10 @@ static void page_init(page *pg, unsigned cls)
     pg->full_out = 0;
     pg->capacity = class_capacity[cls];
     pg->carved = 0;
-    store_relaxed(&pg->carved_end, 0u);
+    store_relaxed(&pg->item_bound, 0u);
     pg->block_size = size;
-    pg->divisor = divisor;
+    pg->item_mul = mul;
+    pg->item_step = mul * size;
     pg->cls = (uint8_t)cls;
     pg->state = PAGE_IN_USE;
     store_relaxed(&pg->shared_divisor, divisor);
@@ -208,14 +210,14 @@ static void page_carve(page *pg)
         most = SHARD_CARVE_BATCH;
     if (n > most)
         n = most;
-    uint8_t *first = page_start(pg) + pg->carved_end;
+    uint8_t *first = page_start(pg) + (size_t)pg->carved * size;
     uint8_t *last = first + (size_t)(n - 1) * size;
     for (uint8_t *p = first; p < last; p += size)
         link_set((block *)p, (block *)(p + size));
     link_set((block *)last, pg->free);
     pg->free = (block *)first;
     pg->carved = (uint16_t)(pg->carved + n);
-    store_relaxed(&pg->carved_end, pg->carved_end + n * (uint32_t)size);
+    store_relaxed(&pg->item_bound, pg->carved * pg->item_step);
 }
 
 /* Decommit the oldest free pages beyond `keep`: those free for the delay, or all of them with `now`
@@ -388,7 +390,7 @@ void small_empty_keep(heap *h, unsigned keep)
                 pg->full = 0;
                 pg->full_out = 0;
                 pg->carved = 0;
-                store_relaxed(&pg->carved_end, 0u);
+                store_relaxed(&pg->item_bound, 0u);
                 h->pages_retired++;
             }
             pg->freed_at = 0;
@@ -439,7 +441,7 @@ static void page_retire(heap *h, page *pg, int in_list)
     pg->state = PAGE_FREE;
     pg->free = pg->local_free = NULL;
     pg->carved = 0;
-    store_relaxed(&pg->carved_end, 0u);
+    store_relaxed(&pg->item_bound, 0u);
     uint64_t now = h->free_count >= SHARD_KEEP_FREE_PAGES ? os_clock_ms() : 0;
     pg->freed_at = now;
     list_append(&h->free_pages, pg);
@@ -605,12 +607,12 @@ static void page_release_loose(page *pg, uint64_t hold)
         return;
     /* A late free of one of its items (a second free) fails the owner's item test, or a foreign one's,
      * before it reads the item, whose memory may be gone (Windows: no longer readable). */
-    uint32_t end = load_relaxed(&pg->carved_end);
+    uint32_t bound = load_relaxed(&pg->item_bound);
     uint64_t divisor = load_relaxed(&pg->shared_divisor);
-    store_release(&pg->carved_end, 0u); /* after `hold` changed: small_check_page reads them first */
+    store_release(&pg->item_bound, 0u); /* after `hold` changed: small_check_page reads them first */
     store_release(&pg->shared_divisor, (uint64_t)0);
     if (os_decommit(page_start(pg), PAGE_SIZE) != 0) { /* nothing done: the owner takes it back */
-        store_relaxed(&pg->carved_end, end);
+        store_relaxed(&pg->item_bound, bound);
         store_relaxed(&pg->shared_divisor, divisor);
         store_release(&pg->hold, hold);
         return;
@@ -631,7 +633,7 @@ static void page_gone(heap *h, page *pg)
     pg->full = 0;
     pg->full_out = 0;
     pg->carved = 0;
-    store_relaxed(&pg->carved_end, 0u);
+    store_relaxed(&pg->item_bound, 0u);
     pg->state = PAGE_COLD;
     store_release(&pg->hold, HOLD_WORD(HOLD_OWNER, 0, HOLD_GEN(hold) + 1));
     list_push_front(&h->cold_pages, pg);
@@ -1315,7 +1317,7 @@ int small_check_page(const page *pg)
     if (pg->state != PAGE_IN_USE)
         return insist(pg->state == PAGE_FREE || pg->state == PAGE_COLD, "small: a page with an unknown state:", pg);
     /* What a release changes is read before `hold`: unchanged if `hold` still shows the page loose. */
-    uint32_t carved_end = load_acquire(&pg->carved_end);
+    uint32_t item_bound = load_acquire(&pg->item_bound);
     uint64_t shared_divisor = load_acquire(&pg->shared_divisor);
     uint64_t hold = load_acquire(&pg->hold);
     int loose = pg->used == USED_LOOSE;
@@ -1353,10 +1355,12 @@ int small_check_page(const page *pg)
                        : pg->full ? pg->full <= 1 && pg->used >= 0 && pg->used <= page_wake(pg) && pg->full_out >= 0
                                   : pg->full_out == 0 && pg->used >= 0,
                        "small: a full page's count to its wake, or a page's count, out of range:", pg);
-    problems += insist(pg->carved <= pg->capacity && carved_end == (uint32_t)pg->carved * pg->block_size,
-                       "small: carved beyond the capacity, or carved_end differs from carved, in page", pg);
+    problems += insist(pg->carved <= pg->capacity && item_bound == (uint32_t)pg->carved * pg->item_step,
+                       "small: carved beyond the capacity, or item_bound differs from carved, in page", pg);
     problems += insist(pg->block_size == class_size[pg->cls] && load_relaxed(&pg->shared_block_size) == pg->block_size &&
-                           shared_divisor == pg->divisor,
+                           shared_divisor == UINT64_MAX / pg->block_size + 1 &&
+                           pg->item_mul == (uint32_t)(((uint64_t)1 << 32) / pg->block_size + 1) &&
+                           pg->item_step == pg->item_mul * pg->block_size,
                        "small: the block size differs from its class's or from the shared copies in page", pg);
     return problems;
 }

@@ -61,7 +61,7 @@
  * which USED_LOOSE sends to the slow path, or when it drains the page from its `delayed` list. A
  * released page is always on that list (the free of its first item since the owner's last exchange
  * queued it), and the drain makes it a cold page. A release needs no list of the owner's: the page is in
- * none while loose, and the releaser writes nothing on the descriptor's owner line but carved_end (0, so
+ * none while loose, and the releaser writes nothing on the descriptor's owner line but item_bound (0, so
  * that a late free of one of its items is refused before it reads the item). A page that frees reach
  * soon never goes loose: its owner's frees stay on the fast path (glibc-thread), and its owner's drain
  * has no compare-and-swap to make (ring); loosening and taking back every full page cost glibc-thread
@@ -129,9 +129,10 @@ typedef struct page {
     block *local_free;
     int32_t used;            /* items out, + sole; while `full`: the items still to come back before the
                               * page goes back into its list (page_used: the items out) */
-    uint32_t carved_end;     /* offset of the end of the carved items: carved * block_size; stored as a
-                              * relaxed atomic, since other threads read it (page_has_item_any_thread) */
-    uint64_t divisor;        /* ceil(2^64 / block_size): the item test of page_has_item() */
+    uint32_t item_bound;     /* carved * item_step (page_has_item); stored as a relaxed atomic, since
+                              * other threads read it (page_has_item_any_thread) */
+    uint32_t item_mul;       /* floor(2^32 / block_size) + 1: the item test's multiplier */
+    uint32_t item_step;      /* item_mul * block_size mod 2^32, in 1 .. block_size */
     uint32_t block_size;
     uint16_t capacity;       /* items that fit */
     uint16_t carved;         /* items carved so far, in ascending address order */
@@ -146,7 +147,7 @@ typedef struct page {
      * 64 KB boundary) */
     uint64_t thread_free __attribute__((aligned(64)));
     struct page *next_delayed; /* link in the owner heap's `delayed` list while queued */
-    uint64_t shared_divisor;   /* divisor while the page is in use, 0 otherwise */
+    uint64_t shared_divisor;   /* ceil(2^64 / block_size) while the page is in use, 0 otherwise */
     uint32_t shared_block_size; /* block_size while the page is in use, 0 otherwise */
     uint32_t loose_drains;     /* while loose: the owner's `drains` when the page went loose */
     uint64_t freed_at;         /* ms when the page became free; 0 = not yet stamped (rarely read) */
@@ -156,7 +157,7 @@ typedef struct page {
     uint8_t pad2[4];
 } page;
 _Static_assert(sizeof(page) == PAGE_DESC_SIZE, "page descriptors are two cache lines");
-_Static_assert(offsetof(page, used) >= 16 && offsetof(page, carved_end) + sizeof(uint32_t) <= 32,
+_Static_assert(offsetof(page, used) >= 16 && offsetof(page, item_mul) + sizeof(uint32_t) <= 32,
                "the fields that the owner's free tests first overlay the zero bytes 16..31 of the segment header");
 _Static_assert(offsetof(page, shared_divisor) >= offsetof(segment, pad) &&
                    offsetof(page, shared_block_size) + sizeof(uint32_t) <= PAGE_DESC_SIZE,
@@ -202,26 +203,34 @@ static inline uint8_t *page_start(const page *pg)
     return (uint8_t *)(seg + (((uintptr_t)pg - seg) / PAGE_DESC_SIZE) * PAGE_SIZE);
 }
 
-/* Whether p is an item pg has handed out: below the carved end and at a multiple of the class size.
- * A page that serves no class (free, cold) has carved_end 0, and so has descriptor 0 (the segment
- * header), so p is rejected for them too. Divisibility by one multiply (Lemire, Kaser and Kurz,
- * "Faster remainder by direct computation", 2019): for a 32-bit offset n and c = ceil(2^64 / d),
- * d divides n exactly when (n * c mod 2^64) < c. */
+/* Whether p is an item pg has handed out: at a multiple of the class size and below the carved ones, by
+ * one multiply and one compare. With off = p's offset in its page (below 2^16), m = item_mul =
+ * floor(2^32 / size) + 1 and e = item_step = m * size mod 2^32 (1 <= e <= size), off * m mod 2^32 is:
+ * - k * e for the k-th item (off = k * size): k * e <= off < 2^16, so it grows with k, and is below
+ *   item_bound = carved * e exactly for the carved items;
+ * - for any other offset, off = k * size + r with 0 < r < size: r * m lies in [2^32 / size, 2^32 -
+ *   2^32 / size + size), and adding k * e (below 2^16) does not wrap for size <= 16 KB (2^32 / size >=
+ *   2^18), so the product is at least 2^18, above every bound (at most carved * size <= 2^16).
+ * (The divisibility part is that of Lemire, Kaser and Kurz, "Faster remainder by direct computation",
+ * 2019, on 32 bits; the carved bound folds into its compare. tests/test_small.c checks every offset of
+ * every class.) A page that serves no class (free, cold) has item_bound 0, and so has descriptor 0 (the
+ * segment header), so p is rejected for them too. */
 static inline int page_has_item(const page *pg, const void *p)
 {
     uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
-    return off < pg->carved_end && (uint64_t)off * pg->divisor < pg->divisor;
+    return off * pg->item_mul < pg->item_bound;
 }
 
 /* page_has_item() from a thread that need not own pg (usable size, realloc of another thread's block):
- * the owner may carve meanwhile, so carved_end is read as an atomic, relaxed (the owner stores it so).
- * A thread holds an item only after the carve that made it, so the end it reads is at least that one's:
- * a stale end rejects only items the reader cannot hold. The divisor changes only while the page has no
- * item out. The owner's fast paths keep the plain read (page_has_item): nobody else writes the field. */
+ * the owner may carve meanwhile, so item_bound is read as an atomic, relaxed (the owner stores it so).
+ * A thread holds an item only after the carve that made it, so the bound it reads is at least that
+ * one's: a stale bound rejects only items the reader cannot hold. item_mul changes only while the page
+ * has no item out. The owner's fast paths keep the plain read (page_has_item): nobody else writes the
+ * field. */
 static inline int page_has_item_any_thread(const page *pg, const void *p)
 {
     uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
-    return off < load_relaxed(&pg->carved_end) && (uint64_t)off * pg->divisor < pg->divisor;
+    return off * pg->item_mul < load_relaxed(&pg->item_bound);
 }
 
 /* The shared empty page: the page-per-size array points here for a class without pages, so the fast
@@ -276,7 +285,7 @@ static inline void *page_pop(page *pg)
 }
 
 /* Whether item b of pg looks free: its first word decodes to a link that fits (the hardened build's
- * double free test; always 0 in the default build). Any thread (carved_end read as an atomic). */
+ * double free test; always 0 in the default build). Any thread (item_bound read as an atomic). */
 static inline int small_looks_free(const page *pg, const block *b)
 {
 #if SHARD_HARDENED

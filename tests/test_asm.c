@@ -248,13 +248,13 @@ static void entries_setup(void)
  * them together. malloc above 2 KB adds the class table (7), a malloc that takes the page's local_free
  * list because its free list is dry adds that test and the swap (5). A free that empties the only page
  * of its class takes the ordinary path (that page counts one more in `used`, src/small.c). */
-enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_MALLOC_LOCAL = 5, FAST_FREE = 24, FAST_REALLOC = 26 };
+enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_MALLOC_LOCAL = 5, FAST_FREE = 22, FAST_REALLOC = 24 };
 /* The hardened build (SHARD_HARDENED) adds to malloc the decoding of the next link and its test (10 when
- * it is the end of the list, 13 when it leads to an item: the item test), 1 more when local_free is
+ * it is the end of the list, 11 when it leads to an item: the item test), 1 more when local_free is
  * taken; to free the double-free test and the encoding (10), and the head's link (6 when it ends the
  * list, 4 when it leads on); to realloc the double-free test (6). */
 #if SHARD_HARDENED
-enum { HARD_MALLOC_END = 10, HARD_MALLOC_ITEM = 13, HARD_MALLOC_LOCAL = 1, HARD_FREE = 10, HARD_FREE_HEAD_END = 6,
+enum { HARD_MALLOC_END = 10, HARD_MALLOC_ITEM = 11, HARD_MALLOC_LOCAL = 1, HARD_FREE = 10, HARD_FREE_HEAD_END = 6,
        HARD_FREE_HEAD_ITEM = 4, HARD_REALLOC = 6 };
 #endif
 
@@ -316,7 +316,7 @@ static expectation contract(int op, const void *p, size_t size)
             return e;
         const page *pg = page_of(p);
         uint64_t off = a & 0xffff;
-        int item = off < pg->carved_end && off * pg->divisor < pg->divisor;
+        int item = (uint32_t)off * pg->item_mul < pg->item_bound;
         if (op == OP_FREE) {
             /* Fast: the page keeps items out after the free, or it empties and is its class's only
              * page (judged by the list, not by `sole`: a wrong `sole` shows as a path mismatch). */
@@ -472,14 +472,14 @@ static double seconds_now(void)
 enum field {
     F_SEGMENTS = 1, F_OWN_ENTERED, F_OWNER, F_FREE_COUNT, F_PAGES_RETIRED, F_DIRECT, F_CLASS_FIRST,
     F_CLASS_LAST, F_FREE_FIRST, F_FREE_LAST, F_COLD_FIRST, F_EMPTY_ARENAS, F_STATE, F_CLS, F_USED,
-    F_CARVED, F_CARVED_END, F_BLOCK_SIZE, F_CAPACITY, F_DIVISOR, F_SHARED_BLOCK_SIZE, F_SHARED_DIVISOR,
+    F_CARVED, F_ITEM_BOUND, F_BLOCK_SIZE, F_CAPACITY, F_ITEM_MUL, F_SHARED_BLOCK_SIZE, F_SHARED_DIVISOR,
     F_THREAD_FREE, F_NEXT, F_PREV, F_FREE_ITEM, F_FREE_LENGTH, F_LOCAL_ITEM, F_LOCAL_LENGTH, F_FULL,
     F_FULL_OUT, F_FIELDS
 };
 static const char *const field_names[F_FIELDS] = {
     "?", "segment count", "own-segment entry", "segment owner", "free_count", "pages_retired", "direct",
     "classes.first", "classes.last", "free_pages.first", "free_pages.last", "cold_pages", "empty_arena_count",
-    "state", "cls", "used", "carved", "carved_end", "block_size", "capacity", "divisor", "shared_block_size",
+    "state", "cls", "used", "carved", "item_bound", "block_size", "capacity", "item_mul", "shared_block_size",
     "shared_divisor", "thread_free", "next", "prev", "free item", "free length", "local_free item",
     "local_free length", "full", "full_out"};
 
@@ -586,10 +586,10 @@ static void snapshot_heap(const heap *h, snapshot *s)
             snap_put(s, F_FULL, k, i, 0, pg->full);
             snap_put(s, F_FULL_OUT, k, i, 0, (uint32_t)pg->full_out);
             snap_put(s, F_CARVED, k, i, 0, pg->carved);
-            snap_put(s, F_CARVED_END, k, i, 0, pg->carved_end);
+            snap_put(s, F_ITEM_BOUND, k, i, 0, pg->item_bound);
             snap_put(s, F_BLOCK_SIZE, k, i, 0, pg->block_size);
             snap_put(s, F_CAPACITY, k, i, 0, pg->capacity);
-            snap_put(s, F_DIVISOR, k, i, 0, pg->divisor);
+            snap_put(s, F_ITEM_MUL, k, i, 0, pg->item_mul);
             snap_put(s, F_SHARED_BLOCK_SIZE, k, i, 0, pg->shared_block_size);
             snap_put(s, F_SHARED_DIVISOR, k, i, 0, pg->shared_divisor);
             snap_put(s, F_THREAD_FREE, k, i, 0, pg->thread_free);
@@ -957,7 +957,7 @@ static void op_invalid(seq *s)
         case INV_PAGE0: q = (unsigned char *)(seg + 16 * below(&s->r, PAGE_SIZE / 16)); break;
         case INV_UNCARVED:
             if (pg->carved < pg->capacity)
-                q = (unsigned char *)(start + pg->carved_end +
+                q = (unsigned char *)(start + (size_t)pg->carved * pg->block_size +
                                       (size_t)pg->block_size * below(&s->r, (size_t)(pg->capacity - pg->carved)));
             break;
         case INV_PAGE_TAIL:
@@ -1451,6 +1451,34 @@ static void registers_kept_by(const entries *e)
     }
     free(f);
     CHECK_EQ(shard_check(), 0);
+}
+
+/* The item test that both languages' free and realloc make (page_has_item, src/small.h; ITEM_TEST in
+ * asm/fast.asm): one multiply and one compare accept exactly the offsets of the carved items, for every
+ * class and every offset of a page. Each class's page as the allocator set it up, with carved counts
+ * from none to all. */
+TEST(item_test_accepts_exactly_the_carved_items_of_every_class)
+{
+    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++) {
+        uint32_t size = class_size[cls];
+        void *p = shard_malloc(size);
+        CHECK(p != NULL);
+        page t = *page_of(p);
+        CHECKF(t.block_size == size && t.item_step >= 1 && t.item_step <= size &&
+                   t.item_step == t.item_mul * size,
+               "class %u: item_mul %u, item_step %u", cls, t.item_mul, t.item_step);
+        unsigned cap = class_capacity[cls], counts[] = {0, 1, 2, cap / 2, cap - 1, cap};
+        long wrong = 0;
+        for (unsigned k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+            t.item_bound = counts[k] * t.item_step;
+            for (uint32_t off = 0; off < PAGE_SIZE; off++) {
+                int want = off % size == 0 && off / size < counts[k];
+                wrong += page_has_item(&t, (void *)((uintptr_t)16 * PAGE_SIZE + off)) != want;
+            }
+        }
+        CHECKF(wrong == 0, "class %u (%u bytes): %ld offsets judged wrongly", cls, size, wrong);
+        shard_free(p);
+    }
 }
 
 TEST(asm_entries_keep_callee_saved_registers)
