@@ -91,7 +91,7 @@ static void list_remove(page_list *l, page *pg)
 /* Point the page-per-size entries of class cls at its first page (or the empty page). */
 static void sync_direct(heap *h, unsigned cls)
 {
-    if (class_size[cls] > SHARD_DIRECT_MAX)
+    if (cls > class_by_size16[SHARD_DIRECT_MAX >> 4])
         return;
     page *first = h->classes[cls].first ? h->classes[cls].first : &small_empty_page;
     unsigned lo = cls == 0 ? 0 : class_size[cls - 1] / 16u + 1, hi = class_size[cls] / 16u;
@@ -129,12 +129,38 @@ static void class_push_front(heap *h, page *pg)
 static void class_append(heap *h, page *pg)
 {
     page_list *l = &h->classes[pg->cls];
-    page *before = l->first;
-    sole_update(l, 0);
-    list_append(l, pg);
-    sole_update(l, 1);
-    if (before == NULL)
+    page *last = l->last;
+    pg->next = NULL;
+    pg->prev = last;
+    l->last = pg;
+    if (last == NULL) { /* alone: the extra one, and the class's new first page */
+        l->first = pg;
+        sole_set(pg, 1);
         sync_direct(h, pg->cls);
+    } else {
+        last->next = pg;
+        if (last == l->first)
+            sole_set(last, 0); /* no longer alone */
+    }
+}
+
+/* class_remove() of pg, its class list's first page: the page that small_alloc_slow finds full. The
+ * same result, by the steps that the first page needs. */
+static void class_remove_first(heap *h, page *pg)
+{
+    page_list *l = &h->classes[pg->cls];
+    page *next = pg->next;
+    sole_set(pg, 0);
+    l->first = next;
+    pg->next = NULL;
+    if (next == NULL) {
+        l->last = NULL;
+    } else {
+        next->prev = NULL;
+        if (next == l->last)
+            sole_set(next, 1); /* left alone */
+    }
+    sync_direct(h, pg->cls);
 }
 
 static void class_remove(heap *h, page *pg)
@@ -743,6 +769,28 @@ static void sweep_lazy(heap *h)
     h->sweep_wait = due > retired ? due - retired : 0;
 }
 
+/* small_alloc_slow's class cls has no page left: h takes a page for it, which has items, or the orphan
+ * segment it adopts gave it pages of the class (&small_empty_page: look again), or none (NULL). Out of
+ * line, so that the slow path's common steps keep to a few registers. */
+static __attribute__((noinline)) page *class_page_new(heap *h, unsigned cls)
+{
+    /* Without a free page of its own, h takes an orphan segment's free pages, and its pages in use,
+     * which may serve this class (twice at most: h has a free page after it, or holds a segment given
+     * early). */
+    if (h->free_pages.last == NULL)
+        sweep_lazy(h);
+    if (h->free_pages.last == NULL && adopt_orphan(h) == 0)
+        return &small_empty_page;
+    small_trim(h);
+    page *pg = page_acquire(h);
+    if (pg == NULL)
+        return NULL;
+    page_init(pg, cls);
+    class_push_front(h, pg);
+    page_carve(pg);
+    return pg;
+}
+
 void *small_alloc_slow(heap *h, unsigned cls)
 {
     heap_reserve_tick();
@@ -751,20 +799,25 @@ void *small_alloc_slow(heap *h, unsigned cls)
     if (load_relaxed(&h->delayed_arenas) != NULL) /* medium chunks freed by others: on slow paths too */
         medium_drain_delayed(h);
     page *pg;
-again:
     for (;;) {
         pg = h->classes[cls].first;
-        if (pg == NULL)
+        if (pg == NULL) {
+            pg = class_page_new(h, cls);
+            if (pg == &small_empty_page)
+                continue;
+            if (pg == NULL)
+                return NULL;
             break;
+        }
         if (page_ready(pg))
-            goto take;
+            break;
         if (page_collect(pg) && page_ready(pg))
-            goto take;
+            break;
         if (pg->carved < pg->capacity) {
             page_carve(pg);
-            goto take;
+            break;
         }
-        class_remove(h, pg); /* full: out of the list until its wake count of items comes back */
+        class_remove_first(h, pg); /* full: out of the list until its wake count of items comes back */
         page_set_full(pg);
         if (h->loose_skip != 0)
             h->loose_skip--; /* its thread's frees took loose pages back lately: this one may not go loose */
@@ -776,21 +829,6 @@ again:
         else if (s->full_pages >= SHARD_GIVE_FULL_PAGES && !h->early_back && !s->taken_early && segment_quiet(s))
             give_full_segment(h, s, 1); /* not one taken early: that would only pass it on (adopt_orphan) */
     }
-    /* Without a free page of its own, h takes an orphan segment's free pages, and its pages in use,
-     * which may serve this class (twice at most: h has a free page after it, or holds a segment given
-     * early). */
-    if (h->free_pages.last == NULL)
-        sweep_lazy(h);
-    if (h->free_pages.last == NULL && adopt_orphan(h) == 0)
-        goto again;
-    small_trim(h);
-    pg = page_acquire(h);
-    if (pg == NULL)
-        return NULL;
-    page_init(pg, cls);
-    class_push_front(h, pg);
-    page_carve(pg);
-take:;
     block *b = page_pop(pg);
     debug_check_page(pg, "page inconsistent after the allocation slow path");
     return b;
