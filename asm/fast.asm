@@ -1,6 +1,8 @@
 ; fast.asm - shard_malloc, shard_free and shard_realloc for a small block of the calling thread, in NASM,
 ; for both x86-64 ABIs (abi.inc); the default library's entry points. Everything else goes, by a tail
-; jump with the arguments in place, to the C slow paths (src/fast.h, src/api.c), which take any input.
+; jump with the arguments in place, to the C slow paths (src/fast.h, src/api.c), which take any input;
+; a malloc whose page has no item passes the heap and the page found too (api_malloc_dry), so that the
+; class's slow path need not find them again (bench/results/2026-12-03-class-steps.md).
 ;
 ; The steps are exactly those of the C fast paths (src/fast.h lists them); tests/test_asm.c runs both
 ; on the same operation sequences and compares results and page state field by field. The offsets and
@@ -30,6 +32,8 @@
 %define DESC_MASK (((1 << (SHARD_L_SEGMENT_SHIFT - SHARD_L_PAGE_SHIFT)) - 1) << SHARD_L_PAGE_DESC_SHIFT) ; ... & 0x1f80
 
 extern api_malloc_slow
+extern api_malloc_dry
+extern small_empty_page
 extern api_free_slow
 extern small_free_local_slow
 extern api_realloc_slow
@@ -93,7 +97,7 @@ FUNC shard_malloc
 .local:                                             ; free is dry: other threads' frees, drained, if any
     mov rax, [T2 + SHARD_L_PAGE_LOCAL_FREE]
     test rax, rax
-    jz .slow
+    jz .dry
     mov qword [T2 + SHARD_L_PAGE_LOCAL_FREE], 0
 %if SHARD_HARDENED
     mov [T2 + SHARD_L_PAGE_FREE], rax               ; the list stays whole if the slow path must take it
@@ -112,6 +116,18 @@ FUNC shard_malloc
     jnz .pop
 .slow:
     jmp api_malloc_slow
+.dry:                                               ; page T2 of heap T1 has no item: its class's slow
+    lea T3, [rel small_empty_page]                  ; path at once, api_malloc_dry(size, heap, page),
+    cmp T2, T3                                      ; unless it is the empty page (no page in the class)
+    je .slow
+%if SHARD_ELF
+    mov rsi, T1
+    mov rdx, T2
+%else
+    mov rdx, T1                                     ; T1 is r8, the third argument's register
+    mov r8, T2
+%endif
+    jmp api_malloc_dry
 ENDFUNC shard_malloc
 
 ; The item test: T3 = p's offset in its page; a multiple of the class size below the carved items

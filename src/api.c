@@ -122,19 +122,25 @@ void *api_malloc_slow(size_t size)
     return or_out_of_memory(p);
 }
 
+void *api_malloc_dry(size_t size, heap *h, page *pg)
+{
+    void *p = small_alloc_slow(h, pg->cls);
+    return likely(p != NULL) ? p : api_malloc_slow(size);
+}
+
 void *FAST_PATH(malloc)(size_t size)
 {
     heap *h = fast_heap();
-    if (likely(size <= SHARD_DIRECT_MAX)) {
-        page *pg = h->direct[(size + 15) >> 4];
-        if (likely(page_ready(pg)))
-            return page_pop(pg);
-    } else if (size <= SHARD_SMALL_MAX) {
-        page *pg = h->classes[class_by_size16[(size + 15) >> 4]].first;
-        if (pg != NULL && page_ready(pg))
-            return page_pop(pg);
-    }
-    return api_malloc_slow(size);
+    page *pg;
+    if (likely(size <= SHARD_DIRECT_MAX))
+        pg = h->direct[(size + 15) >> 4];
+    else if (size <= SHARD_SMALL_MAX)
+        pg = h->classes[class_by_size16[(size + 15) >> 4]].first;
+    else
+        return api_malloc_slow(size);
+    if (likely(pg != NULL && page_ready(pg)))
+        return page_pop(pg);
+    return pg != NULL && pg != &small_empty_page ? api_malloc_dry(size, h, pg) : api_malloc_slow(size);
 }
 
 /* calloc's slow part: sizes above 2 KB, a page that needs the slow path; a tail call from shard_calloc,

@@ -17,7 +17,8 @@
  *          lead to the shared empty page, so malloc needs no NULL test; Windows: NULL is tested)
  *   malloc(n), n <= 2 KB: page = heap->direct[(n + 15) >> 4]; 2-16 KB: the class table, then
  *          heap->classes[cls].first (NULL tested); if page->free is NULL, page->free =
- *          page->local_free (drained foreign frees) and page->local_free = NULL (both NULL: slow);
+ *          page->local_free (drained foreign frees) and page->local_free = NULL (both NULL: slow,
+ *          api_malloc_dry with the heap and the page unless it is the empty page);
  *          item = page->free; page->free = item->next; page->used++; prefetchw the new page->free.
  *   free(p): seg = p & ~(4 MB - 1); heap->own[(uint32_t)p >> 22] == seg (else slow: not a small block
  *          of ours, or another thread's, or NULL) - one load where the segment map and the owner in
@@ -37,6 +38,12 @@
 #include <stddef.h>
 
 void *api_malloc_slow(size_t size);
+/* The malloc fast paths' slow path when the page they found (of the calling thread's heap h, not the
+ * empty page) has no free item: the class's slow path at once, without finding the heap and the page
+ * again; api_malloc_slow when that gives NULL (its second try and errno). */
+struct heap;
+struct page;
+void *api_malloc_dry(size_t size, struct heap *h, struct page *pg);
 void api_free_slow(void *p);
 void *api_realloc_slow(void *p, size_t size);
 /* The usable size of a live block of any kind and thread; 0, after the error hook with `error`, if p is

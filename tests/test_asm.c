@@ -128,8 +128,8 @@ static uint64_t checked_call(void *fn, uint64_t a0, uint64_t a1, const char *wha
 /* ---- single-stepping ----------------------------------------------------------------------------- */
 
 /* The C slow paths the fast paths jump to (src/fast.h); 0 is none. */
-enum { SLOW_NONE, SLOW_MALLOC, SLOW_FREE, SLOW_FREE_OWN_PAGE, SLOW_REALLOC, SLOW_ENTRIES };
-static const char *const slow_names[SLOW_ENTRIES] = {"none", "api_malloc_slow", "api_free_slow",
+enum { SLOW_NONE, SLOW_MALLOC, SLOW_MALLOC_DRY, SLOW_FREE, SLOW_FREE_OWN_PAGE, SLOW_REALLOC, SLOW_ENTRIES };
+static const char *const slow_names[SLOW_ENTRIES] = {"none", "api_malloc_slow", "api_malloc_dry", "api_free_slow",
                                                       "small_free_local_slow", "api_realloc_slow"};
 
 static volatile long trace_steps;
@@ -183,6 +183,7 @@ static void trace_setup(void)
         return;
     done = 1;
     trace_slow_entry[SLOW_MALLOC] = (uintptr_t)(void *)api_malloc_slow;
+    trace_slow_entry[SLOW_MALLOC_DRY] = (uintptr_t)(void *)api_malloc_dry;
     trace_slow_entry[SLOW_FREE] = (uintptr_t)(void *)api_free_slow;
     trace_slow_entry[SLOW_FREE_OWN_PAGE] = (uintptr_t)(void *)small_free_local_slow;
     trace_slow_entry[SLOW_REALLOC] = (uintptr_t)(void *)api_realloc_slow;
@@ -298,6 +299,8 @@ static expectation contract(int op, const void *p, size_t size)
             return e;
         if (pg != NULL && (pg->free != NULL || pg->local_free != NULL))
             e.slow = SLOW_NONE;
+        else if (pg != NULL && pg != &small_empty_page)
+            e.slow = SLOW_MALLOC_DRY; /* a page of the class, but no item in it */
         e.instructions = (size <= SHARD_DIRECT_MAX ? FAST_MALLOC : FAST_MALLOC_CLASS) +
                          (pg != NULL && pg->free == NULL ? FAST_MALLOC_LOCAL : 0);
 #if SHARD_HARDENED
