@@ -32,7 +32,7 @@ OFFSETS = [
     ("PAGE_FREE", 0, "page.free: the list the owner allocates from"),
     ("PAGE_LOCAL_FREE", 8, "page.local_free: other threads' frees, once drained"),
     ("PAGE_USED", 16, "page.used (int32): items out, or while full the items to its wake"),
-    ("PAGE_ITEM_BOUND", 20, "page.item_bound (uint32): the item test's bound, carved * item_step"),
+    ("PAGE_ITEM_BOUND", 20, "page.item_bound (uint32): the item test's bound, carved * its step"),
     ("PAGE_ITEM_MUL", 24, "page.item_mul (uint32): the item test's multiplier, 2^32 / block_size + 1"),
     ("PAGE_BLOCK_SIZE", 32, "page.block_size (uint32)"),
     # struct segment (src/segment.h): descriptor 0

@@ -13,7 +13,7 @@
 #define SHARD_L_PAGE_FREE 0              /* page.free: the list the owner allocates from */
 #define SHARD_L_PAGE_LOCAL_FREE 8        /* page.local_free: other threads' frees, once drained */
 #define SHARD_L_PAGE_USED 16             /* page.used (int32): items out, or while full the items to its wake */
-#define SHARD_L_PAGE_ITEM_BOUND 20       /* page.item_bound (uint32): the item test's bound, carved * item_step */
+#define SHARD_L_PAGE_ITEM_BOUND 20       /* page.item_bound (uint32): the item test's bound, carved * its step */
 #define SHARD_L_PAGE_ITEM_MUL 24         /* page.item_mul (uint32): the item test's multiplier, 2^32 / block_size + 1 */
 #define SHARD_L_PAGE_BLOCK_SIZE 32       /* page.block_size (uint32) */
 #define SHARD_L_SEGMENT_SECRET 48        /* segment.secret (uint64): the hardened build's key of its free lists */

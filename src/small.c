@@ -181,7 +181,6 @@ static void page_init(page *pg, unsigned cls)
 {
     uint32_t size = class_size[cls];
     uint64_t divisor = UINT64_MAX / size + 1;
-    uint32_t mul = (uint32_t)(((uint64_t)1 << 32) / size + 1);
     pg->free = pg->local_free = NULL;
     pg->used = 0;
     pg->sole = 0;
@@ -191,8 +190,7 @@ static void page_init(page *pg, unsigned cls)
     pg->carved = 0;
     store_relaxed(&pg->item_bound, 0u);
     pg->block_size = size;
-    pg->item_mul = mul;
-    pg->item_step = mul * size;
+    pg->item_mul = item_mul_of(size);
     pg->cls = (uint8_t)cls;
     pg->state = PAGE_IN_USE;
     store_relaxed(&pg->shared_divisor, divisor);
@@ -243,7 +241,7 @@ static void page_carve(page *pg)
     link_set((block *)last, pg->free);
     pg->free = (block *)first;
     pg->carved = (uint16_t)(pg->carved + n);
-    store_relaxed(&pg->item_bound, pg->carved * pg->item_step);
+    store_relaxed(&pg->item_bound, pg->carved * page_item_step(pg));
 }
 
 /* Decommit the oldest free pages beyond `keep`: those free for the delay, or all of them with `now`
@@ -1393,12 +1391,11 @@ int small_check_page(const page *pg)
                        : pg->full ? pg->full <= 1 && pg->used >= 0 && pg->used <= page_wake(pg) && pg->full_out >= 0
                                   : pg->full_out == 0 && pg->used >= 0,
                        "small: a full page's count to its wake, or a page's count, out of range:", pg);
-    problems += insist(pg->carved <= pg->capacity && item_bound == (uint32_t)pg->carved * pg->item_step,
+    problems += insist(pg->carved <= pg->capacity && item_bound == (uint32_t)pg->carved * page_item_step(pg),
                        "small: carved beyond the capacity, or item_bound differs from carved, in page", pg);
     problems += insist(pg->block_size == class_size[pg->cls] && load_relaxed(&pg->shared_block_size) == pg->block_size &&
                            shared_divisor == UINT64_MAX / pg->block_size + 1 &&
-                           pg->item_mul == (uint32_t)(((uint64_t)1 << 32) / pg->block_size + 1) &&
-                           pg->item_step == pg->item_mul * pg->block_size,
+                           pg->item_mul == item_mul_of(pg->block_size),
                        "small: the block size differs from its class's or from the shared copies in page", pg);
     return problems;
 }

@@ -129,10 +129,10 @@ typedef struct page {
     block *local_free;
     int32_t used;            /* items out, + sole; while `full`: the items still to come back before the
                               * page goes back into its list (page_used: the items out) */
-    uint32_t item_bound;     /* carved * item_step (page_has_item); stored as a relaxed atomic, since
-                              * other threads read it (page_has_item_any_thread) */
-    uint32_t item_mul;       /* floor(2^32 / block_size) + 1: the item test's multiplier */
-    uint32_t item_step;      /* item_mul * block_size mod 2^32, in 1 .. block_size */
+    uint32_t item_bound;     /* carved * page_item_step() (page_has_item); stored as a relaxed atomic,
+                              * since other threads read it (page_has_item_any_thread) */
+    uint32_t item_mul;       /* item_mul_of(block_size): the item test's multiplier */
+    uint32_t pad0;
     uint32_t block_size;
     uint16_t capacity;       /* items that fit */
     uint16_t carved;         /* items carved so far, in ascending address order */
@@ -203,16 +203,20 @@ static inline uint8_t *page_start(const page *pg)
     return (uint8_t *)(seg + (((uintptr_t)pg - seg) / PAGE_DESC_SIZE) * PAGE_SIZE);
 }
 
+/* The item test's multiplier for items of `size` bytes, and its step (page_has_item). */
+static inline uint32_t item_mul_of(uint32_t size) { return (uint32_t)(((uint64_t)1 << 32) / size + 1); }
+static inline uint32_t page_item_step(const page *pg) { return pg->item_mul * pg->block_size; }
+
 /* Whether p is an item pg has handed out: at a multiple of the class size and below the carved ones, by
  * one multiply and one compare. With off = p's offset in its page (below 2^16), m = item_mul =
- * floor(2^32 / size) + 1 and e = item_step = m * size mod 2^32 (1 <= e <= size), off * m mod 2^32 is:
+ * floor(2^32 / size) + 1 and e = page_item_step = m * size mod 2^32 (1 <= e <= size), off * m mod 2^32 is:
  * - k * e for the k-th item (off = k * size): k * e <= off < 2^16, so it grows with k, and is below
  *   item_bound = carved * e exactly for the carved items;
  * - for any other offset, off = k * size + r with 0 < r < size: r * m lies in [2^32 / size, 2^32 -
  *   2^32 / size + size), and adding k * e (below 2^16) does not wrap for size <= 16 KB (2^32 / size >=
  *   2^18), so the product is at least 2^18, above every bound (at most carved * size <= 2^16).
  * (The divisibility part is that of Lemire, Kaser and Kurz, "Faster remainder by direct computation",
- * 2019, on 32 bits; the carved bound folds into its compare. tests/test_small.c checks every offset of
+ * 2019, on 32 bits; the carved bound folds into its compare. tests/test_asm.c checks every offset of
  * every class.) A page that serves no class (free, cold) has item_bound 0, and so has descriptor 0 (the
  * segment header), so p is rejected for them too. */
 static inline int page_has_item(const page *pg, const void *p)

@@ -1467,13 +1467,13 @@ TEST(item_test_accepts_exactly_the_carved_items_of_every_class)
         void *p = shard_malloc(size);
         CHECK(p != NULL);
         page t = *page_of(p);
-        CHECKF(t.block_size == size && t.item_step >= 1 && t.item_step <= size &&
-                   t.item_step == t.item_mul * size,
-               "class %u: item_mul %u, item_step %u", cls, t.item_mul, t.item_step);
+        uint32_t step = page_item_step(&t);
+        CHECKF(t.block_size == size && step >= 1 && step <= size && step == t.item_mul * size,
+               "class %u: item_mul %u, step %u", cls, t.item_mul, step);
         unsigned cap = class_capacity[cls], counts[] = {0, 1, 2, cap / 2, cap - 1, cap};
         long wrong = 0;
         for (unsigned k = 0; k < sizeof counts / sizeof counts[0]; k++) {
-            t.item_bound = counts[k] * t.item_step;
+            t.item_bound = counts[k] * step;
             for (uint32_t off = 0; off < PAGE_SIZE; off++) {
                 int want = off % size == 0 && off / size < counts[k];
                 wrong += page_has_item(&t, (void *)((uintptr_t)16 * PAGE_SIZE + off)) != want;
