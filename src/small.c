@@ -196,6 +196,7 @@ static void page_init(page *pg, unsigned cls)
     store_relaxed(&pg->shared_divisor, divisor);
     store_relaxed(&pg->shared_block_size, size);
     store_relaxed(&pg->thread_free, THREAD_FREE_LAZY); /* no item out yet: no free pushes meanwhile */
+    pg->lazy = 1;
 }
 
 /* pg leaves its class list with no free item: `used` counts down to its wake (small.h). */
@@ -406,6 +407,7 @@ void small_empty_keep(heap *h, unsigned keep)
                 store_relaxed(&pg->shared_block_size, 0u);
                 store_relaxed(&pg->shared_divisor, 0u);
                 store_relaxed(&pg->thread_free, (uint64_t)0);
+                pg->lazy = 0;
                 pg->next_delayed = NULL;
                 pg->state = PAGE_FREE;
                 pg->free = pg->local_free = NULL;
@@ -460,6 +462,7 @@ static void page_retire(heap *h, page *pg, int in_list)
     shard_assert(pg->used == 0 && pg->sole == 0 && (load_relaxed(&pg->thread_free) & ~THREAD_FREE_LAZY) == 0,
                  "a retired page has no item out");
     store_relaxed(&pg->thread_free, (uint64_t)0); /* no item out, so no free pushes: the lazy mark goes */
+    pg->lazy = 0;
     store_relaxed(&pg->shared_block_size, 0u);
     store_relaxed(&pg->shared_divisor, 0u);
     pg->state = PAGE_FREE;
@@ -650,6 +653,7 @@ static void page_gone(heap *h, page *pg)
     uint64_t hold = load_relaxed(&pg->hold);
     segment_of(pg)->full_pages--;
     store_relaxed(&pg->thread_free, (uint64_t)0); /* its count of the items, all back, is void */
+    pg->lazy = 0;
     store_relaxed(&pg->shared_block_size, 0u);
     store_relaxed(&pg->shared_divisor, (uint64_t)0);
     pg->free = pg->local_free = NULL;
@@ -700,22 +704,28 @@ static void take_items(page *pg, uint64_t w)
 
 /* The first page of its class has no free item: take what other threads freed into it, when it is
  * lazy; else mark it lazy if it has nothing waiting and can carve more, or end its lazy mark if it
- * cannot and so goes full. 1 when items came (in local_free). */
+ * cannot and so goes full. 1 when items came (in local_free). A page that is not lazy and cannot carve
+ * is done without reading thread_free: whatever other threads freed into it queued it at its owner,
+ * and that line is a cache miss here, one per page that goes full (bench/medium.c's 8k-16k). */
 static int page_collect(page *pg)
 {
-    uint64_t w = load_relaxed(&pg->thread_free);
     int can_carve = pg->carved < pg->capacity;
+    if (!pg->lazy && !can_carve)
+        return 0;
+    uint64_t w = load_relaxed(&pg->thread_free);
     if (w & THREAD_FREE_LAZY) {
         if (w == THREAD_FREE_LAZY && can_carve)
             return 0;
-        w = exchange_acq_rel(&pg->thread_free, w != THREAD_FREE_LAZY ? THREAD_FREE_LAZY : (uint64_t)0);
+        uint64_t mark = w != THREAD_FREE_LAZY ? THREAD_FREE_LAZY : (uint64_t)0;
+        w = exchange_acq_rel(&pg->thread_free, mark);
+        pg->lazy = mark != 0;
         if (w == THREAD_FREE_LAZY)
             return 0; /* nothing came meanwhile: the page goes full, its next free queues it */
         take_items(pg, w);
         return 1;
     }
-    if (w == 0 && can_carve)
-        (void)cas_acq_rel(&pg->thread_free, &w, THREAD_FREE_LAZY); /* fails: a free queued it meanwhile */
+    if (w == 0 && can_carve && cas_acq_rel(&pg->thread_free, &w, THREAD_FREE_LAZY))
+        pg->lazy = 1; /* the CAS fails when a free queued the page meanwhile */
     return 0;
 }
 
@@ -727,6 +737,7 @@ static int page_take_lazy(heap *h, page *pg, uint64_t mark)
     if (!(w & THREAD_FREE_LAZY) || w == mark)
         return 0;
     w = exchange_acq_rel(&pg->thread_free, mark);
+    pg->lazy = mark != 0;
     if (w == THREAD_FREE_LAZY)
         return 0; /* nothing waited: only the mark ended */
     take_items(pg, w);
@@ -996,6 +1007,7 @@ void small_drain_delayed(heap *h, int lazy)
             continue;
         }
         uint64_t w = exchange_acq_rel(&pg->thread_free, lazy ? THREAD_FREE_LAZY : (uint64_t)0);
+        pg->lazy = (uint8_t)(lazy != 0);
         shard_assert(w != 0 && !(w & THREAD_FREE_LAZY), "a queued page has items in thread_free, and no lazy mark");
         int was_full = pg->full;
         if (was_full)
@@ -1386,6 +1398,7 @@ int small_check_page(const page *pg)
         problems += insist(nfree + nlocal + used == pg->carved, "small: free + local_free + used != carved in page", pg);
     problems += insist(nthread <= used, "small: more items in thread_free than are out, in page", pg);
     problems += insist(!(pg->full && (w & THREAD_FREE_LAZY)), "small: a full page marked lazy:", pg);
+    problems += insist(pg->lazy == ((w & THREAD_FREE_LAZY) != 0), "small: the lazy copy differs from thread_free's mark in page", pg);
     problems += insist(pg->sole <= 1 && !(pg->sole && pg->full), "small: a full page counted as its class's only one:", pg);
     problems += insist(loose ? pg->full == 1 && pg->full_out >= 0 && pg->full_out < (long)HOLD_OUT(hold)
                        : pg->full ? pg->full <= 1 && pg->used >= 0 && pg->used <= page_wake(pg) && pg->full_out >= 0

@@ -132,7 +132,9 @@ typedef struct page {
     uint32_t item_bound;     /* carved * page_item_step() (page_has_item); stored as a relaxed atomic,
                               * since other threads read it (page_has_item_any_thread) */
     uint32_t item_mul;       /* item_mul_of(block_size): the item test's multiplier */
-    uint32_t pad0;
+    uint8_t lazy;            /* 1 while thread_free has THREAD_FREE_LAZY: only the owner sets or ends the
+                              * mark, and keeps this copy, which the slow path reads instead of line 1 */
+    uint8_t pad0[3];
     uint32_t block_size;
     uint16_t capacity;       /* items that fit */
     uint16_t carved;         /* items carved so far, in ascending address order */
