@@ -134,7 +134,8 @@ typedef struct page {
     uint32_t item_mul;       /* item_mul_of(block_size): the item test's multiplier */
     uint8_t lazy;            /* 1 while thread_free has THREAD_FREE_LAZY: only the owner sets or ends the
                               * mark, and keeps this copy, which the slow path reads instead of line 1 */
-    uint8_t pad0[3];
+    uint8_t pad0;
+    uint16_t wake;           /* page_wake(), stored when the page takes its class */
     uint32_t block_size;
     uint16_t capacity;       /* items that fit */
     uint16_t carved;         /* items carved so far, in ascending address order */
@@ -196,7 +197,8 @@ static inline int32_t page_used(const page *pg)
 }
 
 /* How many of its items a full page waits for before it goes back into its list: a sixteenth. */
-static inline int32_t page_wake(const page *pg) { return pg->capacity >= 32 ? pg->capacity / 16 : 1; }
+static inline int32_t wake_of(uint32_t capacity) { return capacity >= 32 ? (int32_t)capacity / 16 : 1; }
+static inline int32_t page_wake(const page *pg) { return pg->wake; }
 
 /* The first item of a page: its 64 KB boundary, found from the descriptor's place in page 0. */
 static inline uint8_t *page_start(const page *pg)
