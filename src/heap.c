@@ -117,7 +117,6 @@ static uintptr_t fork_tag;       /* os_thread_tag() of the thread in the middle 
 
 /* ---- owners ----------------------------------------------------------------------------------------- */
 
-#define OWNER_THREAD(w) ((uint32_t)(w))
 static uint64_t owner_word(uint64_t old, uint32_t thread) { return ((old >> 32) + 1) << 32 | thread; }
 
 static void set_owner(heap *h, uint32_t thread)

@@ -200,6 +200,9 @@ void heap_thread_done(void);
  * heaps, the thread takes it as its own (the reason: heap.c), and it is the thread's heap from here on;
  * else NULL, nothing changed. */
 heap *heap_claim(heap *want);
+/* The thread's number in an owner word: 0 while no thread has the heap. A free by a thread without a heap
+ * tests it before calling heap_claim, which fails at once for a heap that a thread runs. */
+#define OWNER_THREAD(w) ((uint32_t)(w))
 
 /* The stack's heaps are trimmed at heap_reserve_due (os_clock_ms(); 0: nothing due): the reserves of
  * exited threads expire, and blocks other threads freed into those heaps are taken in. Slow paths and

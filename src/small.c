@@ -972,16 +972,6 @@ void small_link_damaged(page *pg, block *b, block *freed)
         error_invalid_pointer(SHARD_ERROR_FREE_LIST, b);
 }
 
-int small_valid_foreign(const page *pg, const void *p)
-{
-    uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
-    uint64_t divisor = load_relaxed(&pg->shared_divisor);
-    uint32_t size = load_relaxed(&pg->shared_block_size);
-    /* A page not in use has divisor 0 and fails; so does page 0, whose descriptor is the segment
-     * header (zero there). The item must lie whole inside the page (no tail item). */
-    return (uint64_t)off * divisor < divisor && off + size <= PAGE_SIZE;
-}
-
 void small_drain_delayed(heap *h, int lazy)
 {
     page *pg = exchange_acq_rel(&h->delayed, NULL);

@@ -353,7 +353,15 @@ void small_free_local_slow(struct heap *h, page *pg, block *b);
 void small_free_foreign(page *pg, block *b);
 /* page_has_item() for another thread's page, from the descriptor's second line only (the owner's line
  * stays with the owner). It does not see `carved`: an offset the page never handed out passes. */
-int small_valid_foreign(const page *pg, const void *p);
+static inline int small_valid_foreign(const page *pg, const void *p)
+{
+    uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
+    uint64_t divisor = load_relaxed(&pg->shared_divisor);
+    uint32_t size = load_relaxed(&pg->shared_block_size);
+    /* A page not in use has divisor 0 and fails; so does page 0, whose descriptor is the segment
+     * header (zero there). The item must lie whole inside the page (no tail item). */
+    return (uint64_t)off * divisor < divisor && off + size <= PAGE_SIZE;
+}
 /* Take the thread-free lists of every page other threads queued at h; with `lazy` (h's thread, on its
  * slow path) the pages come back lazy. */
 void small_drain_delayed(struct heap *h, int lazy);
@@ -407,8 +415,14 @@ void small_count(struct heap *h, small_counts *c);
 void small_orphan_give(struct heap *h);
 int small_is_orphans(const struct heap *h); /* whether h is the orphans' heap */
 /* Segment s becomes h's again if h gave it to the orphans and no heap took it since: 0, else -1. Called
- * by h's thread, for a free into s. */
+ * by h's thread, for a free into s. small_take_back_maybe() is its first test, inline: a segment that h did
+ * not give away (given_by is set only while the orphans hold it) costs a free of another thread's block
+ * one load. */
 int small_take_back(struct heap *h, segment *s);
+static inline int small_take_back_maybe(struct heap *h, segment *s)
+{
+    return load_relaxed(&s->given_by) == h ? small_take_back(h, s) : -1;
+}
 uint64_t small_orphan_expire(uint64_t now);
 void small_orphan_count(small_counts *c, size_t *segments); /* statistics: between segment_walk_begin, _end */
 void small_orphan_visit(visitor *v);
