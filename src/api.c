@@ -200,13 +200,13 @@ void api_free_slow(void *p)
     heap *h = heap_mine();
     if (h == NULL && (kind == SEG_SMALL || kind == SEG_MEDIUM)) {
         heap *owner = load_relaxed(&segment_of(p)->owner); /* NULL: a spare segment */
-        if (owner != NULL && OWNER_THREAD(load_relaxed(&owner->owner)) == 0)
+        if (owner != NULL)
             h = heap_claim(owner); /* the heap of an ended thread whose blocks this thread frees: its own */
     }
     if (kind == SEG_SMALL) {
         page *pg = page_of(p);
         /* h's segment, or one h gave to the orphans, which is h's again from this free on */
-        if (h != NULL && (load_relaxed(&segment_of(p)->owner) == h || small_take_back_maybe(h, segment_of(p)) == 0)) {
+        if (h != NULL && (load_relaxed(&segment_of(p)->owner) == h || small_take_back(h, segment_of(p)) == 0)) {
             small_free_local_slow(h, pg, p); /* tests the item; takes the ordinary case too */
             return;
         }

@@ -690,11 +690,10 @@ heap *heap_get_or_create(int *lent)
     return h;
 }
 
-heap *heap_claim(heap *want)
+heap *heap_claim_unowned(heap *want)
 {
-    /* Not a running thread's, an embedder's or the orphans (in no stack), nor one given back on purpose. */
-    if (OWNER_THREAD(load_relaxed(&want->owner)) != 0 || want->created || small_is_orphans(want) ||
-        load_relaxed(&want->thread_done))
+    /* Not an embedder's or the orphans (in no stack), nor one given back on purpose. */
+    if (want->created || small_is_orphans(want) || load_relaxed(&want->thread_done))
         return NULL;
     if (slot_arm(NULL) == PORT_SLOT_EXITED || !spin_try_lock(&trim_lock))
         return NULL; /* past its exit hook it would hold the heap for good; a trim or fork holds the stacks */

@@ -196,13 +196,18 @@ void heap_retire(heap *h);
  * its reserve and goes onto the stack; the thread takes a heap again if it allocates again. */
 void heap_thread_done(void);
 
+/* The thread's number in an owner word: 0 while no thread has the heap. */
+#define OWNER_THREAD(w) ((uint32_t)(w))
+
 /* The calling thread, which has no heap, frees a block of `want`'s: when want waits in a stack of free
  * heaps, the thread takes it as its own (the reason: heap.c), and it is the thread's heap from here on;
- * else NULL, nothing changed. */
-heap *heap_claim(heap *want);
-/* The thread's number in an owner word: 0 while no thread has the heap. A free by a thread without a heap
- * tests it before calling heap_claim, which fails at once for a heap that a thread runs. */
-#define OWNER_THREAD(w) ((uint32_t)(w))
+ * else NULL, nothing changed. Its first test is inline: every free of a thread without a heap into a heap
+ * that a thread runs (xmalloc's consumers) fails there; heap_claim_unowned() does the rest. */
+heap *heap_claim_unowned(heap *want);
+static inline heap *heap_claim(heap *want)
+{
+    return OWNER_THREAD(load_relaxed(&want->owner)) == 0 ? heap_claim_unowned(want) : NULL;
+}
 
 /* The stack's heaps are trimmed at heap_reserve_due (os_clock_ms(); 0: nothing due): the reserves of
  * exited threads expire, and blocks other threads freed into those heaps are taken in. Slow paths and

@@ -1132,10 +1132,9 @@ static void give_full_segment(heap *h, segment *s, int early)
     orphan_unlock();
 }
 
-int small_take_back(heap *h, segment *s)
+int small_take_given(heap *h, segment *s)
 {
-    if (load_relaxed(&s->owner) != &orphans || load_relaxed(&s->given_by) != h ||
-        !spin_lock_unless_fork(&orphan_lock))
+    if (load_relaxed(&s->owner) != &orphans || !spin_lock_unless_fork(&orphan_lock))
         return -1;
     int taken = s->owner == &orphans && s->given_by == h; /* not adopted meanwhile */
     if (taken) {

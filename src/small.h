@@ -135,7 +135,8 @@ typedef struct page {
     uint8_t lazy;            /* 1 while thread_free has THREAD_FREE_LAZY: only the owner sets or ends the
                               * mark, and keeps this copy, which the slow path reads instead of line 1 */
     uint8_t pad0;
-    uint16_t wake;           /* page_wake(), stored when the page takes its class */
+    uint16_t wake;           /* page_wake(), stored when the page takes its class: read by every page
+                              * that goes full (2026-12-03-lazy-copy.md) */
     uint32_t block_size;
     uint16_t capacity;       /* items that fit */
     uint16_t carved;         /* items carved so far, in ascending address order */
@@ -415,13 +416,13 @@ void small_count(struct heap *h, small_counts *c);
 void small_orphan_give(struct heap *h);
 int small_is_orphans(const struct heap *h); /* whether h is the orphans' heap */
 /* Segment s becomes h's again if h gave it to the orphans and no heap took it since: 0, else -1. Called
- * by h's thread, for a free into s. small_take_back_maybe() is its first test, inline: a segment that h did
- * not give away (given_by is set only while the orphans hold it) costs a free of another thread's block
- * one load. */
-int small_take_back(struct heap *h, segment *s);
-static inline int small_take_back_maybe(struct heap *h, segment *s)
+ * by h's thread, for a free into s. Its first test is inline: a segment that h did not give away
+ * (given_by is set only while the orphans hold it) costs a free of another thread's block one load;
+ * small_take_given() does the rest. */
+int small_take_given(struct heap *h, segment *s);
+static inline int small_take_back(struct heap *h, segment *s)
 {
-    return load_relaxed(&s->given_by) == h ? small_take_back(h, s) : -1;
+    return load_relaxed(&s->given_by) == h ? small_take_given(h, s) : -1;
 }
 uint64_t small_orphan_expire(uint64_t now);
 void small_orphan_count(small_counts *c, size_t *segments); /* statistics: between segment_walk_begin, _end */
