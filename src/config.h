@@ -47,6 +47,18 @@
 #error "SHARD_DEBUG must be 0 or 1"
 #endif
 
+/* Runs (src/small.h): a class whose 64 KB page holds at most SHARD_RUN_CAPACITY items is served by runs of
+ * up to SHARD_RUN_PAGES pages (a power of two: a run lies in an aligned group of that many), so that its
+ * pages go full a quarter as often; 1 turns runs off. Runs of 2 left bench/medium.c's 8k-16k row 10 %
+ * slower than runs of 4 and 6 MB of rptest's 37.7 (bench/results/2026-12-04-runs.md). The hardened
+ * build has none: its links must stay within a 64 KB page (src/small.h). */
+#ifndef SHARD_RUN_PAGES
+#define SHARD_RUN_PAGES (SHARD_HARDENED ? 1 : 4)
+#endif
+#ifndef SHARD_RUN_CAPACITY
+#define SHARD_RUN_CAPACITY 8
+#endif
+
 /* Free small pages a heap keeps committed whatever their age (the seed: 16 pages, 1 MB). */
 #ifndef SHARD_KEEP_FREE_PAGES
 #define SHARD_KEEP_FREE_PAGES 16

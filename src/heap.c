@@ -741,7 +741,7 @@ int heap_check(heap *h)
             const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
             problems += small_check_page(pg);
             all_cold += pg->state == PAGE_COLD;
-            full += pg->state == PAGE_IN_USE && pg->full;
+            full += pg->state == PAGE_IN_USE && pg->full ? page_span(pg) : 0;
         }
         problems += insist(s->full_pages == full, "heap: a segment's count of full pages is wrong:", s);
     }

@@ -178,8 +178,34 @@ static void class_remove(heap *h, page *pg)
 
 /* ---- pages --------------------------------------------------------------------------------------- */
 
-/* pg starts serving class cls, in the list of its owner's running thread: lazy (small.h). */
-static void page_init(page *pg, unsigned cls)
+/* Page j of the run that head starts (small.h: runs) takes its part: the item test's fields, `back`. */
+static void tail_init(const page *head, page *t, unsigned j)
+{
+    t->free = t->local_free = NULL;
+    t->used = USED_TAIL;
+    t->sole = 0;
+    t->full = 0;
+    t->full_out = 0;
+    t->capacity = class_capacity[head->cls];
+    t->wake = 0;
+    t->span = 0;
+    t->carved = 0;
+    store_relaxed(&t->item_bound, 0u);
+    t->block_size = head->block_size;
+    t->item_mul = head->item_mul;
+    t->cls = head->cls;
+    t->back = (uint8_t)j;
+    t->lazy = 0;
+    t->state = PAGE_TAIL;
+    store_relaxed(&t->thread_free, (uint64_t)0);
+    store_relaxed(&t->shared_back, (uint8_t)j);
+    store_relaxed(&t->shared_divisor, load_relaxed(&head->shared_divisor));
+    store_relaxed(&t->shared_block_size, head->block_size);
+}
+
+/* pg starts serving class cls, the head of a run of `span` pages (1: a page of its own), in the list of
+ * its owner's running thread: lazy (small.h). */
+static void page_init(page *pg, unsigned cls, unsigned span)
 {
     uint32_t size = class_size[cls];
     uint64_t divisor = UINT64_MAX / size + 1;
@@ -188,18 +214,23 @@ static void page_init(page *pg, unsigned cls)
     pg->sole = 0;
     pg->full = 0;
     pg->full_out = 0;
-    pg->capacity = class_capacity[cls];
-    pg->wake = (uint16_t)wake_of(pg->capacity);
+    pg->capacity = (uint16_t)(class_capacity[cls] * span);
+    pg->wake = (uint8_t)wake_of(pg->capacity);
+    pg->span = (uint8_t)span;
     pg->carved = 0;
     store_relaxed(&pg->item_bound, 0u);
     pg->block_size = size;
     pg->item_mul = item_mul_of(size);
     pg->cls = (uint8_t)cls;
+    pg->back = 0;
     pg->state = PAGE_IN_USE;
+    store_relaxed(&pg->shared_back, (uint8_t)0);
     store_relaxed(&pg->shared_divisor, divisor);
     store_relaxed(&pg->shared_block_size, size);
     store_relaxed(&pg->thread_free, THREAD_FREE_LAZY); /* no item out yet: no free pushes meanwhile */
     pg->lazy = 1;
+    for (unsigned j = 1; j < span; j++)
+        tail_init(pg, pg + j, j);
 }
 
 /* pg leaves its class list with no free item: `used` counts down to its wake (small.h). */
@@ -211,7 +242,7 @@ static void page_set_full(page *pg)
     pg->full_out = pg->used - wake;
     pg->used = wake;
     pg->full = 1;
-    segment_of(pg)->full_pages++;
+    segment_of(pg)->full_pages += page_span(pg);
 }
 
 /* pg goes back into its list, or is retired: `used` is the items out again. */
@@ -220,7 +251,7 @@ static void page_clear_full(page *pg)
     pg->used += pg->full_out;
     pg->full_out = 0;
     pg->full = 0;
-    segment_of(pg)->full_pages--;
+    segment_of(pg)->full_pages -= page_span(pg);
 }
 
 /* Link up to SHARD_CARVE_BATCH untouched items into `free`, in ascending address order, and no more
@@ -238,14 +269,23 @@ static void page_carve(page *pg)
         most = SHARD_CARVE_BATCH;
     if (n > most)
         n = most;
-    uint8_t *first = page_start(pg) + (size_t)pg->carved * size;
+    uint8_t *first;
+    page *bound = pg; /* the descriptor of the page the items lie in */
+    unsigned per = class_capacity[pg->cls], had = pg->carved, in = had;
+    if (pg->capacity > per) { /* a run: up to the end of the page the next item lies in */
+        in = had % per;
+        if (n > per - in)
+            n = per - in;
+        bound = pg + had / per;
+    }
+    first = page_start(bound) + (size_t)in * size;
     uint8_t *last = first + (size_t)(n - 1) * size;
     for (uint8_t *p = first; p < last; p += size)
         link_set((block *)p, (block *)(p + size));
     link_set((block *)last, pg->free);
     pg->free = (block *)first;
-    pg->carved = (uint16_t)(pg->carved + n);
-    store_relaxed(&pg->item_bound, pg->carved * page_item_step(pg));
+    pg->carved = (uint16_t)(had + n);
+    store_relaxed(&bound->item_bound, (in + n) * page_item_step(pg));
 }
 
 /* Decommit the oldest free pages beyond `keep`: those free for the delay, or all of them with `now`
@@ -392,6 +432,8 @@ void small_release_all(heap *h)
     }
 }
 
+static void page_set_free(page *pg);
+
 void small_empty_keep(heap *h, unsigned keep)
 {
     for (unsigned i = 0; i < SHARD_DIRECT_COUNT; i++)
@@ -406,21 +448,13 @@ void small_empty_keep(heap *h, unsigned keep)
         s->full_pages = 0;
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             page *pg = (page *)((uint8_t *)s + i * PAGE_DESC_SIZE);
-            if (pg->state == PAGE_IN_USE) { /* as page_retire, whatever its items */
-                store_relaxed(&pg->shared_block_size, 0u);
-                store_relaxed(&pg->shared_divisor, 0u);
-                store_relaxed(&pg->thread_free, (uint64_t)0);
-                pg->lazy = 0;
+            if (pg->state == PAGE_IN_USE || pg->state == PAGE_TAIL) { /* as page_retire, whatever its items */
+                h->pages_retired++;
+                page_set_free(pg);
                 pg->next_delayed = NULL;
-                pg->state = PAGE_FREE;
-                pg->free = pg->local_free = NULL;
-                pg->used = 0;
                 pg->sole = 0;
                 pg->full = 0;
                 pg->full_out = 0;
-                pg->carved = 0;
-                store_relaxed(&pg->item_bound, 0u);
-                h->pages_retired++;
             }
             pg->freed_at = 0;
             if (pg->state == PAGE_FREE) {
@@ -457,26 +491,40 @@ static void small_trim(heap *h)
         trim_at(h, os_clock_ms(), SHARD_KEEP_FREE_PAGES);
 }
 
-/* All items of pg are back: it leaves its class (and its list, if in one) for the free pages. */
+/* pg, a page that served a class (alone, a run's head or tail), becomes a free page, in no list yet. */
+static void page_set_free(page *pg)
+{
+    store_relaxed(&pg->thread_free, (uint64_t)0); /* no item out, so no free pushes: the lazy mark goes */
+    pg->lazy = 0;
+    store_relaxed(&pg->shared_block_size, 0u);
+    store_relaxed(&pg->shared_divisor, 0u);
+    store_relaxed(&pg->shared_back, (uint8_t)0);
+    pg->back = 0;
+    pg->span = 0;
+    pg->state = PAGE_FREE;
+    pg->free = pg->local_free = NULL;
+    pg->used = 0;
+    pg->carved = 0;
+    store_relaxed(&pg->item_bound, 0u);
+}
+
+/* All items of pg are back: it leaves its class (and its list, if in one) for the free pages, and so
+ * do the other pages of its run. */
 static void page_retire(heap *h, page *pg, int in_list)
 {
     if (in_list)
         class_remove(h, pg); /* takes the extra one of an only page away */
     shard_assert(pg->used == 0 && pg->sole == 0 && (load_relaxed(&pg->thread_free) & ~THREAD_FREE_LAZY) == 0,
                  "a retired page has no item out");
-    store_relaxed(&pg->thread_free, (uint64_t)0); /* no item out, so no free pushes: the lazy mark goes */
-    pg->lazy = 0;
-    store_relaxed(&pg->shared_block_size, 0u);
-    store_relaxed(&pg->shared_divisor, 0u);
-    pg->state = PAGE_FREE;
-    pg->free = pg->local_free = NULL;
-    pg->carved = 0;
-    store_relaxed(&pg->item_bound, 0u);
+    unsigned span = page_span(pg);
     uint64_t now = h->free_count >= SHARD_KEEP_FREE_PAGES ? os_clock_ms() : 0;
-    pg->freed_at = now;
-    list_append(&h->free_pages, pg);
-    h->free_count++;
-    h->pages_retired++;
+    for (unsigned j = 0; j < span; j++) {
+        page_set_free(pg + j);
+        pg[j].freed_at = now;
+        list_append(&h->free_pages, pg + j);
+        h->free_count++;
+    }
+    h->pages_retired += span;
     if (h->free_count > SHARD_KEEP_FREE_PAGES)
         trim_at(h, now, SHARD_KEEP_FREE_PAGES);
     large_cache_expire(); /* one of the seed's moments to check the large cache's age */
@@ -513,6 +561,9 @@ void small_keep(heap *h, unsigned keep, int exiting)
 
 /* A page to serve a class: the most recently freed committed one, else a cold one, else a spare or new
  * segment's. */
+static int segment_new(heap *h);
+static int page_commit_cold(heap *h, page *pg);
+
 static page *page_acquire(heap *h)
 {
     page *pg = h->free_pages.last;
@@ -533,31 +584,44 @@ static page *page_acquire(heap *h)
             return pg;
         }
     }
-    if (h->cold_pages.first == NULL) {
-        if (heap_charge(h, SEGMENT_DESC_BYTES + PAGE_SIZE) != 0)
-            return NULL; /* a created heap's limit: the descriptors and the page to come */
-        size_t large_from = segment_large_from(h->segments_made++ == 0, h->created);
-        large_cache_shed(SEGMENT_SIZE);
-        segment *seg = segment_create(h, SEG_SMALL, SEGMENT_DESC_BYTES, large_from);
-        heap_uncharge(h, PAGE_SIZE);
-        if (seg == NULL) {
-            heap_uncharge(h, SEGMENT_DESC_BYTES);
-            return NULL;
-        }
-        segment_enter(h, seg);
-        for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
-            page *p = (page *)((uint8_t *)seg + i * PAGE_DESC_SIZE);
-            p->state = PAGE_COLD;
-            list_push_front(&h->cold_pages, p);
-        }
-    }
-    pg = h->cold_pages.first;
-    if (heap_charge(h, PAGE_SIZE) != 0)
+    if (h->cold_pages.first == NULL && segment_new(h) != 0)
         return NULL;
+    pg = h->cold_pages.first;
+    return page_commit_cold(h, pg) == 0 ? pg : NULL;
+}
+
+/* A new segment for h, its pages cold ones of h's: 0, or -1 out of memory (or at a created heap's limit,
+ * which must have room for its descriptors and a page). */
+static int segment_new(heap *h)
+{
+    if (heap_charge(h, SEGMENT_DESC_BYTES + PAGE_SIZE) != 0)
+        return -1;
+    size_t large_from = segment_large_from(h->segments_made++ == 0, h->created);
+    large_cache_shed(SEGMENT_SIZE);
+    segment *seg = segment_create(h, SEG_SMALL, SEGMENT_DESC_BYTES, large_from);
+    heap_uncharge(h, PAGE_SIZE);
+    if (seg == NULL) {
+        heap_uncharge(h, SEGMENT_DESC_BYTES);
+        return -1;
+    }
+    segment_enter(h, seg);
+    for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
+        page *p = (page *)((uint8_t *)seg + i * PAGE_DESC_SIZE);
+        p->state = PAGE_COLD;
+        list_push_front(&h->cold_pages, p);
+    }
+    return 0;
+}
+
+/* Cold page pg of h committed and out of the cold pages (its state still PAGE_COLD): 0, or -1. */
+static int page_commit_cold(heap *h, page *pg)
+{
+    if (heap_charge(h, PAGE_SIZE) != 0)
+        return -1;
     segment *s = segment_of(pg);
     if (segment_commit(s, page_start(pg), PAGE_SIZE) != 0) {
         heap_uncharge(h, PAGE_SIZE);
-        return NULL;
+        return -1;
     }
     list_remove(&h->cold_pages, pg);
     if (unlikely(s->spared_left != 0)) {
@@ -566,7 +630,66 @@ static page *page_acquire(heap *h)
         if (s->spared_left == 0)
             medium_spared_grown(h);
     }
-    return pg;
+    return 0;
+}
+
+/* The free and cold pages at the end of pg's group of SHARD_RUN_PAGES pages (small.h: runs), how many
+ * (up to the whole group; page 0 is never one), and in *start the first of them. */
+static unsigned run_open_end(page *pg, page **start)
+{
+    size_t first = ((uintptr_t)pg & SEGMENT_MASK) / PAGE_DESC_SIZE & ~(size_t)(SHARD_RUN_PAGES - 1);
+    page *g = (page *)((uintptr_t)segment_of(pg) + first * PAGE_DESC_SIZE);
+    unsigned n = 0;
+    while (n < SHARD_RUN_PAGES - (first == 0) && (g[SHARD_RUN_PAGES - 1 - n].state == PAGE_FREE ||
+                                                  g[SHARD_RUN_PAGES - 1 - n].state == PAGE_COLD))
+        n++;
+    *start = g + (SHARD_RUN_PAGES - n);
+    return n;
+}
+
+/* How many of h's most recently freed pages, and of its cold pages, run_acquire looks at. */
+#define RUN_LOOK 64
+
+/* The pages of a run for h, committed and in no list: in *span how many, and returns the head (NULL
+ * when there is none). The run lies at the end of a group of h's free and cold pages: a whole group if
+ * one is among the last RUN_LOOK free pages or the first RUN_LOOK cold ones (a recently freed one
+ * first), else the longest end of a group found there, of two pages at least (so that the pages runs
+ * leave serve too), else a new segment's first whole group. */
+static page *run_acquire(heap *h, unsigned *span)
+{
+    page *best = NULL, *start;
+    unsigned most = 1, n = 0;
+    for (page *pg = h->free_pages.last; pg != NULL && most < SHARD_RUN_PAGES && n < RUN_LOOK; pg = pg->prev, n++) {
+        unsigned k = run_open_end(pg, &start);
+        if (k > most)
+            best = start, most = k;
+    }
+    n = 0;
+    for (page *pg = h->cold_pages.first; pg != NULL && most < SHARD_RUN_PAGES && n < RUN_LOOK; pg = pg->next, n++) {
+        unsigned k = run_open_end(pg, &start);
+        if (k > most)
+            best = start, most = k;
+    }
+    if (best == NULL && segment_new(h) == 0)
+        most = run_open_end((page *)((uint8_t *)h->segments + SHARD_RUN_PAGES * PAGE_DESC_SIZE), &best);
+    if (best == NULL)
+        return NULL;
+    for (unsigned j = 0; j < most; j++) {
+        if (best[j].state == PAGE_FREE) {
+            list_remove(&h->free_pages, best + j);
+            h->free_count--;
+        } else if (page_commit_cold(h, best + j) != 0) {
+            while (j-- > 0) { /* those taken become free pages */
+                best[j].state = PAGE_FREE;
+                best[j].freed_at = 0;
+                list_append(&h->free_pages, best + j);
+                h->free_count++;
+            }
+            return NULL;
+        }
+    }
+    *span = most;
+    return best;
 }
 
 /* ---- loose pages (small.h) ------------------------------------------------------------------------ */
@@ -599,7 +722,8 @@ static void full_ring_push(heap *h, page *pg)
     store_relaxed(&pg->full_seq, seq);
     /* Most often false at the first test: the page went full again since, or came back from full. */
     if (old != NULL && load_relaxed(&old->full_seq) == seq - SHARD_LOOSE_AFTER && old->full &&
-        old->state == PAGE_IN_USE && old->used + old->full_out == old->capacity && /* not loose: USED_LOOSE */
+        old->state == PAGE_IN_USE && page_span(old) == 1 && /* since retired, now a run's head: never loose */
+        old->used + old->full_out == old->capacity && /* not loose: USED_LOOSE */
         segment_of(old)->owner == h && load_relaxed(&old->thread_free) == 0)
         page_loosen(h, old);
 }
@@ -685,6 +809,8 @@ static int segment_quiet(const segment *s)
 {
     for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
         const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
+        if (pg->state == PAGE_TAIL)
+            continue; /* its head tells */
         if (pg->state != PAGE_IN_USE)
             return 0;
         if (pg->full && pg->used + pg->full_out != pg->capacity &&
@@ -794,10 +920,15 @@ static __attribute__((noinline)) page *class_page_new(heap *h, unsigned cls)
     if (h->free_pages.last == NULL && adopt_orphan(h) == 0)
         return &small_empty_page;
     small_trim(h);
-    page *pg = page_acquire(h);
+    unsigned span = 1;
+    page *pg = class_span(cls) > 1 ? run_acquire(h, &span) : NULL;
+    if (pg == NULL) {
+        span = 1;
+        pg = page_acquire(h);
+    }
     if (pg == NULL)
         return NULL;
-    page_init(pg, cls);
+    page_init(pg, cls, span);
     class_push_front(h, pg);
     page_carve(pg);
     return pg;
@@ -833,7 +964,7 @@ void *small_alloc_slow(heap *h, unsigned cls)
         page_set_full(pg);
         if (h->loose_skip != 0)
             h->loose_skip--; /* its thread's frees took loose pages back lately: this one may not go loose */
-        else if (!h->created)
+        else if (!h->created && page_span(pg) == 1) /* runs never go loose (small.h) */
             full_ring_push(h, pg);
         segment *s = segment_of(pg);
         if (s->full_pages == SEGMENT_PAGES - 1)
@@ -848,10 +979,16 @@ void *small_alloc_slow(heap *h, unsigned cls)
 
 void small_free_local_slow(heap *h, page *pg, block *b)
 {
+    page *in = pg; /* the page b lies in, whose descriptor has b's item test */
+    if (pg->used == USED_TAIL) { /* a run's tail: the free goes to its head, as the fast path's would */
+        pg = run_head(pg);
+        if (likely(page_has_item(in, b)) && likely(small_free_fast(pg, b)))
+            return;
+    }
     if (unlikely(pg->used == USED_LOOSE)) {
         if (!page_take_loose(pg)) {
             /* Released: every item had come back, b too, if it is one; its memory is not read. */
-            error_invalid_pointer(page_has_item_any_thread(pg, b) ? SHARD_ERROR_DOUBLE_FREE : SHARD_ERROR_INVALID_FREE, b);
+            error_invalid_pointer(page_has_item_any_thread(in, b) ? SHARD_ERROR_DOUBLE_FREE : SHARD_ERROR_INVALID_FREE, b);
             return;
         }
         if (load_relaxed(&pg->loose_drains) == h->drains) { /* and no other thread's frees came meanwhile */
@@ -862,11 +999,11 @@ void small_free_local_slow(heap *h, page *pg, block *b)
     }
     /* Not an item of the page, or a page with no item out: the second free of its last item (the
      * fast path sends every free here that would make `used` 0 or less) is caught here at no cost. */
-    if (SHARD_HARDENED && page_has_item(pg, b) && unlikely(small_looks_free(pg, b))) {
+    if (SHARD_HARDENED && page_has_item(in, b) && unlikely(small_looks_free(pg, b))) {
         error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b); /* also the second free of its last item */
         return;
     }
-    if (unlikely(!page_has_item(pg, b) || page_used(pg) == pg->sole)) {
+    if (unlikely(!page_has_item(in, b) || page_used(pg) == pg->sole)) {
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b);
         return;
     }
@@ -902,11 +1039,10 @@ static void page_queue(heap *owner, page *pg)
     heap_foreign_queued(owner);
 }
 
-/* Push item b of pg on pg's thread-free list; the word before the push (and after it in *pushed, unless
- * NULL). */
-static inline uint64_t push_foreign(page *pg, block *b, uint64_t *pushed)
+/* Push item b of pg, whose items start at `start` (a run's lie up to SHARD_RUN_PAGES pages on), on pg's
+ * thread-free list; the word before the push (and after it in *pushed, unless NULL). */
+static inline uint64_t push_foreign(page *pg, uint8_t *start, block *b, uint64_t *pushed)
 {
-    uint8_t *start = (uint8_t *)((uintptr_t)b & ~(uintptr_t)(PAGE_SIZE - 1));
     uint32_t off = (uint32_t)(((uint8_t *)b - start) >> 4);
     uint64_t old = load_relaxed(&pg->thread_free), word;
     do {
@@ -933,7 +1069,7 @@ __attribute__((cold, noinline)) static void free_foreign_loose(page *pg, block *
         error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
         return;
     }
-    uint64_t word, old = push_foreign(pg, b, &word);
+    uint64_t word, old = push_foreign(pg, page_start(pg), b, &word);
     if (THREAD_FREE_COUNT(word) == HOLD_OUT(hold))
         page_release_loose(pg, hold); /* the last item of a loose page is back */
     if (old == 0)
@@ -942,6 +1078,10 @@ __attribute__((cold, noinline)) static void free_foreign_loose(page *pg, block *
 
 void small_free_foreign(page *pg, block *b)
 {
+    /* b's page's own descriptor, or its run's head (small.h), and where the head's items start */
+    size_t back = load_relaxed(&pg->shared_back);
+    pg -= back;
+    uint8_t *start = (uint8_t *)((uintptr_t)b & ~(uintptr_t)(PAGE_SIZE - 1)) - back * PAGE_SIZE;
     uint64_t hold = load_acquire(&pg->hold); /* before the push: page_release_loose */
     if (unlikely(HOLD_STATE(hold) != HOLD_OWNER)) {
         free_foreign_loose(pg, b, hold);
@@ -951,7 +1091,7 @@ void small_free_foreign(page *pg, block *b)
         error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
         return;
     }
-    if (push_foreign(pg, b, NULL) != 0)
+    if (push_foreign(pg, start, b, NULL) != 0)
         return; /* queued already, or lazy: its owner takes the items when it allocates from it */
     /* First item since the owner's last drain: queue the page at its owner, exactly once. The CAS that
      * found 0 read the owner's exchange in small_drain_delayed and acquired with it, so the owner's read
@@ -1063,7 +1203,7 @@ static void page_move(heap *from, heap *to, page *pg)
     } else if (pg->state == PAGE_COLD) {
         list_remove(&from->cold_pages, pg);
         list_append(&to->cold_pages, pg);
-    } else if (!pg->full) {
+    } else if (pg->state == PAGE_IN_USE && !pg->full) { /* a run's tail moves with its head */
         class_remove(from, pg); /* takes the extra one of an only page away */
         if (pg->used == 0)
             page_emptied(to, pg, 0);
@@ -1084,8 +1224,10 @@ static void segment_move(heap *from, heap *to, segment *s)
     segment_leave(from, s);
     store_release(&s->owner, to);
     store_relaxed(&s->given_by, to == &orphans ? from : (heap *)NULL); /* small_take_back reads it unlocked */
-    if (s->full_pages != SEGMENT_PAGES - 1) /* else every page is full, in no list: none to move */
-        for (unsigned i = 1; i < SEGMENT_PAGES; i++)
+    /* Else every page is full, in no list: none to move. From the last page down: a run's head that
+     * page_move retires frees its tails into to's lists, and they were passed over already. */
+    if (s->full_pages != SEGMENT_PAGES - 1)
+        for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--)
             page_move(from, to, (page *)((uint8_t *)s + i * PAGE_DESC_SIZE));
     segment_enter(to, s);
 }
@@ -1277,6 +1419,8 @@ void small_count(heap *h, small_counts *c)
                 c->used++;
                 c->live += live;
                 c->live_bytes += live * load_relaxed(&pg->shared_block_size);
+            } else if (state == PAGE_TAIL) {
+                c->used++; /* its items are its head's */
             } else if (state == PAGE_FREE) {
                 c->free++;
             } else {
@@ -1287,21 +1431,28 @@ void small_count(heap *h, small_counts *c)
 }
 
 
-/* Whether b is an item pg has carved: in pg's page, and page_has_item (the walks' and the checker's test,
- * before they read b's link). */
-static int carved_item(const page *pg, const block *b)
+/* The index of b among the items pg has carved (pg a page of its own or a run's head; the item test of
+ * the page b lies in), or -1 when b is not one of them: the walks' and the checker's test, before they
+ * read b's link. */
+static long item_index(const page *pg, const block *b)
 {
-    return ((uintptr_t)b & ~(uintptr_t)(PAGE_SIZE - 1)) == (uintptr_t)page_start(pg) && page_has_item(pg, b);
+    uintptr_t off = (uintptr_t)b - (uintptr_t)page_start(pg); /* below the start: wraps, and fails */
+    if (off >= (uintptr_t)page_span(pg) * PAGE_SIZE || !page_has_item(pg + (off >> PAGE_SHIFT), b))
+        return -1;
+    return (long)((off >> PAGE_SHIFT) * class_capacity[pg->cls] + (off & (PAGE_SIZE - 1)) / pg->block_size);
 }
+
+static int carved_item(const page *pg, const block *b) { return item_index(pg, b) >= 0; }
 
 /* Marks the items of a free list in `bits` (one per item index); stops at anything that is not an item of
  * pg (a broken list is shard_check's to report, not the walk's to follow). */
 static void mark_free(const page *pg, const block *b, const block *last, long limit, uint64_t *bits)
 {
     for (long n = 0; b != NULL && n < limit; n++) {
-        if (!carved_item(pg, b))
+        long k = item_index(pg, b);
+        if (k < 0)
             return;
-        size_t i = (size_t)((const uint8_t *)b - page_start(pg)) / pg->block_size;
+        size_t i = (size_t)k;
         bits[i / 64] |= (uint64_t)1 << (i % 64);
         if (b == last)
             return;
@@ -1333,9 +1484,8 @@ void small_visit(heap *h, visitor *v)
             }
             if (pg->used == USED_LOOSE && load_acquire(&pg->hold) != hold)
                 continue;
-            uint8_t *item = page_start(pg);
-            for (unsigned k = 0; k < pg->carved; k++, item += pg->block_size)
-                if (!(bits[k / 64] >> (k % 64) & 1) && visit_block(v, item, pg->block_size, VISIT_SMALL))
+            for (unsigned k = 0; k < pg->carved; k++)
+                if (!(bits[k / 64] >> (k % 64) & 1) && visit_block(v, page_item(pg, k), pg->block_size, VISIT_SMALL))
                     return;
         }
     }
@@ -1352,8 +1502,33 @@ static long list_length(const page *pg, const block *b, long limit)
     return n;
 }
 
+/* What the item test of page j of run pg (j = 0: the head itself, or a page of its own) must see. */
+static uint32_t run_item_bound(const page *pg, unsigned j)
+{
+    long per = class_capacity[pg->cls], k = (long)pg->carved - (long)j * per;
+    return (uint32_t)(k < 0 ? 0 : k > per ? per : k) * page_item_step(pg);
+}
+
+/* A run's tail: its head serves a class as a run that holds it, and its item test's fields agree. */
+static int check_tail(const page *pg)
+{
+    const page *head = (const page *)((const uint8_t *)pg - (size_t)pg->back * PAGE_DESC_SIZE);
+    if (insist(pg->back != 0 && head->state == PAGE_IN_USE && pg->back < page_span(head) &&
+                    load_relaxed(&pg->shared_back) == pg->back,
+                "small: a run's tail whose head is not a run that holds it:", pg))
+        return 1;
+    return insist(pg->used == USED_TAIL && pg->cls == head->cls && pg->block_size == head->block_size &&
+                      pg->item_mul == head->item_mul && load_relaxed(&pg->shared_block_size) == head->block_size &&
+                      load_relaxed(&pg->shared_divisor) == load_relaxed(&head->shared_divisor) &&
+                      load_acquire(&pg->item_bound) == run_item_bound(head, pg->back) && pg->free == NULL &&
+                      pg->local_free == NULL && load_relaxed(&pg->thread_free) == 0,
+                  "small: a run's tail that differs from its head, or with items of its own:", pg);
+}
+
 int small_check_page(const page *pg)
 {
+    if (pg->state == PAGE_TAIL)
+        return check_tail(pg);
     if (pg->state != PAGE_IN_USE)
         return insist(pg->state == PAGE_FREE || pg->state == PAGE_COLD, "small: a page with an unknown state:", pg);
     /* What a release changes is read before `hold`: unchanged if `hold` still shows the page loose. */
@@ -1397,8 +1572,10 @@ int small_check_page(const page *pg)
                                   : pg->full_out == 0 && pg->used >= 0,
                        "small: a full page's count to its wake, or a page's count, out of range:", pg);
     problems += insist(pg->wake == wake_of(pg->capacity), "small: the wake count differs from its capacity's in page", pg);
-    problems += insist(pg->carved <= pg->capacity && item_bound == (uint32_t)pg->carved * page_item_step(pg),
-                       "small: carved beyond the capacity, or item_bound differs from carved, in page", pg);
+    problems += insist(pg->back == 0 && pg->span >= 1 && pg->span <= SHARD_RUN_PAGES &&
+                           pg->capacity == pg->span * class_capacity[pg->cls] && pg->carved <= pg->capacity &&
+                           item_bound == run_item_bound(pg, 0),
+                       "small: a span, capacity or carved count out of range, or item_bound not carved's, in page", pg);
     problems += insist(pg->block_size == class_size[pg->cls] && load_relaxed(&pg->shared_block_size) == pg->block_size &&
                            shared_divisor == UINT64_MAX / pg->block_size + 1 &&
                            pg->item_mul == item_mul_of(pg->block_size),

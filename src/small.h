@@ -76,6 +76,23 @@
  * back, and a main thread that builds what others free loosens as before. A created heap's pages never
  * go loose: their memory is charged to it.
  *
+ * Runs. A class whose page holds at most SHARD_RUN_CAPACITY items (7.5-16 KB: 4-8) is served by runs
+ * of SHARD_RUN_PAGES pages (config.h), one descriptor for the whole run: its head's, which holds the
+ * lists, the counts and thread_free, and which is what class lists, `full`, `hold` and the slow paths
+ * see, with `capacity` and `carved` counting the run's items. Each page of the run lays out its own
+ * items from its own 64 KB boundary (page_item), so the item test of every pointer is the one above,
+ * on the descriptor of the page it lies in: the tails' descriptors (PAGE_TAIL) keep their page's
+ * item_bound, item_mul, block_size and the shared copies, and `back` (and shared_back on line 1), their
+ * distance from the head. A tail's `used` is USED_TAIL, so the owner's free fast path sends its frees
+ * to small_free_local_slow, which frees onto the head; the malloc fast path only sees heads. Pages of
+ * 4-8 items went full at nearly every malloc of bench/medium.c's 8k-16k row, each a slow malloc and a
+ * slow free; a run of four holds 16-32 (bench/results/2026-12-04-runs.md). A run lies within one group
+ * of SHARD_RUN_PAGES pages that starts at a multiple of it, at the group's end: the whole group when it
+ * can, else the free and cold pages at its end, two at least (page 0 holds the descriptors; and a heap
+ * that fills a segment with runs fills it all, so that the segment can go full). It takes only free and
+ * cold pages of its heap (run_acquire); retired, its pages are free pages of their own again. Runs never go loose
+ * and the hardened build has none (its links must lead within a 64 KB page).
+ *
  * The descriptor is laid out by cache lines: the first line holds what the owner reads and writes on
  * every operation, the second what other threads write, so a foreign free does not take the owner's
  * line away from it.
@@ -120,7 +137,8 @@ typedef struct block {
 enum page_state {
     PAGE_COLD = 0,   /* memory not committed (never, or decommitted) */
     PAGE_FREE = 1,   /* committed, no class, in the heap's free pages */
-    PAGE_IN_USE = 2  /* serves class `cls` */
+    PAGE_IN_USE = 2, /* serves class `cls` (alone, or as the head of a run) */
+    PAGE_TAIL = 3    /* a page of a run after its head: the head's descriptor serves for it */
 };
 
 typedef struct page {
@@ -134,9 +152,11 @@ typedef struct page {
     uint32_t item_mul;       /* item_mul_of(block_size): the item test's multiplier */
     uint8_t lazy;            /* 1 while thread_free has THREAD_FREE_LAZY: only the owner sets or ends the
                               * mark, and keeps this copy, which the slow path reads instead of line 1 */
-    uint8_t pad0;
-    uint16_t wake;           /* page_wake(), stored when the page takes its class: read by every page
+    uint8_t back;            /* in a run (below), the page's place after the head: 0 for the head and for a
+                              * page of its own */
+    uint8_t wake;            /* page_wake(), stored when the page takes its class: read by every page
                               * that goes full (2026-12-03-lazy-copy.md) */
+    uint8_t span;            /* the pages of its run: 1 for a page of its own (0 in a tail, a free page) */
     uint32_t block_size;
     uint16_t capacity;       /* items that fit */
     uint16_t carved;         /* items carved so far, in ascending address order */
@@ -158,7 +178,8 @@ typedef struct page {
     uint64_t hold;             /* who counts the page's items: HOLD_* below, with `out` and a generation */
     uint64_t loose_at;         /* while loose: os_clock_ms() when the page went loose */
     uint32_t full_seq;         /* its heap's `fulls` when it last went full (heap.h's full_ring) */
-    uint8_t pad2[4];
+    uint8_t shared_back;       /* `back`, for a foreign free (line 1 only) */
+    uint8_t pad2[3];
 } page;
 _Static_assert(sizeof(page) == PAGE_DESC_SIZE, "page descriptors are two cache lines");
 _Static_assert(offsetof(page, used) >= 16 && offsetof(page, item_mul) + sizeof(uint32_t) <= 32,
@@ -184,6 +205,9 @@ enum hold_state {
 /* `used` of a loose page: so far below 0 that the owner's free fast path, which subtracts 1 and takes
  * the slow path at 0 or less, sends every free into it to small_free_local_slow. */
 #define USED_LOOSE (INT32_MIN / 2)
+/* `used` of a run's tail: the same for every free the owner's fast path tries there, which then goes to
+ * small_free_local_slow with the tail, and that finds the head. */
+#define USED_TAIL (INT32_MIN / 2 + 1)
 
 /* The items pg has out (with the extra one of a class's only page), full or not; for a loose page those
  * out when it went loose (those other threads have freed since wait in thread_free, as always), none
@@ -197,8 +221,12 @@ static inline int32_t page_used(const page *pg)
     return pg->used + (pg->full ? pg->full_out : 0);
 }
 
-/* How many of its items a full page waits for before it goes back into its list: a sixteenth. */
-static inline int32_t wake_of(uint32_t capacity) { return capacity >= 32 ? (int32_t)capacity / 16 : 1; }
+/* How many of its items a full page waits for before it goes back into its list: a sixteenth (255 at
+ * most, a byte: the 16-byte class waits for 255 of 4096). */
+static inline int32_t wake_of(uint32_t capacity)
+{
+    return capacity >= 16 * 255 ? 255 : capacity >= 32 ? (int32_t)capacity / 16 : 1; /* 255: a byte */
+}
 static inline int32_t page_wake(const page *pg) { return pg->wake; }
 
 /* The first item of a page: its 64 KB boundary, found from the descriptor's place in page 0. */
@@ -206,6 +234,27 @@ static inline uint8_t *page_start(const page *pg)
 {
     uintptr_t seg = (uintptr_t)pg & ~(uintptr_t)SEGMENT_MASK;
     return (uint8_t *)(seg + (((uintptr_t)pg - seg) / PAGE_DESC_SIZE) * PAGE_SIZE);
+}
+
+/* A run's head from any of its pages' descriptors, by the owner (line 0; another thread reads
+ * shared_back on line 1: small_free_foreign). */
+static inline page *run_head(page *pg) { return (page *)((uint8_t *)pg - (size_t)pg->back * PAGE_DESC_SIZE); }
+
+/* The pages of a run of class cls (1: the class takes pages of their own). */
+static inline unsigned class_span(unsigned cls)
+{
+    return class_capacity[cls] <= SHARD_RUN_CAPACITY ? SHARD_RUN_PAGES : 1;
+}
+
+/* The pages of pg's run, from its head (1 for a page of its own). */
+static inline unsigned page_span(const page *pg) { return pg->span; }
+
+/* The k-th item of pg, a run's head or a page of its own: each page of a run lays out class_capacity
+ * items from its own 64 KB boundary. */
+static inline uint8_t *page_item(const page *pg, unsigned k)
+{
+    unsigned per = class_capacity[pg->cls];
+    return page_start(pg) + (size_t)(k / per) * PAGE_SIZE + (size_t)(k % per) * pg->block_size;
 }
 
 /* The item test's multiplier for items of `size` bytes, and its step (page_has_item). */

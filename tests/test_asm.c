@@ -954,18 +954,24 @@ static void op_invalid(seq *s)
         uintptr_t seg = (uintptr_t)p & ~(uintptr_t)SEGMENT_MASK;
         const page *pg = page_of(p);
         uintptr_t start = (uintptr_t)p & ~(uintptr_t)(PAGE_SIZE - 1);
+        /* For a small block: the items of p's page, and those carved there (a run's head counts the whole
+         * run's in capacity and carved, src/small.h; its item_bound, as a tail's, those of its page). */
+        size_t per = 0, here = 0;
+        if (kind == INV_UNCARVED || kind == INV_PAGE_TAIL) {
+            per = PAGE_SIZE / pg->block_size;
+            here = pg->item_bound / (uint32_t)(pg->item_mul * pg->block_size);
+        }
         switch (kind) {
         case INV_INTERIOR16: q = pg->block_size >= 32 ? p + 16 : p + 8; break;
         case INV_INTERIOR8: q = p + 8; break;
         case INV_PAGE0: q = (unsigned char *)(seg + 16 * below(&s->r, PAGE_SIZE / 16)); break;
         case INV_UNCARVED:
-            if (pg->carved < pg->capacity)
-                q = (unsigned char *)(start + (size_t)pg->carved * pg->block_size +
-                                      (size_t)pg->block_size * below(&s->r, (size_t)(pg->capacity - pg->carved)));
+            if (here < per)
+                q = (unsigned char *)(start + here * pg->block_size + (size_t)pg->block_size * below(&s->r, per - here));
             break;
         case INV_PAGE_TAIL:
-            if ((size_t)pg->capacity * pg->block_size + 16 <= PAGE_SIZE) {
-                size_t from = ((size_t)pg->capacity * pg->block_size + 15) / 16;
+            if (per * pg->block_size + 16 <= PAGE_SIZE) {
+                size_t from = (per * pg->block_size + 15) / 16;
                 q = (unsigned char *)(start + 16 * (from + below(&s->r, PAGE_SIZE / 16 - from)));
             }
             break;
@@ -1307,18 +1313,20 @@ static void fast_path_cases(void *unused)
         checked_call(asm_entries.fn[OP_FREE], (uint64_t)(uintptr_t)b2, 0, "free");
         checked_call(asm_entries.fn[OP_FREE], (uint64_t)(uintptr_t)a2, 0, "free");
     }
-    /* A full page and a second page of the class (16 KB: 4 items a page). */
-    unsigned char *x[5];
-    for (int i = 0; i < 5; i++) {
-        step_case m = {"malloc of 16 KB", OP_MALLOC, NULL, SHARD_SMALL_MAX, i < 4 ? -1 : 0};
+    /* A full page and a second page of the class (4 KB: 16 items a page, which waits for one of them
+     * when full). */
+    enum { FULL_ITEMS = 16 };
+    unsigned char *x[FULL_ITEMS + 1];
+    for (int i = 0; i <= FULL_ITEMS; i++) {
+        step_case m = {"malloc of 4 KB", OP_MALLOC, NULL, 4096, i < FULL_ITEMS ? -1 : 0};
         x[i] = (unsigned char *)step(&m);
     }
-    CHECK(page_of(x[0]) == page_of(x[3]) && page_of(x[4]) != page_of(x[0]));
+    CHECK(page_of(x[0]) == page_of(x[FULL_ITEMS - 1]) && page_of(x[FULL_ITEMS]) != page_of(x[0]));
     step_case into_full = {"free into a full page", OP_FREE, x[0], 0, 0};
     step(&into_full);
-    step_case not_sole = {"free that empties a page that is not its class's only one", OP_FREE, x[4], 0, 0};
+    step_case not_sole = {"free that empties a page that is not its class's only one", OP_FREE, x[FULL_ITEMS], 0, 0};
     step(&not_sole);
-    for (int i = 1; i < 4; i++) {
+    for (int i = 1; i < FULL_ITEMS; i++) {
         step_case f = {"free in the only page of the class", OP_FREE, x[i], 0, 1};
         step(&f);
     }

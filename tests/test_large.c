@@ -2022,7 +2022,7 @@ TEST(cached_blocks_expire_a_second_after_their_free_on_a_large_call_a_freed_smal
 #if !SHARD_RULES
     SKIP_TEST(); /* only the rules to check; and 3 s of sleeping */
 #else
-    enum { A, B, C, D, E, GROUPS, PER = 2, N = GROUPS * PER, SMALL = 12, SMALL_SIZE = 14000 };
+    enum { A, B, C, D, E, GROUPS, PER = 2, N = GROUPS * PER, SMALL = 48, SMALL_SIZE = 4000 }; /* three pages of their own */
     const long step_ms = 550; /* 0.45 s to spare below the delay, 0.1 s above it after two steps */
     /* Committed 2, 3, 5, 6 and 7 MB: reservations of twice that, which a malloc of 17 MB never takes. */
     static const size_t held[GROUPS] = { 2 * MB, 3 * MB, 5 * MB, 6 * MB, 7 * MB };

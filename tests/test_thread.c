@@ -411,7 +411,7 @@ TEST(blocks_of_every_kind_outlive_their_thread_and_another_resizes_and_frees_the
 
 static const struct {
     size_t size, count; /* three pages of each class */
-} drain_small[DRAIN_SMALL] = { { 64, 3 * 1024 }, { 4096, 3 * 16 }, { 16384, 3 * 4 } };
+} drain_small[DRAIN_SMALL] = { { 64, 3 * 1024 }, { 4096, 3 * 16 }, { 2048, 3 * 32 } };
 
 struct drained {
     struct blk *small[DRAIN_SMALL];
@@ -1718,18 +1718,19 @@ static int pin_count;
  * segment, for any thread, and no reserve of its heap). */
 static void page_user_job(void *arg)
 {
+    enum { SIZE = 4096, PER_PAGE = 16 }; /* pages of their own: 16 KB blocks come in runs of pages */
     size_t pages = (size_t)(uintptr_t)arg;
-    struct blk *b = calloc(pages * 4, sizeof *b);
+    struct blk *b = calloc(pages * PER_PAGE, sizeof *b);
     CHECK(b != NULL);
     if (b == NULL)
         return;
-    for (size_t i = 0; i < pages * 4; i++)
-        blk_alloc(&b[i], 16384, 0x8500 + i);
+    for (size_t i = 0; i < pages * PER_PAGE; i++)
+        blk_alloc(&b[i], SIZE, 0x8500 + i);
     int pin = __atomic_fetch_add(&pin_count, 1, __ATOMIC_RELAXED);
     CHECK(pin < 64);
     if (pin < 64)
         pins[pin] = b[0];
-    for (size_t i = pin < 64 ? 1 : 0; i < pages * 4; i++)
+    for (size_t i = pin < 64 ? 1 : 0; i < pages * PER_PAGE; i++)
         blk_free(&b[i]);
     free(b);
 }
@@ -1847,25 +1848,26 @@ TEST(a_new_thread_takes_a_heap_with_a_reserve_first)
 #define RESERVE_PLACES 8   /* heaps that may wait in the stack with a reserve at once */
 #define ORPHAN_KB 640      /* the orphaning thread's 1024-byte blocks: 10 pages of 64 ... */
 #define ORPHAN_KB_EVERY 64 /* ... of which the first of each page stays live */
-#define ORPHAN_BIG 40      /* and 16384-byte blocks, 10 pages of 4, all freed: 10 free pages */
+#define ORPHAN_BIG 160     /* and 4096-byte blocks, 10 pages of 16, all freed: 10 free pages (16 KB blocks
+                           * come in runs of pages) */
 #define ORPHAN_PAGES 20
 
 #if SHARD_RULES
 struct filler {
     struct agent agent;
-    struct blk keep, big[8];
+    struct blk keep, big[32];
 };
 
-/* A thread that will leave a reserve: two free pages of 16384-byte blocks, around one live 64-byte
+/* A thread that will leave a reserve: two free pages of 4096-byte blocks, around one live 64-byte
  * block, which keeps its segment from going spare. */
 static void filler_job(void *arg)
 {
     struct filler *f = arg;
-    for (size_t i = 0; i < 8; i++)
-        blk_alloc(&f->big[i], 16384, 0x8000 + i);
+    for (size_t i = 0; i < 32; i++)
+        blk_alloc(&f->big[i], 4096, 0x8000 + i);
     blk_alloc(&f->keep, 64, 0x8100);
-    for (size_t i = 0; i < 8; i++) {
-        blk_check(&f->big[i], "16384-byte block of a thread that leaves a reserve");
+    for (size_t i = 0; i < 32; i++) {
+        blk_check(&f->big[i], "4096-byte block of a thread that leaves a reserve");
         blk_free(&f->big[i]);
     }
 }
@@ -1883,14 +1885,14 @@ static void orphaner_job(void *arg)
     for (size_t i = 0; i < ORPHAN_KB; i++)
         blk_alloc(&o->kb[i], 1024, 0x8200 + i);
     for (size_t i = 0; i < ORPHAN_BIG; i++)
-        blk_alloc(&o->big[i], 16384, 0x8600 + i);
+        blk_alloc(&o->big[i], 4096, 0x8600 + i);
     for (size_t i = 0; i < ORPHAN_KB; i++) {
         blk_check(&o->kb[i], "1024-byte block of a thread whose segment becomes an orphan");
         if (i % ORPHAN_KB_EVERY != 0)
             blk_free(&o->kb[i]);
     }
     for (size_t i = 0; i < ORPHAN_BIG; i++) {
-        blk_check(&o->big[i], "16384-byte block of a thread whose segment becomes an orphan");
+        blk_check(&o->big[i], "4096-byte block of a thread whose segment becomes an orphan");
         blk_free(&o->big[i]);
     }
 }
@@ -1934,12 +1936,12 @@ struct adopter_job_arg {
     struct blk kb, big;
 };
 
-/* A thread with a new heap takes a 1024-byte and a 16384-byte block, then frees the orphaner's. */
+/* A thread with a new heap takes a 1024-byte and a 4096-byte block, then frees the orphaner's. */
 static void adopter_alloc_job(void *arg)
 {
     struct adopter_job_arg *a = arg;
     blk_alloc(&a->kb, 1024, 0x8a00);
-    blk_alloc(&a->big, 16384, 0x8a01);
+    blk_alloc(&a->big, 4096, 0x8a01);
 }
 
 static void adopter_free_job(void *arg)
@@ -1950,7 +1952,7 @@ static void adopter_free_job(void *arg)
         blk_free(&a->o->kb[i]);
     }
     blk_check(&a->kb, "1024-byte block from an orphan segment");
-    blk_check(&a->big, "16384-byte block from an orphan segment");
+    blk_check(&a->big, "4096-byte block from an orphan segment");
     blk_free(&a->kb);
     blk_free(&a->big);
 }
@@ -2001,7 +2003,7 @@ TEST(a_heap_without_a_reserve_place_gives_its_segment_with_live_blocks_to_the_ne
     CHECKF(delta(e->orphan_segments, q.orphan_segments) == 1,
            "the thread without a reserve place ended: orphan segments %+lld, 1 expected",
            delta(e->orphan_segments, q.orphan_segments));
-    /* Its empty page of 16384-byte blocks, which a class keeps while its thread runs, became free. */
+    /* Its empty page of 4096-byte blocks, which a class keeps while its thread runs, became free. */
     CHECKF(q.committed == e->committed && q.reserved == e->reserved && q.live_small == e->live_small &&
                delta(e->small_pages_free, q.small_pages_free) == 1 &&
                delta(e->small_pages_used, q.small_pages_used) == -1,
@@ -2016,7 +2018,7 @@ TEST(a_heap_without_a_reserve_place_gives_its_segment_with_live_blocks_to_the_ne
         shard_stats after = stats_now();
         check_took_orphan(&before, &after, job.kb.p, seg, "the new thread's first 1024-byte block");
         CHECKF(job.big.p != NULL && segment_base(job.big.p) == seg,
-               "the new thread's 16384-byte block %p lies outside the orphan segment %p", (void *)job.big.p, (void *)seg);
+               "the new thread's 4096-byte block %p lies outside the orphan segment %p", (void *)job.big.p, (void *)seg);
         agent_do(&a, adopter_free_job, &job);
         shard_stats freed = stats_now();
         CHECKF(delta(after.live_small, freed.live_small) == -(long long)(ORPHAN_KB / ORPHAN_KB_EVERY + 2),
