@@ -77,7 +77,7 @@
  * go loose: their memory is charged to it.
  *
  * Runs. A class whose page holds at most SHARD_RUN_CAPACITY items (7.5-16 KB: 4-8) is served by runs
- * of SHARD_RUN_PAGES pages (config.h), one descriptor for the whole run: its head's, which holds the
+ * of up to SHARD_RUN_PAGES pages (config.h), one descriptor for the whole run: its head's, which holds the
  * lists, the counts and thread_free, and which is what class lists, `full`, `hold` and the slow paths
  * see, with `capacity` and `carved` counting the run's items. Each page of the run lays out its own
  * items from its own 64 KB boundary (page_item), so the item test of every pointer is the one above,
@@ -86,12 +86,12 @@
  * distance from the head. A tail's `used` is USED_TAIL, so the owner's free fast path sends its frees
  * to small_free_local_slow, which frees onto the head; the malloc fast path only sees heads. Pages of
  * 4-8 items went full at nearly every malloc of bench/medium.c's 8k-16k row, each a slow malloc and a
- * slow free; a run of four holds 16-32 (bench/results/2026-12-04-runs.md). A run lies within one group
- * of SHARD_RUN_PAGES pages that starts at a multiple of it, at the group's end: the whole group when it
- * can, else the free and cold pages at its end, two at least (page 0 holds the descriptors; and a heap
- * that fills a segment with runs fills it all, so that the segment can go full). It takes only free and
- * cold pages of its heap (run_acquire); retired, its pages are free pages of their own again. Runs never go loose
- * and the hardened build has none (its links must lead within a 64 KB page).
+ * slow free; a run of four holds 16-32 (bench/results/2026-12-04-runs.md). A run lies at the end of an
+ * aligned group of SHARD_RUN_PAGES pages, on two or more of its free and cold pages (page 0 holds the
+ * descriptors; and a heap that fills a segment with runs fills it all, so that the segment can go full),
+ * resident free pages first; a heap that has free or cold pages makes no segment for a run, its class
+ * takes a page of its own then (run_acquire). Retired, a run's pages are free pages of their own again.
+ * Runs never go loose, and the hardened build has none (its links must lead within a 64 KB page).
  *
  * The descriptor is laid out by cache lines: the first line holds what the owner reads and writes on
  * every operation, the second what other threads write, so a foreign free does not take the owner's
