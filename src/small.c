@@ -50,6 +50,9 @@ page small_empty_page;
 #define THREAD_FREE_COUNT(w) ((uint32_t)((w) >> 32) & 0x7fffffffu)
 #define THREAD_FREE_WORD(head, tail, count) \
     ((uint64_t)(head) | ((uint64_t)(tail) << 16) | ((uint64_t)(count) << 32))
+_Static_assert(SHARD_RUN_PAGES >= 1 && (SHARD_RUN_PAGES & (SHARD_RUN_PAGES - 1)) == 0 &&
+                   (uint64_t)SHARD_RUN_PAGES * PAGE_SIZE / 16 <= 0x10000,
+               "a run is a power of two of pages, whose item offsets / 16 fit thread_free's 16 bits");
 
 /* ---- page lists ---------------------------------------------------------------------------------- */
 
