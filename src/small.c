@@ -663,6 +663,7 @@ static page *run_acquire(heap *h, unsigned *span)
 {
     page *best = NULL, *start;
     unsigned most = 0, score = 0, n = 0;
+    /* score: 2 a free page, 1 a page; a whole group of free pages (3 * SHARD_RUN_PAGES) ends the look */
     for (page *pg = h->free_pages.last; pg != NULL && score < 3 * SHARD_RUN_PAGES && n < RUN_LOOK; pg = pg->prev, n++) {
         unsigned k = run_open_end(pg, &start), free = 0;
         for (unsigned j = 0; j < k; j++)
@@ -927,12 +928,10 @@ static __attribute__((noinline)) page *class_page_new(heap *h, unsigned cls)
     if (h->free_pages.last == NULL && adopt_orphan(h) == 0)
         return &small_empty_page;
     small_trim(h);
-    unsigned span = 1;
+    unsigned span = 1; /* run_acquire sets it when it gives a run */
     page *pg = class_span(cls) > 1 ? run_acquire(h, &span) : NULL;
-    if (pg == NULL) {
-        span = 1;
+    if (pg == NULL)
         pg = page_acquire(h);
-    }
     if (pg == NULL)
         return NULL;
     page_init(pg, cls, span);
