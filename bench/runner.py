@@ -12,6 +12,7 @@ import datetime
 import math
 import os
 import platform
+import random
 import re
 import shlex
 import statistics
@@ -223,10 +224,15 @@ def interleaved(runs, cells):
 
 
 def rotated(allocs, k):
-    """allocs, starting at the k-th: the order rotates from cell to cell and run to run, so that no
-    allocator always runs first (after the runner's own work) or always after the same one."""
-    k %= len(allocs)
-    return allocs[k:] + allocs[:k]
+    """allocs in the order of the k-th turn: the (k mod n)-th first, so that each runs first as often
+    as any other, then the rest shuffled by k (the same order on every call). A plain rotation kept
+    the cyclic order, in which each allocator always ran after the same one: one that leaves the
+    machine's memory in 4 KB pieces slowed the huge pages of the next, always the same
+    (bench/results/2026-12-04-order.md)."""
+    first = k % len(allocs)
+    rest = allocs[first + 1:] + allocs[:first]
+    random.Random(f"rotated {k}").shuffle(rest)
+    return [allocs[first]] + rest
 
 
 class Progress:
