@@ -303,22 +303,12 @@ static void *resize_in_place(void *p, unsigned kind, size_t size)
     return kind_large(kind) ? large_resize_in_place(p, size) : NULL;
 }
 
-static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
+/* p, of `old` usable bytes and of the given kind, moved to a new block of size bytes (size > 0) that has
+ * room to grow; NULL, p untouched, out of memory. */
+static __attribute__((noinline)) void *realloc_move(void *p, unsigned kind, size_t old, size_t size)
 {
-    if (p == NULL)
-        return API(malloc)(size);
-    size_t old = api_usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
-    if (old == 0)
-        return NULL;
-    unsigned kind = segmap_kind((uintptr_t)p);
-    if (size == 0) {
-        API(free)(p);
-        return NULL;
-    }
-    void *q = resize_in_place(p, kind, size);
-    if (q != NULL)
-        return q;
     size_t target = size;
+    void *q;
     if (size > old && size > SHARD_MEDIUM_MAX && size < ((size_t)1 << 60)) {
         /* Large blocks grow with 1/16 of headroom (on top of their reservation's own), so that a buffer
          * grown step by step moves no more often than it doubles. Where the OS can, a large block's pages
@@ -351,11 +341,35 @@ static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
     return q;
 }
 
-/* The in-place test of the fast path, for a block of any thread (through the segment map), then the rest. */
+static __attribute__((noinline)) void *realloc_generic(void *p, size_t size)
+{
+    size_t old = api_usable_or_report(p, SHARD_ERROR_INVALID_REALLOC);
+    if (old == 0)
+        return NULL;
+    unsigned kind = segmap_kind((uintptr_t)p);
+    if (size == 0) {
+        API(free)(p);
+        return NULL;
+    }
+    void *q = resize_in_place(p, kind, size);
+    return q != NULL ? q : realloc_move(p, kind, old, size);
+}
+
+/* Past the fast path: NULL (a malloc, as half of bench/app.c's json reallocs are), then a small block
+ * of any thread tested once (through the segment map) and moved at once when it must, then the rest. */
 void *api_realloc_slow(void *p, size_t size)
 {
-    if (segmap_kind((uintptr_t)p) == SEG_SMALL && small_stays_any_thread(p, size))
-        return p;
+    if (p == NULL)
+        return API(malloc)(size);
+    if (segmap_kind((uintptr_t)p) == SEG_SMALL) {
+        const page *pg = page_of(p);
+        if (likely(page_has_item_any_thread(pg, p) && !small_looks_free(pg, p))) {
+            if (small_size_stays(pg, size))
+                return p;
+            if (likely(size != 0))
+                return realloc_move(p, SEG_SMALL, pg->block_size, size);
+        }
+    }
     return realloc_generic(p, size);
 }
 
