@@ -643,7 +643,7 @@ heap *heap_new(uint32_t thread)
 static void take_over(heap *h)
 {
     set_owner(h, os_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
-    h->segments_made = h->arenas_made = h->early_back = 0; /* its growth is the new thread's to show */
+    h->segments_made = h->arenas_made = h->early_back = h->gave_early_at = 0; /* its growth is the new thread's */
     h->loose_skip = 0;
     store_relaxed(&h->thread_done, 0u);
     drop_reserve(h);                /* the reserve is this thread's now */
@@ -730,7 +730,7 @@ int heap_check(heap *h)
     int problems = 0;
     size_t segments = 0, entered = 0, all_cold = 0, taken_early = 0;
     for (segment *s = h->segments; s != NULL; s = s->next, segments++) {
-        taken_early += s->taken_early;
+        taken_early += s->taken_early == 1; /* 2: its own, taken back, not held */
         problems += insist(s->owner == h && segmap_kind((uintptr_t)s) == SEG_SMALL,
                            "heap: a segment with a wrong owner or map entry:", s);
         uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;

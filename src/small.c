@@ -339,10 +339,9 @@ static void segment_leave(heap *h, segment *s)
     for (unsigned i = 0; i < SHARD_LOOSE_AFTER; i++)
         if (h->full_ring[i] != NULL && segment_of(h->full_ring[i]) == s)
             h->full_ring[i] = NULL;
-    if (s->taken_early) {
-        s->taken_early = 0;
+    if (s->taken_early == 1)
         h->early_held = 0;
-    }
+    s->taken_early = 0;
 }
 
 /* s becomes one of h's segments: first in its list, which other threads walk for the statistics (the
@@ -806,6 +805,7 @@ static void page_gone(heap *h, page *pg)
 /* ---- allocation and free ------------------------------------------------------------------------- */
 
 static int adopt_orphan(heap *h);
+static int take_back_early(heap *h);
 static void give_full_segment(heap *h, segment *s, int early);
 
 /* Whether s may go to the orphans early (config.h's SHARD_GIVE_FULL_PAGES): every page of it serves a
@@ -926,6 +926,8 @@ static __attribute__((noinline)) page *class_page_new(heap *h, unsigned cls)
     if (h->free_pages.last == NULL)
         sweep_lazy(h);
     if (h->free_pages.last == NULL && adopt_orphan(h) == 0)
+        return &small_empty_page;
+    if (h->free_pages.last == NULL && h->cold_pages.first == NULL && take_back_early(h) == 0)
         return &small_empty_page;
     small_trim(h);
     unsigned span = 1; /* run_acquire sets it when it gives a run */
@@ -1275,6 +1277,7 @@ static void give_full_segment(heap *h, segment *s, int early)
     if (early) {
         s->given_early = 1;
         store_relaxed(&orphan_early, 1u);
+        h->gave_early_at = h->segments_made;
     }
     debug_check_heap(&orphans, "the orphans inconsistent after a heap gave a full segment");
     orphan_unlock();
@@ -1340,6 +1343,35 @@ static int adopt_orphan(heap *h)
             s->taken_early = (uint8_t)(h->early_held = 1);
     }
     debug_check_heap(&orphans, "the orphans inconsistent after a heap took a segment");
+    orphan_unlock();
+    return s != NULL ? 0 : -1;
+}
+
+/* h's own segment given early, while it waits in the orphans, back to h, for a heap that has neither a
+ * free nor a cold page left and made a segment since its last early give: one that needs still more
+ * memory is filling it, not a thread that filled memory and stopped (segment_quiet), and the free items
+ * of that segment's pages that serve a class come before a new segment. Each early give took about ten
+ * such pages from xmllint's classes, which carved others meanwhile: 53 segments given early took 295
+ * thousand free items with them, six segments more in all (bench/results/2026-12-04-early-back.md).
+ * The segment made since is the margin: a heap gives a segment early when the last of its pages are in
+ * use, often with no page left, and the one made then lets a thread that stops soon after (larson's
+ * main) leave it given. It goes early no more (taken_early 2; not one held, which would keep h from taking the
+ * next back until this one went full): 0, or -1 when there is none. */
+static int take_back_early(heap *h)
+{
+    if (h->created || h->segments_made == h->gave_early_at || load_relaxed(&orphan_early) == 0 ||
+        !spin_lock_unless_fork(&orphan_lock))
+        return -1;
+    if (load_relaxed(&orphans.delayed) != NULL)
+        small_drain_delayed(&orphans, 0); /* as adopt_orphan: what others freed there, before it moves */
+    segment *s = orphans.segments;
+    while (s != NULL && !(s->given_early && s->given_by == h))
+        s = s->next;
+    if (s != NULL) {
+        segment_move(&orphans, h, s);
+        s->taken_early = 2;
+    }
+    debug_check_heap(&orphans, "the orphans inconsistent after a heap took back a segment");
     orphan_unlock();
     return s != NULL ? 0 : -1;
 }
