@@ -73,7 +73,7 @@ typedef struct heap {
      * no second one meanwhile. */
     uint32_t early_held;
     /* segments_made when it last gave a segment early: it takes one back only after it made a segment
-     * since (small.c's take_back_early). Reset with segments_made. */
+     * since (small.c's adopt_orphan). Reset with segments_made. */
     uint32_t gave_early_at;
     /* A thread heap's pages that went full last, the one of its page-full count `fulls` at index
      * fulls % SHARD_LOOSE_AFTER: a page still full when its entry comes round again goes loose

@@ -66,8 +66,8 @@ typedef struct segment {
     uint8_t given_early;            /* small: given to the orphans with pages that serve a class (small.c's
                                      * give_full_segment); written under the orphans' lock */
     uint8_t taken_early;            /* small: its owner took it from the orphans as given early, and gives it
-                                     * early no more: 1 another heap's (small.c's adopt_orphan), 2 its own
-                                     * (take_back_early); the owner's */
+                                     * early no more: 1 another heap's, 2 its own (small.c's adopt_orphan);
+                                     * the owner's */
     uint8_t pad_line0[2];
     /* line 1, which the owner's slow paths write: not the line of the owner word and the secret, which
      * other threads' frees read */

@@ -805,7 +805,6 @@ static void page_gone(heap *h, page *pg)
 /* ---- allocation and free ------------------------------------------------------------------------- */
 
 static int adopt_orphan(heap *h);
-static int take_back_early(heap *h);
 static void give_full_segment(heap *h, segment *s, int early);
 
 /* Whether s may go to the orphans early (config.h's SHARD_GIVE_FULL_PAGES): every page of it serves a
@@ -926,8 +925,6 @@ static __attribute__((noinline)) page *class_page_new(heap *h, unsigned cls)
     if (h->free_pages.last == NULL)
         sweep_lazy(h);
     if (h->free_pages.last == NULL && adopt_orphan(h) == 0)
-        return &small_empty_page;
-    if (h->free_pages.last == NULL && h->cold_pages.first == NULL && take_back_early(h) == 0)
         return &small_empty_page;
     small_trim(h);
     unsigned span = 1; /* run_acquire sets it when it gives a run */
@@ -1299,79 +1296,67 @@ int small_take_given(heap *h, segment *s)
     return taken ? 0 : -1;
 }
 
-/* A segment given early that h did not give, or NULL; the hint goes when none is left (under the lock). */
-static segment *early_orphan(const heap *h)
+/* A segment given early, or NULL: another heap's when `others`, else h's own when `own`; the hint goes
+ * when none is left (under the lock). */
+static segment *early_orphan(const heap *h, int others, int own)
 {
+    segment *mine = NULL;
     int any = 0;
     for (segment *s = orphans.segments; s != NULL; s = s->next)
         if (s->given_early) {
-            if (s->given_by != h)
+            if (s->given_by != h && others)
                 return s;
+            if (s->given_by == h && mine == NULL)
+                mine = s;
             any = 1;
         }
     if (!any)
         store_relaxed(&orphan_early, 0u);
-    return NULL;
+    return own ? mine : NULL;
 }
 
-/* The segment of the orphans' most recently freed page becomes h's, with its free pages and its pages in
- * use; else a segment a running heap gave early (not h: it would take back what it just gave), whose
- * class pages serve h from then on, and the frees of its blocks with them: 0, or -1 when there is none.
+/* For h, which has no free page: the segment of the orphans' most recently freed page becomes h's, with
+ * its free pages and its pages in use; else a segment a running heap gave early (not h: it would take
+ * back what it just gave), whose class pages serve h from then on, and the frees of its blocks with
+ * them; else h's own segment given early, when h has no cold page either and made a segment since its
+ * last early give: 0, or -1 when there is none.
  * A heap holds one segment given early at a time: one brings pages of many classes, and a heap that took
  * them one after another left none to the heaps that started later (larson at 8 threads: the first worker
  * took all five of the main thread's, and 120 of their pages, emptied by the others' frees, stood free in
  * its heap while the others carved pages of their own).
+ * A heap that needs still more memory after an early give is filling it, not a thread that filled
+ * memory and stopped (segment_quiet), and the free items of the class pages that went with its segment
+ * come before a new segment: each early give took about ten such pages from xmllint's classes, which
+ * carved others meanwhile, and 53 segments given early took 295 thousand free items with them, six
+ * segments more in all (bench/results/2026-12-04-early-back.md). The segment made since is the margin:
+ * a heap gives a segment early when the last of its pages are in use, often with no page left, and the
+ * one made then lets a thread that stops soon after (larson's main) leave it given. Taken back, it goes
+ * early no more (taken_early 2), and is not one held (which would keep h from taking the next back
+ * until this one went full).
  * What other threads freed into the orphans is taken in first: it may empty pages of a segment whose
  * free pages went back to the OS (an expired reserve's) or of a full segment a running heap gave, and a
  * heap that took a new page instead would leave those pages waiting for the next trim. */
 static int adopt_orphan(heap *h)
 {
+    int others = !h->early_held, own = h->cold_pages.first == NULL && h->segments_made != h->gave_early_at;
     if (h->created ||
         (load_relaxed(&orphan_free_pages) == 0 && load_relaxed(&orphans.delayed) == NULL &&
-         (load_relaxed(&orphan_early) == 0 || h->early_held)) ||
+         (load_relaxed(&orphan_early) == 0 || (!others && !own))) ||
         !spin_lock_unless_fork(&orphan_lock))
         return -1;
     if (load_relaxed(&orphans.delayed) != NULL)
         small_drain_delayed(&orphans, 0); /* what other threads freed into it, before its pages move */
     segment *s = orphans.free_pages.last != NULL ? segment_of(orphans.free_pages.last) : NULL;
-    int early = s == NULL && !h->early_held && load_relaxed(&orphan_early) != 0;
-    if (early)
-        s = early_orphan(h);
+    uint8_t early = 0; /* 1: another heap's segment given early, 2: h's own */
+    if (s == NULL && load_relaxed(&orphan_early) != 0 && (s = early_orphan(h, others, own)) != NULL)
+        early = s->given_by == h ? 2 : 1;
     if (s != NULL) {
         segment_move(&orphans, h, s);
-        if (early)
-            s->taken_early = (uint8_t)(h->early_held = 1);
+        s->taken_early = early;
+        if (early == 1)
+            h->early_held = 1;
     }
     debug_check_heap(&orphans, "the orphans inconsistent after a heap took a segment");
-    orphan_unlock();
-    return s != NULL ? 0 : -1;
-}
-
-/* h's own segment given early, while it waits in the orphans, back to h, for a heap that has neither a
- * free nor a cold page left and made a segment since its last early give: one that needs still more
- * memory is filling it, not a thread that filled memory and stopped (segment_quiet), and the free items
- * of that segment's pages that serve a class come before a new segment. Each early give took about ten
- * such pages from xmllint's classes, which carved others meanwhile: 53 segments given early took 295
- * thousand free items with them, six segments more in all (bench/results/2026-12-04-early-back.md).
- * The segment made since is the margin: a heap gives a segment early when the last of its pages are in
- * use, often with no page left, and the one made then lets a thread that stops soon after (larson's
- * main) leave it given. It goes early no more (taken_early 2; not one held, which would keep h from taking the
- * next back until this one went full): 0, or -1 when there is none. */
-static int take_back_early(heap *h)
-{
-    if (h->created || h->segments_made == h->gave_early_at || load_relaxed(&orphan_early) == 0 ||
-        !spin_lock_unless_fork(&orphan_lock))
-        return -1;
-    if (load_relaxed(&orphans.delayed) != NULL)
-        small_drain_delayed(&orphans, 0); /* as adopt_orphan: what others freed there, before it moves */
-    segment *s = orphans.segments;
-    while (s != NULL && !(s->given_early && s->given_by == h))
-        s = s->next;
-    if (s != NULL) {
-        segment_move(&orphans, h, s);
-        s->taken_early = 2;
-    }
-    debug_check_heap(&orphans, "the orphans inconsistent after a heap took back a segment");
     orphan_unlock();
     return s != NULL ? 0 : -1;
 }
