@@ -31,7 +31,13 @@
  * gives its small segments with live blocks, and their free pages, to the orphans (small.h), where any
  * thread heap that needs a page takes them. Then the heap goes, whole, onto
  * one of two stacks of free heaps - the warm one if it holds a reserve, else the cold one - and a new
- * thread pops one, warm first, before it makes a new heap. A stack's top is a pointer and a change
+ * thread takes one, warm first, before it makes a new heap: of the warm ones the one that entered first
+ * (pop_oldest_warm), of the cold ones the top. Threads that start in rounds so hand each heap on from
+ * the first thread to end to the first to start: mimalloc's test-stress ends its threads in the order
+ * it starts them, each with more work than the one before, and the top heap, the last one's, went to
+ * the smallest thread of the next round, so that every heap grew to the biggest thread's memory (peak
+ * 248.5 MB against 221.7, bench/results/2026-12-04-oldest-heap.md). The oldest reserve is also the next
+ * to expire. A stack's top is a pointer and a change
  * counter swapped together by cmpxchg16b: a pop that read top A and A->next_free could otherwise succeed
  * after A was popped and pushed again with another next. Heaps are never freed, so reading next_free of a
  * stale top is safe.
@@ -223,12 +229,32 @@ static heap *try_pop(pair128 *stack)
     return NULL;
 }
 
-/* A free heap, one with a reserve first; NULL when there is none. */
+/* The warm heap that entered the stack first, taken out of it; NULL when the stack is empty. The stack is
+ * taken whole under trim_lock (at most SHARD_RESERVE_HEAPS heaps to walk) and the rest pushed back in
+ * their order; while trim_lock is busy (a trim, a claim, a fork), the top, as a plain pop. */
+static heap *pop_oldest_warm(void)
+{
+    if (!spin_try_lock(&trim_lock))
+        return try_pop(&stacks[STACK_WARM]);
+    (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_ACQ_REL)); /* pops wait meanwhile */
+    heap *last, *first = take_one(&stacks[STACK_WARM], &last), *before = NULL;
+    for (heap *h = first; h != last; h = load_relaxed(&h->next_free))
+        before = h;
+    if (before != NULL) {
+        store_relaxed(&before->next_free, (heap *)NULL); /* atomics: a stale pop may read them (try_pop) */
+        push_chain(&stacks[STACK_WARM], first, before);
+    }
+    (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_RELEASE));
+    spin_unlock(&trim_lock);
+    return last;
+}
+
+/* A free heap: the one that has held a reserve longest, else any; NULL when there is none. */
 static heap *pop_free_heap(void)
 {
     for (unsigned i = 0;; i++) {
         uint32_t seq = load_acquire(&trimming);
-        heap *h = try_pop(&stacks[STACK_WARM]);
+        heap *h = read_top(&stacks[STACK_WARM]).ptr != NULL ? pop_oldest_warm() : NULL;
         if (h == NULL)
             h = try_pop(&stacks[STACK_COLD]);
         if (h != NULL)

@@ -711,8 +711,8 @@ static void *handed_taker_thread(void *arg)
 
 /* A thread that carries on an ended thread's work frees its blocks before it allocates (bench/shapes.c's
  * larson hands a window of blocks from thread to thread): its first free into a heap that waits in the
- * stack takes that heap, not the one on top of the stack, so that its frees are its own and its
- * allocations reuse what they free. Two heaps wait, the one with the blocks under the other. */
+ * stack takes that heap, not the one a new thread would take, so that its frees are its own and its
+ * allocations reuse what they free. Two heaps wait; the other has waited longer, with a reserve. */
 TEST(a_thread_without_a_heap_takes_the_waiting_heap_whose_block_it_frees)
 {
     static struct handed d;
@@ -723,8 +723,8 @@ TEST(a_thread_without_a_heap_takes_the_waiting_heap_whose_block_it_frees)
         agent_do(&maker, handed_make_job, &d);
         agent_do(&churner, pages_churn_job, NULL);
     }
+    agent_stop(&churner); /* its heap waits with a reserve: a new thread would take it first */
     agent_stop(&maker);   /* its heap waits with the blocks */
-    agent_stop(&churner); /* its heap waits, on top */
 #if SHARD_RULES
     shard_stats base = stats_now();
 #endif
@@ -746,6 +746,80 @@ TEST(a_thread_without_a_heap_takes_the_waiting_heap_whose_block_it_frees)
 #endif
     release_holders(&h);
     check_allocator("after a thread took the heap of the blocks it freed");
+}
+
+/* Threads that start in rounds: a new thread takes the heap that has waited longest with a reserve, the
+ * heap of the thread that ended first, not the last one's (mimalloc's test-stress ends its threads in the
+ * order it starts them, each with more work than the one before: taking the last one's handed the
+ * biggest heap to the smallest thread, and every heap grew to the biggest thread's memory). Two threads
+ * each leave a block live in a page of their own and free pages around it; a third takes the first one's
+ * heap, so its first block of the size lies in the first one's segment. */
+enum { ROUND_BLOCKS = 200, ROUND_SIZE = 1024 };
+static struct blk round_kept[2];
+
+static void round_job(void *arg)
+{
+    struct blk *kept = arg;
+    static struct blk b[ROUND_BLOCKS];
+    for (size_t i = 0; i < ROUND_BLOCKS; i++)
+        blk_alloc(&b[i], ROUND_SIZE, 0x7400 + (uint64_t)i);
+    for (size_t i = 1; i < ROUND_BLOCKS; i++) {
+        blk_check(&b[i], "block of a thread that ends with one block live");
+        blk_free(&b[i]);
+    }
+    *kept = b[0]; /* the first page keeps it; the other pages become free pages */
+}
+
+static void round_free_job(void *arg)
+{
+    blk_check(arg, "block of a thread that took a waiting heap");
+    blk_free(arg);
+}
+
+static void round_new_job(void *arg)
+{
+    struct blk *b = arg;
+    blk_alloc(b, ROUND_SIZE, 0x7500);
+}
+
+TEST(a_new_thread_takes_the_heap_that_has_waited_longest)
+{
+    struct holders h;
+    struct agent first, second, third;
+    struct blk got = {NULL, 0, 0};
+    hold_waiting_heaps(&h);
+    if (agent_start(&first) && agent_start(&second)) {
+        agent_do(&first, round_job, &round_kept[0]);
+        agent_do(&second, round_job, &round_kept[1]);
+    }
+    agent_stop(&first);
+    agent_stop(&second);
+#if SHARD_RULES
+    shard_stats base = stats_now();
+    CHECKF(base.heaps_free == 2, "two heaps wait: %zu", base.heaps_free);
+#endif
+    if (agent_start(&third)) {
+        agent_do(&third, round_new_job, &got);
+#if SHARD_RULES
+        shard_stats taken = stats_now();
+        CHECKF(taken.heaps == base.heaps && taken.heaps_free == 1, "the third thread took a waiting heap: %zu heaps "
+               "(%zu before), %zu waiting", taken.heaps, base.heaps, taken.heaps_free);
+        uintptr_t at = (uintptr_t)got.p & ~(uintptr_t)(SEGMENT_BYTES - 1);
+        uintptr_t first_seg = (uintptr_t)round_kept[0].p & ~(uintptr_t)(SEGMENT_BYTES - 1);
+        uintptr_t second_seg = (uintptr_t)round_kept[1].p & ~(uintptr_t)(SEGMENT_BYTES - 1);
+        CHECKF(first_seg != second_seg && at == first_seg,
+               "the new thread's block %p lies in the segment of the thread that ended first (%p), not of the "
+               "one that ended last (%p)", got.p, (void *)first_seg, (void *)second_seg);
+#endif
+        agent_do(&third, round_free_job, &got);
+        agent_stop(&third);
+    }
+    for (int i = 0; i < 2; i++) {
+        blk_check(&round_kept[i], "block kept live by a thread that ended");
+        blk_free(&round_kept[i]);
+    }
+    release_holders(&h);
+    check_allocator("after threads took the heaps of ended ones in order");
 }
 
 /* A thread past its exit hook (a key destructor that runs after the allocator's) frees a block of a
