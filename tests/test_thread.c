@@ -748,12 +748,10 @@ TEST(a_thread_without_a_heap_takes_the_waiting_heap_whose_block_it_frees)
     check_allocator("after a thread took the heap of the blocks it freed");
 }
 
-/* Threads that start in rounds: a new thread takes the heap that has waited longest with a reserve, the
- * heap of the thread that ended first, not the last one's (mimalloc's test-stress ends its threads in the
- * order it starts them, each with more work than the one before: taking the last one's handed the
- * biggest heap to the smallest thread, and every heap grew to the biggest thread's memory). Two threads
- * each leave a block live in a page of their own and free pages around it; a third takes the first one's
- * heap, so its first block of the size lies in the first one's segment. */
+/* A new thread takes the heap that has waited longest with a reserve, the heap of the thread that ended
+ * first, not the last one's (src/heap.c says why). Two threads each leave a block live in a page of their
+ * own and free pages around it; a third takes the first one's heap, so its first block of the size lies
+ * in the first one's segment. */
 enum { ROUND_BLOCKS = 200, ROUND_SIZE = 1024 };
 static struct blk round_kept[2];
 
