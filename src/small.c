@@ -519,7 +519,9 @@ static void page_retire(heap *h, page *pg, int in_list)
     shard_assert(pg->used == 0 && pg->sole == 0 && (load_relaxed(&pg->thread_free) & ~THREAD_FREE_LAZY) == 0,
                  "a retired page has no item out");
     unsigned span = page_span(pg);
-    uint64_t now = h->free_count >= SHARD_KEEP_FREE_PAGES ? os_clock_ms() : 0;
+    /* The clock whenever this retire takes h past the pages it keeps: trim_at measures the delay of
+     * every waiting page from it (a 0 there would make every delay look long over). */
+    uint64_t now = h->free_count + span > SHARD_KEEP_FREE_PAGES ? os_clock_ms() : 0;
     for (unsigned j = 0; j < span; j++) {
         page_set_free(pg + j);
         pg[j].freed_at = now;

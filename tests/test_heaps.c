@@ -711,3 +711,74 @@ TEST(a_heap_at_its_limit_uses_the_pages_other_threads_emptied)
     shard_heap_destroy(h);
     CHECK_EQ(shard_check(), 0);
 }
+
+/* Small pages (src/small.h): 64 KB; a class whose page holds at most 8 items (7.5-16 KB) comes in runs
+ * of RUN_PAGES pages, which the hardened build does not make. */
+#define PAGE_SIZE 65536
+#ifdef TEST_HARDENED
+#define RUN_PAGES 1
+#else
+#define RUN_PAGES 4
+#endif
+
+/* A run of free pages that takes a heap from below 16 free pages to above them starts the delay of the
+ * pages beyond the 16 as any retire does: it decommits none at once. (It read the clock only when the
+ * heap held 16 free pages before the retire, so a run that crossed the line passed 0 for now, and the
+ * delay of every page already waiting, now - freed_at, wrapped around: bench/shapes.c's ring on 8
+ * threads decommitted 200-550 pages a run, each soon committed again.) A created heap: its free pages
+ * are only the test's, and its committed memory counts each decommit. */
+TEST(a_run_that_crosses_the_kept_free_pages_decommits_nothing_before_the_delay)
+{
+    enum { FILL = 24, SIZE = 4096, PER_PAGE = PAGE_SIZE / SIZE, TAKE = 10, RUN_SIZE = 14336,
+           RUN_ITEMS = 4 * RUN_PAGES }; /* FILL - 1 - TAKE = 13 free pages, 13 + RUN_PAGES > 16 */
+    static void *fill_blocks[FILL * PER_PAGE], *taken[(TAKE + 1) * PER_PAGE], *run_blocks[2 * RUN_ITEMS];
+    shard_heap_stats s1, s2, s3;
+    if (RUN_PAGES == 1) {
+        SKIP_TEST(); /* no runs: a retire adds one page and crosses no line */
+        return;
+    }
+    shard_heap *h = shard_heap_create(NULL);
+    CHECK(h != NULL);
+    if (h == NULL)
+        return;
+    /* Two runs of one class, so that emptying the first retires it (the second stays the class's). */
+    for (size_t i = 0; i < 2 * RUN_ITEMS; i++) {
+        run_blocks[i] = shard_heap_malloc(h, RUN_SIZE);
+        CHECK(run_blocks[i] != NULL);
+        if (run_blocks[i])
+            fill(run_blocks[i], RUN_SIZE, 800 + i);
+    }
+    /* FILL pages of 4 KB blocks, freed: all but the class's last become free pages, and the retires
+     * past the 16th start the delay of every one of them. */
+    for (size_t i = 0; i < FILL * PER_PAGE; i++) {
+        fill_blocks[i] = shard_heap_malloc(h, SIZE);
+        CHECK(fill_blocks[i] != NULL);
+    }
+    for (size_t i = 0; i < FILL * PER_PAGE; i++)
+        shard_heap_free(h, fill_blocks[i]);
+    shard_heap_get_stats(h, &s1);
+    /* The class's own page, then TAKE of the newest free pages, come back: 13 free pages are left. */
+    for (size_t i = 0; i < (TAKE + 1) * PER_PAGE; i++) {
+        taken[i] = shard_heap_malloc(h, SIZE);
+        CHECK(taken[i] != NULL);
+        if (taken[i])
+            fill(taken[i], SIZE, 820 + i);
+    }
+    shard_heap_get_stats(h, &s2);
+    CHECKF(s2.committed == s1.committed, "committed %zu -> %zu: the pages taken were not free ones", s1.committed,
+           s2.committed);
+    /* The first run empties and retires: 13 + RUN_PAGES free pages, all well within their second. */
+    for (size_t i = 0; i < RUN_ITEMS; i++) {
+        CHECK_PATTERN(run_blocks[i], RUN_SIZE, 800 + i, "14 KB block");
+        shard_heap_free(h, run_blocks[i]);
+    }
+    shard_heap_get_stats(h, &s3);
+    CHECKF(s3.committed == s2.committed, "committed %zu -> %zu (%zd pages) when a run retired", s2.committed,
+           s3.committed, ((ptrdiff_t)s3.committed - (ptrdiff_t)s2.committed) / PAGE_SIZE);
+    for (size_t i = RUN_ITEMS; i < 2 * RUN_ITEMS; i++)
+        CHECK_PATTERN(run_blocks[i], RUN_SIZE, 800 + i, "14 KB block");
+    for (size_t i = 0; i < (TAKE + 1) * PER_PAGE; i++)
+        CHECK_PATTERN(taken[i], SIZE, 820 + i, "4 KB block");
+    shard_heap_destroy(h);
+    CHECK_EQ(shard_check(), 0);
+}
