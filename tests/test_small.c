@@ -29,20 +29,13 @@
 #include "allocator.h"
 #include "observe.h"
 
+#include "pages.h"
 #include "realloc_pairs.h"
 
 /* ---- the rules, written out independently of the allocator ---- */
 
 #define SMALL_MAX 16384
-#define PAGE_SIZE 65536
-/* A class whose page holds at most 8 items (7.5-16 KB) comes in runs of RUN_PAGES pages (src/small.h),
- * 4 to 32 items; the hardened build has none. */
-#ifdef TEST_HARDENED
-#define RUN_PAGES 1
-#else
-#define RUN_PAGES 4
-#endif
-#define CLASS_COUNT 43
+#define CLASS_COUNT 43 /* PAGE_SIZE and RUN_PAGES: pages.h */
 
 /* The size classes (gen/sizeclasses.py): 16, 32, 64 .. 128, four steps per power of two up to 2 KB,
  * eight up to 8 KB, four up to 16 KB. */
