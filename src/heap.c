@@ -29,18 +29,17 @@
  * the reserves of 8 wait for new threads, not of 500 (test_hostile.c's idle-heaps-500 shows the memory a
  * reserve each would hold: bench/results/2026-11-30-quoted-in-code.md). A heap that finds no place
  * gives its small segments with live blocks, and their free pages, to the orphans (small.h), where any
- * thread heap that needs a page takes them. Then the heap goes, whole, onto
- * one of two stacks of free heaps - the warm one if it holds a reserve, else the cold one - and a new
- * thread takes one, warm first, before it makes a new heap: of the warm ones the one that entered first
- * (pop_oldest_warm), of the cold ones the top. Threads that start in rounds so hand each heap on from
- * the first thread to end to the first to start: mimalloc's test-stress ends its threads in the order
- * it starts them, each with more work than the one before, and the top heap, the last one's, went to
- * the smallest thread of the next round, so that every heap grew to the biggest thread's memory (peak
- * 248.5 MB against 221.7, bench/results/2026-12-04-oldest-heap.md). The oldest reserve is also the next
- * to expire. A stack's top is a pointer and a change
- * counter swapped together by cmpxchg16b: a pop that read top A and A->next_free could otherwise succeed
- * after A was popped and pushed again with another next. Heaps are never freed, so reading next_free of a
- * stale top is safe.
+ * thread heap that needs a page takes them. Then the heap goes, whole, onto one of two stacks of free
+ * heaps - the warm one if it holds a reserve, else the cold one - and a new thread takes one, warm first,
+ * before it makes a new heap: of the warm ones the one that entered first (pop_oldest_warm), of the cold
+ * ones the top. Threads that start in rounds so hand each heap on from the first thread to end to the
+ * first to start: mimalloc's test-stress ends its threads in the order it starts them, each with more
+ * work than the one before, and the top heap, the last one's, went to the smallest thread of the next
+ * round, so that every heap grew to the biggest thread's memory (peak 248.5 MB against 221.7,
+ * bench/results/2026-12-04-oldest-heap.md). The oldest reserve is also the next to expire. A stack's top
+ * is a pointer and a change counter swapped together by cmpxchg16b: a pop that read top A and
+ * A->next_free could otherwise succeed after A was popped and pushed again with another next. Heaps are
+ * never freed, so reading next_free of a stale top is safe.
  *
  * A thread without a heap whose free lands in a heap that waits in a stack takes that heap, not the top
  * one (heap_claim, from api_free_slow): a thread that carries on an ended thread's work frees that
@@ -170,15 +169,18 @@ static int give_back(heap *h)
     return queued;
 }
 
-/* Take a stack whole, and its last heap. */
-static heap *take_one(pair128 *stack, heap **last)
+/* Take a stack whole, its last heap and the one before that (NULL: fewer than two). */
+static heap *take_one(pair128 *stack, heap **last, heap **before)
 {
     pair128 old = read_top(stack);
     while (!cas128(stack, &old, (pair128){NULL, old.count + 1})) {
     }
     *last = old.ptr;
-    while (*last != NULL && load_relaxed(&(*last)->next_free) != NULL)
+    *before = NULL;
+    while (*last != NULL && load_relaxed(&(*last)->next_free) != NULL) {
+        *before = *last;
         *last = load_relaxed(&(*last)->next_free);
+    }
     return old.ptr;
 }
 
@@ -187,8 +189,9 @@ static heap *take_one(pair128 *stack, heap **last)
 static heap *take_stack(void)
 {
     (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_ACQ_REL));
-    heap *warm_last, *cold_last;
-    heap *warm = take_one(&stacks[STACK_WARM], &warm_last), *cold = take_one(&stacks[STACK_COLD], &cold_last);
+    heap *warm_last, *cold_last, *unused;
+    heap *warm = take_one(&stacks[STACK_WARM], &warm_last, &unused);
+    heap *cold = take_one(&stacks[STACK_COLD], &cold_last, &unused);
     if (warm == NULL)
         return cold;
     store_relaxed(&warm_last->next_free, cold); /* links are atomics: a stale pop may read them (try_pop) */
@@ -237,9 +240,7 @@ static heap *pop_oldest_warm(void)
     if (!spin_try_lock(&trim_lock))
         return try_pop(&stacks[STACK_WARM]);
     (void)counted(__atomic_fetch_add(&trimming, 1u, __ATOMIC_ACQ_REL)); /* pops wait meanwhile */
-    heap *last, *first = take_one(&stacks[STACK_WARM], &last), *before = NULL;
-    for (heap *h = first; h != last; h = load_relaxed(&h->next_free))
-        before = h;
+    heap *last, *before, *first = take_one(&stacks[STACK_WARM], &last, &before);
     if (before != NULL) {
         store_relaxed(&before->next_free, (heap *)NULL); /* atomics: a stale pop may read them (try_pop) */
         push_chain(&stacks[STACK_WARM], first, before);
