@@ -38,7 +38,7 @@
  *   bench/results/2026-12-01-thp.md (every segment) and 2026-12-02-huge-growth.md (the default) have what
  *   that does to peaks and times. The part below the offset becomes a mapping of its own (the hint splits
  *   it off), not hinted, until the core asks for large pages there too (collapse_large_pages: the hint and
- *   MADV_COLLAPSE).
+ *   MADV_COLLAPSE, which the port weighs first against the faults it would save).
  * - pools: large blocks' reservations carved from 1 GB read/write mappings (reserve_pooled; see its
  *   section below).
  * - the heap slot: the core's initial-exec TLS word (PORT_SLOT_TLS); the exit hook is a pthread key,
@@ -52,7 +52,8 @@
  *   once by reading /proc/self/auxv for the vDSO's address and its ELF symbol table for
  *   __vdso_clock_gettime; without it, the clock_gettime system call. It is read when a page is freed
  *   while a heap holds more than its 16 free pages: often enough in producer/consumer code to be worth
- *   it (bench/results/2026-11-30-quoted-in-code.md).
+ *   it (bench/results/2026-11-30-quoted-in-code.md). The collapse's weighing reads CLOCK_MONOTONIC the
+ *   same way.
  * - symbolizing (the full-debug build's reports): dladdr, which glibc 2.34 and later keep in the C
  *   library itself (no libdl to link) and which allocates nothing: the module's path, and the nearest
  *   symbol of its dynamic symbol table (a program's own functions are there when it is linked with
@@ -66,13 +67,13 @@
 
 enum {
     SYS_read = 0, SYS_write = 1, SYS_close = 3, SYS_mmap = 9, SYS_mprotect = 10, SYS_munmap = 11, SYS_rt_sigprocmask = 14,
-    SYS_sched_yield = 24, SYS_mremap = 25, SYS_madvise = 28, SYS_getpid = 39, SYS_kill = 62, SYS_gettid = 186,
+    SYS_sched_yield = 24, SYS_mremap = 25, SYS_mincore = 27, SYS_madvise = 28, SYS_getpid = 39, SYS_kill = 62, SYS_gettid = 186,
     SYS_clock_gettime = 228, SYS_exit_group = 231, SYS_tgkill = 234, SYS_openat = 257, SYS_prlimit64 = 302
 };
 enum { PROT_NONE_ = 0, PROT_RW_ = 3 };
 enum { MAP_PRIVATE_ = 0x02, MAP_ANONYMOUS_ = 0x20, MADV_DONTNEED_ = 4, MADV_HUGEPAGE_ = 14 };
 #define LARGE_PAGE_ ((uintptr_t)2 << 20)
-enum { CLOCK_MONOTONIC_COARSE_ = 6, SIGABRT_ = 6, SIG_UNBLOCK_ = 1 };
+enum { CLOCK_MONOTONIC_ = 1, CLOCK_MONOTONIC_COARSE_ = 6, SIGABRT_ = 6, SIG_UNBLOCK_ = 1 };
 
 static long sys6(long n, long a, long b, long c, long d, long e, long f)
 {
@@ -358,12 +359,54 @@ static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_of
  * which copies the 4 KB pages present into a new huge page and fills the rest with zeros. The hint
  * alone would not do: a 2 MB range that has a page table already takes 4 KB pages at its faults, until
  * khugepaged's scan (seconds to minutes). An older kernel says EINVAL to the collapse, and the pages
- * stay as they are. */
+ * stay as they are.
+ *
+ * The collapse is a trade, and what it trades differs by machine: it saves the 4 KB faults of the
+ * unit's pages not yet present (and TLB misses), and costs a new huge page, the copy, and the time it
+ * holds the process's mapping lock. On one host a 4 KB fault took 10-16 us and a collapse 0.4-1 ms; on
+ * another, whose hypervisor backs memory the guest gave back only when it is touched again, a 4 KB
+ * fault took 1.6 us and a collapse 0.6-19 ms (bench/results/2026-12-04-collapse-cost.md). So each
+ * unit's collapse is weighed first: mincore counts its pages not present, the first of them is touched
+ * (a write of nothing, timed: what a fault costs here now; the collapse would make it present anyway),
+ * and the collapse goes ahead when those faults would cost at least what collapses have been taking
+ * (collapse_cost, the last one timed). Before any was timed, it goes ahead. A unit passed over leaves
+ * the estimate a quarter lower, so that a slow phase of the host is not taken for its nature: after a
+ * few, the next collapse is timed again. The hint stays either way (khugepaged's to do, later). */
+static uint64_t collapse_cost; /* ns the last timed collapse took; 0: none yet */
+static uint64_t linux_clock_ns(void);
+
+static void collapse_unit(uint8_t *unit)
+{
+    enum { MADV_COLLAPSE_ = 25, UNIT_PAGES = LARGE_PAGE_ / PORT_PAGE };
+    unsigned char present[UNIT_PAGES];
+    uint64_t *first = NULL;
+    unsigned missing = 0;
+    if (__atomic_load_n(&collapse_cost, __ATOMIC_RELAXED) != 0 &&
+        !sys_failed(sys3(SYS_mincore, (long)unit, LARGE_PAGE_, (long)present)))
+        for (unsigned i = 0; i < UNIT_PAGES; i++)
+            if ((present[i] & 1) == 0 && missing++ == 0)
+                first = (uint64_t *)(unit + (size_t)i * PORT_PAGE);
+    uint64_t estimate = __atomic_load_n(&collapse_cost, __ATOMIC_RELAXED), saves = 0;
+    if (estimate != 0 && first != NULL) {
+        uint64_t t = linux_clock_ns();
+        __atomic_fetch_add(first, 0, __ATOMIC_RELAXED); /* one fault; the contents stay */
+        saves = (uint64_t)(missing - 1) * (linux_clock_ns() - t);
+    }
+    if (estimate != 0 && saves < estimate) {
+        __atomic_store_n(&collapse_cost, estimate - estimate / 4, __ATOMIC_RELAXED);
+        return;
+    }
+    uint64_t t = linux_clock_ns();
+    sys3(SYS_madvise, (long)unit, LARGE_PAGE_, MADV_COLLAPSE_);
+    uint64_t took = linux_clock_ns() - t;
+    __atomic_store_n(&collapse_cost, took != 0 ? took : 1, __ATOMIC_RELAXED);
+}
+
 static void linux_collapse_large_pages(void *addr, size_t size)
 {
-    enum { MADV_COLLAPSE_ = 25 };
     linux_hint_large_pages(addr, size);
-    sys3(SYS_madvise, (long)addr, (long)size, MADV_COLLAPSE_);
+    for (size_t at = 0; at + LARGE_PAGE_ <= size; at += LARGE_PAGE_)
+        collapse_unit((uint8_t *)addr + at);
 }
 
 static int linux_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
@@ -543,7 +586,7 @@ static int clock_via_syscall(int clock, timespec_ *ts)
 
 static clock_gettime_fn clock_fn; /* set once; every thread that races to set it finds the same */
 
-static uint64_t linux_clock_ms(void)
+static timespec_ clock_read(int clock)
 {
     clock_gettime_fn fn = __atomic_load_n(&clock_fn, __ATOMIC_ACQUIRE);
     if (fn == NULL) {
@@ -553,9 +596,22 @@ static uint64_t linux_clock_ms(void)
         __atomic_store_n(&clock_fn, fn, __ATOMIC_RELEASE);
     }
     timespec_ ts = {0, 0};
-    if (fn(CLOCK_MONOTONIC_COARSE_, &ts) != 0)
-        clock_via_syscall(CLOCK_MONOTONIC_COARSE_, &ts);
+    if (fn(clock, &ts) != 0)
+        clock_via_syscall(clock, &ts);
+    return ts;
+}
+
+static uint64_t linux_clock_ms(void)
+{
+    timespec_ ts = clock_read(CLOCK_MONOTONIC_COARSE_);
     return (uint64_t)ts.sec * 1000u + (uint64_t)ts.nsec / 1000000u;
+}
+
+/* The fine clock in nanoseconds, for the collapse's weighing (CLOCK_MONOTONIC, also through the vDSO). */
+static uint64_t linux_clock_ns(void)
+{
+    timespec_ ts = clock_read(CLOCK_MONOTONIC_);
+    return (uint64_t)ts.sec * 1000000000u + (uint64_t)ts.nsec;
 }
 
 static void linux_yield(void) { sys3(SYS_sched_yield, 0, 0, 0); }

@@ -107,7 +107,8 @@ typedef struct port_capabilities {
      * aligned, committed) with large pages now: what is resident there is copied into them, and all of
      * the range becomes resident. The core's way to give a heap that has grown the large pages it was
      * first denied (segment.h: segment_spared_commit). Nothing visible changes but resident memory; it
-     * may do nothing. Without it: small pages stay. */
+     * may do nothing, or less than asked where it judges the copy dearer than what it saves (Linux:
+     * linux.c). Without it: small pages stay. */
     void (*collapse_large_pages)(void *addr, size_t size);
 
     /* The most address space the process may hold, bytes; SIZE_MAX when unlimited. Read for the rare

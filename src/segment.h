@@ -122,8 +122,9 @@ size_t segment_large_from(int first, uint32_t created);
 
 /* A heap that grows through its first segment's or arena's spared SEGMENT_LARGE_UNIT is not the small
  * heap that sparing was for: after SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM commits of 64 KB there
- * (`spared_left`, config.h), that part goes on large pages as well (port_caps.collapse_large_pages), with
- * what it holds; the faults of the rest of it and the TLB misses of all of it are saved. Called by the
+ * (`spared_left`, config.h), that part goes on large pages as well (port_caps.collapse_large_pages, which
+ * the Linux port weighs against what it saves), with what it holds; the faults of the rest of it and the
+ * TLB misses of all of it are saved. Called by the
  * owner after it committed [from, to) of seg (offsets, in 64 KB pieces), whose spared_left is not 0;
  * only what lies below SEGMENT_LARGE_UNIT counts. */
 void segment_spared_commit(segment *seg, size_t from, size_t to);

@@ -35,6 +35,8 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <ucontext.h>
+
+#include "smaps.h"
 #endif
 
 #ifdef _WIN32
@@ -445,6 +447,60 @@ TEST(the_part_below_a_large_page_offset_collapses_with_its_contents)
     CHECK(check_pattern(r + 4 * piece, piece, 37));
     CHECK_EQ(port_release(r, size), 0);
     CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 0);
+}
+
+/* Whether this kernel makes a huge page of a range on request (MADV_COLLAPSE, Linux 6.1, with one free):
+ * a scratch 2 MB, one page of it written. */
+static int kernel_collapses(void)
+{
+    const size_t unit = (size_t)2 << 20;
+    char *r = mmap(NULL, 2 * unit, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED)
+        return 0;
+    char *p = (char *)(((uintptr_t)r + unit - 1) & ~(uintptr_t)(unit - 1));
+    p[0] = 1;
+    int ok = madvise(p, unit, MADV_HUGEPAGE) == 0 && madvise(p, unit, 25 /* MADV_COLLAPSE */) == 0 &&
+             huge_kb_over((uintptr_t)p, (uintptr_t)p + unit, NULL) >= 2048;
+    munmap(r, 2 * unit);
+    return ok;
+}
+
+/* The Linux port weighs a collapse once it has timed one (linux.c: what the faults it saves would cost
+ * against what a collapse costs): a 2 MB whose every page is present saves no fault, so it stays on
+ * small pages, hinted; one with pages missing keeps what was written and reads zeros elsewhere, whether
+ * it was collapsed or not (the weighing touches a missing page). */
+TEST(a_collapse_that_would_save_no_fault_is_passed_over_once_one_was_timed)
+{
+    const size_t size = (size_t)4 << 20, unit = (size_t)2 << 20, piece = (size_t)64 << 10;
+    if (!kernel_collapses())
+        SKIP_TEST();
+    unsigned char *timed = port_caps.reserve_large_pages(size, size, unit);
+    unsigned char *full = port_caps.reserve_large_pages(size, size, unit);
+    unsigned char *sparse = port_caps.reserve_large_pages(size, size, unit);
+    CHECK(timed != NULL && full != NULL && sparse != NULL);
+    if (timed == NULL || full == NULL || sparse == NULL)
+        return;
+    fill(timed, piece, 51);
+    port_caps.collapse_large_pages(timed, unit); /* the first of the process is made and timed; later
+                                                  * ones are weighed: either way one is timed by now */
+    fill(full, unit, 52);
+    port_caps.collapse_large_pages(full, unit);
+    int hinted = 0;
+    unsigned long kb = huge_kb_over((uintptr_t)full, (uintptr_t)full + unit, &hinted);
+    CHECKF(kb == 0 && hinted, "a 2 MB with every page present: %lu KB of huge pages (0 expected), hinted %d", kb,
+           hinted);
+    CHECK(check_pattern(full, unit, 52));
+    for (size_t at = 0; at < unit; at += 4 * piece)
+        fill(sparse + at, piece, 53);
+    port_caps.collapse_large_pages(sparse, unit);
+    for (size_t at = 0; at < unit; at += 4 * piece) {
+        CHECKF(check_pattern(sparse + at, piece, 53), "piece at %zu KB after the weighing", at >> 10);
+        CHECK_EQ(bytes_not_equal(sparse + at + piece, 3 * piece, 0), 3 * piece);
+    }
+    CHECK(check_pattern(timed, piece, 51));
+    CHECK_EQ(port_release(timed, size), 0);
+    CHECK_EQ(port_release(full, size), 0);
+    CHECK_EQ(port_release(sparse, size), 0);
 }
 
 /* Whether the kernel's overcommit mode lets the port keep pools (0 or 1, not strict 2). */

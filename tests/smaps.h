@@ -1,0 +1,33 @@
+/* smaps.h - what the kernel says of a process's huge pages (Linux), for the tests of the huge-page
+ * rules: the huge pages in the mappings over a range, and whether one of them has the hint. */
+#ifndef TEST_SMAPS_H
+#define TEST_SMAPS_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The AnonHugePages of the mappings that overlap [from, to), summed over /proc/self/smaps; *hinted (when
+ * not NULL): whether one of them has the huge-page hint (VmFlags "hg"). */
+static unsigned long huge_kb_over(uintptr_t from, uintptr_t to, int *hinted)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    unsigned long lo, hi, kb, huge = 0;
+    int ours = 0;
+    if (hinted != NULL)
+        *hinted = 0;
+    while (f != NULL && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            ours = from < hi && to > lo;
+        else if (ours && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1)
+            huge += kb;
+        else if (ours && hinted != NULL && strncmp(line, "VmFlags:", 8) == 0)
+            *hinted |= strstr(line, " hg") != NULL;
+    }
+    if (f != NULL)
+        fclose(f);
+    return huge;
+}
+
+#endif
