@@ -16,7 +16,7 @@
  *   (mode 2) the charge is the highest ever committed, while the statistics count what is committed
  *   now. release: munmap.
  * - large pages for segments and arenas (reserve_large_pages, from an offset on: SHARDMM_HUGE_PAGES and
- *   segment_large_from in the core say which, by default a heap's memory past its first 2 MB): a 2 MB
+ *   segment_large_from in the core say which, by default a heap's memory past its first segment and arena): a 2 MB
  *   transparent huge page forms only where a whole aligned 2 MB lies in one read/write mapping with the
  *   MADV_HUGEPAGE hint; the piecewise mprotect commits above split a segment into a mapping per committed
  *   run, so hinting alone changed nothing (issue 25). So such a reservation is committed whole at once:
@@ -377,7 +377,7 @@ static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_of
 static uint64_t collapse_cost; /* ns the last timed collapse took; 0: none yet */
 static uint64_t linux_clock_ns(void);
 
-static void collapse_unit(uint8_t *unit)
+static int collapse_unit(uint8_t *unit)
 {
     enum { MADV_POPULATE_WRITE_ = 23, MADV_COLLAPSE_ = 25, UNIT_PAGES = LARGE_PAGE_ / PORT_PAGE };
     unsigned char present[UNIT_PAGES];
@@ -396,19 +396,22 @@ static void collapse_unit(uint8_t *unit)
     }
     if (estimate != 0 && saves < estimate) {
         __atomic_store_n(&collapse_cost, estimate - estimate / 4, __ATOMIC_RELAXED);
-        return;
+        return 0;
     }
     uint64_t t = linux_clock_ns();
-    sys3(SYS_madvise, (long)unit, LARGE_PAGE_, MADV_COLLAPSE_);
+    long r = sys3(SYS_madvise, (long)unit, LARGE_PAGE_, MADV_COLLAPSE_);
     uint64_t took = linux_clock_ns() - t;
     __atomic_store_n(&collapse_cost, took != 0 ? took : 1, __ATOMIC_RELAXED);
+    return !sys_failed(r);
 }
 
-static void linux_collapse_large_pages(void *addr, size_t size)
+static int linux_collapse_large_pages(void *addr, size_t size)
 {
+    int all = 1;
     linux_hint_large_pages(addr, size);
     for (size_t at = 0; at + LARGE_PAGE_ <= size; at += LARGE_PAGE_)
-        collapse_unit((uint8_t *)addr + at);
+        all &= collapse_unit((uint8_t *)addr + at);
+    return all;
 }
 
 static int linux_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
