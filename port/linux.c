@@ -16,7 +16,7 @@
  *   (mode 2) the charge is the highest ever committed, while the statistics count what is committed
  *   now. release: munmap.
  * - large pages for segments and arenas (reserve_large_pages, from an offset on: SHARDMM_HUGE_PAGES and
- *   segment_large_from in the core say which, by default a heap's memory past its first 2 MB): a 2 MB
+ *   segment_large_from in the core say which, by default a heap's memory past its first segment and arena): a 2 MB
  *   transparent huge page forms only where a whole aligned 2 MB lies in one read/write mapping with the
  *   MADV_HUGEPAGE hint; the piecewise mprotect commits above split a segment into a mapping per committed
  *   run, so hinting alone changed nothing (issue 25). So such a reservation is committed whole at once:
@@ -366,47 +366,52 @@ static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_of
  * holds the process's mapping lock. On one host a 4 KB fault took 10-16 us and a collapse 0.4-1 ms; on
  * another, whose hypervisor backs memory the guest gave back only when it is touched again, a 4 KB
  * fault took 1.6 us and a collapse 0.6-19 ms (bench/results/2026-12-04-collapse-cost.md). So each
- * unit's collapse is weighed first: mincore counts its pages not present, the first of them is touched
- * (a write of nothing, timed: what a fault costs here now; the collapse would make it present anyway),
- * and the collapse goes ahead when those faults would cost at least what collapses have been taking
+ * unit's collapse is weighed first: mincore counts its pages not present, the first of them is faulted
+ * in by MADV_POPULATE_WRITE (Linux 5.14; timed: what a fault costs here now, with one system call's
+ * entry, which errs towards the collapse; the collapse would make the page present anyway, and it may
+ * lie inside a block another thread is writing, which a write of ours could not touch safely), and the
+ * collapse goes ahead when those faults would cost at least what collapses have been taking
  * (collapse_cost, the last one timed). Before any was timed, it goes ahead. A unit passed over leaves
  * the estimate a quarter lower, so that a slow phase of the host is not taken for its nature: after a
  * few, the next collapse is timed again. The hint stays either way (khugepaged's to do, later). */
 static uint64_t collapse_cost; /* ns the last timed collapse took; 0: none yet */
 static uint64_t linux_clock_ns(void);
 
-static void collapse_unit(uint8_t *unit)
+static int collapse_unit(uint8_t *unit)
 {
-    enum { MADV_COLLAPSE_ = 25, UNIT_PAGES = LARGE_PAGE_ / PORT_PAGE };
+    enum { MADV_POPULATE_WRITE_ = 23, MADV_COLLAPSE_ = 25, UNIT_PAGES = LARGE_PAGE_ / PORT_PAGE };
     unsigned char present[UNIT_PAGES];
-    uint64_t *first = NULL;
+    uint8_t *first = NULL;
     unsigned missing = 0;
     if (__atomic_load_n(&collapse_cost, __ATOMIC_RELAXED) != 0 &&
         !sys_failed(sys3(SYS_mincore, (long)unit, LARGE_PAGE_, (long)present)))
         for (unsigned i = 0; i < UNIT_PAGES; i++)
             if ((present[i] & 1) == 0 && missing++ == 0)
-                first = (uint64_t *)(unit + (size_t)i * PORT_PAGE);
+                first = unit + (size_t)i * PORT_PAGE;
     uint64_t estimate = __atomic_load_n(&collapse_cost, __ATOMIC_RELAXED), saves = 0;
     if (estimate != 0 && first != NULL) {
         uint64_t t = linux_clock_ns();
-        __atomic_fetch_add(first, 0, __ATOMIC_RELAXED); /* one fault; the contents stay */
-        saves = (uint64_t)(missing - 1) * (linux_clock_ns() - t);
+        if (!sys_failed(sys3(SYS_madvise, (long)first, PORT_PAGE, MADV_POPULATE_WRITE_)))
+            saves = (uint64_t)(missing - 1) * (linux_clock_ns() - t);
     }
     if (estimate != 0 && saves < estimate) {
         __atomic_store_n(&collapse_cost, estimate - estimate / 4, __ATOMIC_RELAXED);
-        return;
+        return 0;
     }
     uint64_t t = linux_clock_ns();
-    sys3(SYS_madvise, (long)unit, LARGE_PAGE_, MADV_COLLAPSE_);
+    long r = sys3(SYS_madvise, (long)unit, LARGE_PAGE_, MADV_COLLAPSE_);
     uint64_t took = linux_clock_ns() - t;
     __atomic_store_n(&collapse_cost, took != 0 ? took : 1, __ATOMIC_RELAXED);
+    return !sys_failed(r);
 }
 
-static void linux_collapse_large_pages(void *addr, size_t size)
+static int linux_collapse_large_pages(void *addr, size_t size)
 {
+    int all = 1;
     linux_hint_large_pages(addr, size);
     for (size_t at = 0; at + LARGE_PAGE_ <= size; at += LARGE_PAGE_)
-        collapse_unit((uint8_t *)addr + at);
+        all &= collapse_unit((uint8_t *)addr + at);
+    return all;
 }
 
 static int linux_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)

@@ -108,8 +108,8 @@ typedef struct port_capabilities {
      * the range becomes resident. The core's way to give a heap that has grown the large pages it was
      * first denied (segment.h: segment_spared_commit). Nothing visible changes but resident memory; it
      * may do nothing, or less than asked where it judges the copy dearer than what it saves (Linux:
-     * linux.c). Without it: small pages stay. */
-    void (*collapse_large_pages)(void *addr, size_t size);
+     * linux.c). 1: all of the range is on large pages now; 0: not. Without it: small pages stay. */
+    int (*collapse_large_pages)(void *addr, size_t size);
 
     /* The most address space the process may hold, bytes; SIZE_MAX when unlimited. Read for the rare
      * decisions that depend on it (large blocks' address headroom). Without it: unlimited. */

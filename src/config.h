@@ -194,25 +194,26 @@
 #endif
 /* The values of SHARDMM_HUGE_PAGES (options.h), which says which small-block segments and medium arenas
  * are reserved so that the platform may back them with large pages (port_caps.reserve_large_pages;
- * segment.h's segment_large_from): none; a thread heap's memory beyond the first 2 MB of each kind (the
- * default); all of it. On Linux a huge page makes 2 MB resident at the first touch of a 64 KB page, so
- * "all" costs a small heap its low peak (2-4 times in bench/run's scenarios:
- * bench/results/2026-12-01-thp.md), while a heap that grows past 2 MB gains the faults and the TLB
- * misses of 4 KB pages, which a virtual machine pays dearly (bench/results/2026-12-02-huge-growth.md).
- * build/thp/libshardmm.so is built with "all", for the benchmarks' comparison. */
+ * segment.h's segment_large_from): none; a thread heap's memory beyond its first segment and first arena,
+ * and those too as the heap fills them (segment_spared_commit; the default); all of it. On Linux a huge
+ * page makes 2 MB resident at the first touch of a 64 KB page, so "all" costs a small heap its low peak
+ * (2-4 times in bench/run's scenarios: bench/results/2026-12-01-thp.md), while a heap that grows past 2 MB
+ * gains the faults and the TLB misses of 4 KB pages, which a virtual machine pays dearly
+ * (bench/results/2026-12-02-huge-growth.md). build/thp/libshardmm.so is built with "all", for the
+ * benchmarks' comparison. */
 #define SHARD_HUGE_PAGES_NONE 0
 #define SHARD_HUGE_PAGES_GROWN 1
 #define SHARD_HUGE_PAGES_ALL 2
 #ifndef SHARD_HUGE_PAGES
 #define SHARD_HUGE_PAGES SHARD_HUGE_PAGES_GROWN
 #endif
-/* In the default mode, the commits of 64 KB into a heap's spared first 2 MB of small pages, and of medium
- * memory, after which that 2 MB goes on large pages too (segment.h's segment_spared_commit): for small
- * pages all 31 of them (the heap filled its spared unit; pages carve 4 KB at a time, so much of it is
- * still untouched), for an arena, which commits from its start, 512 KB more than its first 64 KB. Earlier
- * for small pages took larson's and glibc-thread's heaps of 1-2 MB to their whole 2 MB (glibc-thread@8
- * 11.5 to 17.9 MB at 8 commits); later for medium left alloc-test@8 two thirds of its faults
- * (bench/results/2026-12-02-spared-units.md). */
+/* In the default mode, the commits of 64 KB into a spared 2 MB of a heap's first segment, and of its first
+ * arena, after which that 2 MB goes on large pages too (segment.h's segment_spared_commit): for small
+ * pages 31, every page of the lower unit but the descriptors' (the heap filled it; pages carve 4 KB at a
+ * time, so much of it is still untouched), for an arena, which commits from its start, 512 KB more than
+ * its first 64 KB. Earlier for small pages took larson's and glibc-thread's heaps of 1-2 MB to their whole
+ * 2 MB (glibc-thread@8 11.5 to 17.9 MB at 8 commits); later for medium left alloc-test@8 two thirds of its
+ * faults (bench/results/2026-12-02-spared-units.md). */
 #ifndef SHARD_SPARED_SMALL
 #define SHARD_SPARED_SMALL 31
 #endif

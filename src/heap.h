@@ -63,7 +63,7 @@ typedef struct heap {
     uint32_t drains;         /* times it took its `delayed` list; a relaxed atomic, which the release of
                               * a loose page reads (small.h) */
     /* Small segments and medium arenas made since its thread took it: the first of each kind keeps its
-     * first 2 MB on small pages (segment.h's segment_large_from) until the heap fills it
+     * 2 MB units on small pages (segment.h's segment_large_from) until the heap fills the lower one
      * (segment_spared_commit). */
     uint32_t segments_made, arenas_made;
     /* 1 once it took back a segment it gave the orphans early (small.c's give_full_segment): its thread

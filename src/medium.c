@@ -399,11 +399,8 @@ STEP int ensure_committed(arena *a, size_t end)
         heap_uncharge(h, to - a->committed);
         return -1;
     }
-    if (unlikely(a->seg.spared_left != 0)) {
-        segment_spared_commit(&a->seg, a->committed, to);
-        if (a->seg.spared_left == 0)
-            small_spared_grown(h);
-    }
+    if (unlikely(segment_spared(&a->seg)) && segment_spared_commit(&a->seg, SEG_MEDIUM, a->committed, to))
+        small_spared_grown(h);
     store_relaxed(&a->committed, to);
     return 0;
 }

@@ -299,61 +299,82 @@ uint64_t secret_of_process(void)
 size_t segment_large_from(int first, uint32_t created)
 {
     if (port_caps.reserve_large_pages == NULL || load_relaxed(&commit_limit) != SIZE_MAX)
-        return SEGMENT_SIZE;
+        return SEGMENT_LARGE_NONE;
     if (options_values.huge_pages == SHARD_HUGE_PAGES_ALL)
         return 0;
     if (options_values.huge_pages == SHARD_HUGE_PAGES_GROWN && !created)
-        return first ? SEGMENT_LARGE_UNIT : 0;
-    return SEGMENT_SIZE;
+        return !first ? 0 : port_caps.collapse_large_pages != NULL ? SEGMENT_SIZE : SEGMENT_LARGE_UNIT;
+    return SEGMENT_LARGE_NONE;
 }
 
 /* The commits of 64 KB a spared unit of a segment of `kind` takes before it goes on large pages. */
 static uint32_t spared_commits(unsigned kind) { return kind == SEG_SMALL ? SHARD_SPARED_SMALL : SHARD_SPARED_MEDIUM; }
 
-/* seg's spared unit onto large pages now (segment.h). */
-static void spared_collapse(segment *seg)
+/* spared_left[1] of a segment whose lower unit went on large pages before its upper one was used: the
+ * upper one is hinted at its first commit, before anything there is touched (segment.h). */
+#define SPARED_HINT 0xffffu
+
+/* seg's spared unit u onto large pages now, if the platform finds that worth it (segment.h). */
+static void spared_collapse(segment *seg, unsigned kind, unsigned u)
 {
-    seg->spared_left = 0;
+    seg->spared_left[u] = 0;
     count_call();
-    port_caps.collapse_large_pages(seg, SEGMENT_LARGE_UNIT);
+    int large = port_caps.collapse_large_pages((uint8_t *)seg + u * SEGMENT_LARGE_UNIT, SEGMENT_LARGE_UNIT);
+    if (large && u == 0 && seg->spared_left[1] == spared_commits(kind) && port_caps.hint_large_pages != NULL)
+        seg->spared_left[1] = SPARED_HINT;
 }
 
-void segment_spared_commit(segment *seg, size_t from, size_t to)
+int segment_spared_commit(segment *seg, unsigned kind, size_t from, size_t to)
 {
-    if (from >= SEGMENT_LARGE_UNIT)
-        return;
-    uint32_t pieces = (uint32_t)(((to < SEGMENT_LARGE_UNIT ? to : SEGMENT_LARGE_UNIT) - from) / PAGE_SIZE);
-    if (seg->spared_left > pieces) {
-        seg->spared_left -= pieces;
-        return;
+    int filled = 0;
+    for (unsigned u = 0; u < 2; u++) {
+        size_t lo = u * SEGMENT_LARGE_UNIT, hi = lo + SEGMENT_LARGE_UNIT;
+        size_t a = from > lo ? from : lo, b = to < hi ? to : hi;
+        if (seg->spared_left[u] == 0 || a >= b)
+            continue;
+        uint32_t pieces = (uint32_t)((b - a) / PAGE_SIZE);
+        if (seg->spared_left[u] == SPARED_HINT) {
+            seg->spared_left[u] = 0;
+            count_call();
+            port_caps.hint_large_pages((uint8_t *)seg + lo, SEGMENT_LARGE_UNIT);
+        } else if (seg->spared_left[u] > pieces) {
+            seg->spared_left[u] = (uint16_t)(seg->spared_left[u] - pieces);
+        } else {
+            spared_collapse(seg, kind, u);
+            filled = 1;
+        }
     }
-    spared_collapse(seg);
+    return filled;
 }
 
 void segment_spared_grown(segment *seg, unsigned kind)
 {
     uint32_t all = spared_commits(kind);
-    if (seg->spared_left != 0 && all - seg->spared_left >= (all + 3) / 4)
-        spared_collapse(seg);
+    for (unsigned u = 0; u < 2; u++)
+        if (seg->spared_left[u] != 0 && seg->spared_left[u] != SPARED_HINT &&
+            all - seg->spared_left[u] >= (all + 3) / 4)
+            spared_collapse(seg, kind, u);
 }
 
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t large_from)
 {
-    segment *seg = large_from < SEGMENT_SIZE
+    segment *seg = large_from != SEGMENT_LARGE_NONE
                        ? reserve_counted(port_caps.reserve_large_pages(SEGMENT_SIZE, SEGMENT_SIZE, large_from),
                                          SEGMENT_SIZE)
                        : os_reserve(SEGMENT_SIZE, SEGMENT_SIZE);
     if (seg == NULL)
         return NULL;
-    int whole = large_from < SEGMENT_SIZE && (port_caps.flags & PORT_LARGE_RESERVE_COMMITTED) != 0;
+    int whole = large_from != SEGMENT_LARGE_NONE && (port_caps.flags & PORT_LARGE_RESERVE_COMMITTED) != 0;
     if (commit_counted(seg, commit, !whole) != 0) {
         os_release(seg, SEGMENT_SIZE, 0);
         return NULL;
     }
     seg->owner = owner;
     seg->committed_whole = (uint32_t)whole;
-    if (large_from == SEGMENT_LARGE_UNIT && port_caps.collapse_large_pages != NULL)
-        seg->spared_left = spared_commits(kind);
+    for (unsigned u = 0; u < 2; u++) /* the units below large_from, on small pages for now */
+        if (large_from != SEGMENT_LARGE_NONE && large_from >= (u + 1) * SEGMENT_LARGE_UNIT &&
+            port_caps.collapse_large_pages != NULL)
+            seg->spared_left[u] = (uint16_t)spared_commits(kind);
 #if SHARD_HARDENED
     seg->secret = secret_new();
 #endif

@@ -72,8 +72,9 @@ typedef struct segment {
     /* line 1, which the owner's slow paths write: not the line of the owner word and the secret, which
      * other threads' frees read */
     uint32_t full_pages;            /* small: its pages out of their class lists as full (small.c) */
-    uint32_t spared_left;           /* commits of 64 KB below SEGMENT_LARGE_UNIT before that part goes on
-                                     * large pages too (segment_spared_commit); 0: it is, or never will */
+    uint16_t spared_left[2];        /* per SEGMENT_LARGE_UNIT of it, the commits of 64 KB there before that
+                                     * unit goes on large pages too (segment_spared_commit); 0: it is, or
+                                     * never will */
     struct heap *given_by;          /* small: the heap that gave it to the orphans last (small.h) */
     uint8_t pad[48];
 } segment;
@@ -106,32 +107,39 @@ int segmap_set(uintptr_t start, size_t size, unsigned first, unsigned rest);
 
 /* A new segment of the given kind owned by heap, its first `commit` bytes committed and zero (for small
  * segments the page descriptors), on the platform's large pages from offset `large_from` on
- * (segment_large_from; SEGMENT_SIZE: none, a plain reservation committed piece by piece); NULL out of
+ * (segment_large_from; SEGMENT_LARGE_NONE: a plain reservation committed piece by piece); NULL out of
  * memory. */
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t large_from);
 
 /* Large pages for small and medium memory (SHARDMM_HUGE_PAGES, options.h; the design is in docs/design.md,
  * "Huge pages"): the offset of a new segment or arena from which the platform may back it with large
- * pages (port_caps.reserve_large_pages), or SEGMENT_SIZE for none. `first`: the heap's first of the kind
- * since its thread took it (heap.h: segments_made, arenas_made), whose first SEGMENT_LARGE_UNIT then
- * stays on small pages in the default mode, so that a small heap keeps its small footprint; `created`:
- * an embedder's heap, which the default mode leaves on small pages (its limit counts what is
- * committed). None while shard_set_limit bounds the process's memory. */
+ * pages (port_caps.reserve_large_pages), or SEGMENT_LARGE_NONE for none. The units below that offset are
+ * spared: on small pages until the heap fills them (segment_spared_commit). `first`: the heap's first
+ * of the kind since its thread took it (heap.h: segments_made, arenas_made), which in the default mode
+ * is spared whole (SEGMENT_SIZE: a large-page reservation with no unit hinted yet), or its first unit
+ * only where the platform cannot collapse a unit later; `created`: an embedder's heap, which the
+ * default mode leaves on small pages (its limit counts what is committed). None while shard_set_limit
+ * bounds the process's memory. */
 #define SEGMENT_LARGE_UNIT ((size_t)2 << 20)
+#define SEGMENT_LARGE_NONE SIZE_MAX
 size_t segment_large_from(int first, uint32_t created);
 
-/* A heap that grows through its first segment's or arena's spared SEGMENT_LARGE_UNIT is not the small
+/* A heap that grows through a spared SEGMENT_LARGE_UNIT of its first segment or arena is not the small
  * heap that sparing was for: after SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM commits of 64 KB there
- * (`spared_left`, config.h), that part goes on large pages as well (port_caps.collapse_large_pages, which
+ * (`spared_left`, config.h), that unit goes on large pages as well (port_caps.collapse_large_pages, which
  * the Linux port weighs against what it saves), with what it holds; the faults of the rest of it and the
- * TLB misses of all of it are saved. Called by the
- * owner after it committed [from, to) of seg (offsets, in 64 KB pieces), whose spared_left is not 0;
- * only what lies below SEGMENT_LARGE_UNIT counts. */
-void segment_spared_commit(segment *seg, size_t from, size_t to);
+ * TLB misses of all of it are saved. The upper unit follows the lower one's verdict: where the lower
+ * one went on large pages before the upper was used, the upper is hinted at its first commit (its
+ * first touch then takes a large page, with no copy); where the platform passed the lower one over,
+ * the upper stays on small pages until it fills in turn. Called by the owner after it committed
+ * [from, to) of seg (of `kind`; offsets, in 64 KB pieces), which is still spared (segment_spared); 1
+ * when a unit filled. */
+int segment_spared_commit(segment *seg, unsigned kind, size_t from, size_t to);
+static inline int segment_spared(const segment *seg) { return (seg->spared_left[0] | seg->spared_left[1]) != 0; }
 
-/* The owner of seg (a small segment or a medium arena, `kind`) just filled its spared unit of the other
- * kind: seg's spared unit goes on large pages too if the heap has made at least a quarter of its commits
- * there (SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM): a heap that has grown through one unit and well
+/* The owner of seg (a small segment or a medium arena, `kind`) just filled a spared unit of the other
+ * kind: each spared unit of seg goes on large pages too if the heap has made at least a quarter of its
+ * commits there (SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM): a heap that has grown through one unit and well
  * into the other is not small either. One with little of the other kind (a thread's one medium buffer
  * of 600 KB and a few small blocks) keeps that unit on small pages. On bench/shapes.c's strings (8
  * threads) this saved 37 % of the faults (bench/results/2026-12-03-whole-commits.md). */

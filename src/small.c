@@ -628,10 +628,9 @@ static int page_commit_cold(heap *h, page *pg)
         return -1;
     }
     list_remove(&h->cold_pages, pg);
-    if (unlikely(s->spared_left != 0)) {
+    if (unlikely(segment_spared(s))) {
         size_t at = (size_t)(page_start(pg) - (uint8_t *)s);
-        segment_spared_commit(s, at, at + PAGE_SIZE);
-        if (s->spared_left == 0)
+        if (segment_spared_commit(s, SEG_SMALL, at, at + PAGE_SIZE))
             medium_spared_grown(h);
     }
     return 0;

@@ -36,6 +36,14 @@
 #include <unistd.h>
 extern char **environ;
 
+#include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+
 #include "smaps.h"
 #endif
 
@@ -328,6 +336,57 @@ static void scenario_huge_pages_spared_both(void)
             (long)(intptr_t)few, vmstat("thp_fault_fallback") - fallback_before);
 }
 
+/* A seccomp filter under which MADV_COLLAPSE fails (EINVAL, as on a kernel before 6.1): 0, or -1 where
+ * the process may not install one. */
+static int collapse_refused(void)
+{
+    struct sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_madvise, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 25 /* MADV_COLLAPSE */, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EINVAL),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof code / sizeof code[0]), code};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return -1;
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+}
+
+/* A heap of 3 MB of 64-byte blocks, each written: its first segment's lower 2 MB is full, its upper 2 MB
+ * half used. The KB of huge pages in the mapping of the upper unit's start, whether it has the hint, and
+ * how many blocks lost their pattern; with SHARD_TEST_NO_COLLAPSE set, under collapse_refused (or
+ * "no filter" where that fails). */
+static void scenario_huge_pages_upper(void)
+{
+    if (getenv("SHARD_TEST_NO_COLLAPSE") != NULL && collapse_refused() != 0) {
+        fprintf(stderr, "child: no filter\n");
+        return;
+    }
+    enum { BLOCKS = 3 * 1024 * 1024 / 64 };
+    static uint64_t *blocks[BLOCKS];
+    size_t bad = 0;
+    for (size_t i = 0; i < BLOCKS; i++) {
+        blocks[i] = shard_malloc(64);
+        for (size_t w = 0; w < 8; w++)
+            blocks[i][w] = (uint64_t)(uintptr_t)blocks[i] * 13 + w;
+    }
+    uintptr_t seg = (uintptr_t)blocks[0] & ~(uintptr_t)(4 * MB - 1);
+    int hinted;
+    unsigned long kb = huge_kb_over(seg + 2 * MB, seg + 2 * MB + 1, &hinted);
+    for (size_t i = 0; i < BLOCKS; i++) {
+        for (size_t w = 0; w < 8; w++)
+            bad += blocks[i][w] != (uint64_t)(uintptr_t)blocks[i] * 13 + w;
+        shard_free(blocks[i]);
+    }
+    fprintf(stderr, "child: upper unit %lu KB hinted %d, %zu bad words\n", kb, hinted, bad);
+}
+
 /* A heap that grows to 16 MB of small blocks, and one of 1 MB, which stays in its first 2 MB. */
 static void scenario_huge_pages(void) { huge_pages_under(16 * MB); }
 static void scenario_huge_pages_small(void) { huge_pages_under(1 * MB); }
@@ -357,6 +416,7 @@ static const struct {
     {"huge-pages-small", scenario_huge_pages_small},
     {"huge-pages-spared", scenario_huge_pages_spared},
     {"huge-pages-spared-both", scenario_huge_pages_spared_both},
+    {"huge-pages-upper", scenario_huge_pages_upper},
 #endif
 };
 
@@ -797,7 +857,7 @@ TEST(huge_pages_go_under_a_heap_grown_past_2_mb_and_not_under_a_small_one)
     CHECK_SAYS(c, "shardmm: SHARDMM_HUGE_PAGES=3: expected 0, 1 or 2");
     long kb = huge_kb(c, &segments, &fallbacks);
     SKIP_IF_NO_HUGE_PAGE(kb, fallbacks);
-    /* 16 MB is four segments: the first one's upper 2 MB and the three others whole are hinted. */
+    /* 16 MB is four segments: the three after the first are hinted whole (the first's units when filled). */
     CHECKF(kb >= 2048 && segments >= 4,
            "by default (and with an invalid value) a heap grown to 16 MB holds huge pages: %ld KB in %d "
            "segments (%ld fallbacks)", kb, segments, fallbacks);
@@ -837,6 +897,36 @@ TEST(a_heap_that_fills_one_spared_unit_puts_the_other_on_huge_pages_when_it_used
     CHECKF(quarter >= 0, "the arena of a heap that filled its small spared unit with 4 of 8 medium commits is "
            "hinted for huge pages (%ld)", quarter);
     CHECKF(few == -2, "the arena of a heap with 1 medium commit is not hinted (%ld KB of huge pages)", few);
+}
+
+/* scenario_huge_pages_upper: the upper 2 MB of a heap's first segment follows the lower one. Its lower
+ * 2 MB full (collapsed: the process's first collapse, made whatever it costs) and the upper half used,
+ * the upper unit is hinted. Where the collapse fails (a filter makes MADV_COLLAPSE say EINVAL), the
+ * upper unit stays on small pages, neither hinted nor on a huge page, until it fills in turn (with THP
+ * "madvise": under "always" the kernel takes what it likes). Until 2026-12-04 it was hinted from the
+ * start, and took a huge page at its first touch, whatever became of the lower one. */
+TEST(the_upper_2_mb_of_a_heap_s_first_segment_follows_the_lower_onto_huge_pages)
+{
+    if (strcmp(thp_mode(), "madvise") != 0)
+        SKIP_TEST();
+    for (int refused = 0; refused < 2; refused++) {
+        child *c = run("huge-pages-upper", refused ? VARS("SHARD_TEST_NO_COLLAPSE=1") : NO_VARS);
+        if (refused && strstr(c->err, "child: no filter") != NULL)
+            SKIP_TEST(); /* no seccomp filter here (a container's own may forbid it) */
+        unsigned long kb = 1;
+        int hinted = -1;
+        size_t bad = 1;
+        const char *line = strstr(c->err, "child: upper unit ");
+        int parsed = line != NULL && sscanf(line, "child: upper unit %lu KB hinted %d, %zu bad words", &kb,
+                                            &hinted, &bad) == 3;
+        CHECKF(parsed && bad == 0, "the blocks of a heap of 3 MB kept their patterns: %s", c->err);
+        if (refused)
+            CHECKF(kb == 0 && hinted == 0, "with no collapse, the half-used upper 2 MB of a heap's first segment: "
+                   "%lu KB of huge pages, hinted %d (0 and 0 expected)", kb, hinted);
+        else if (kernel_collapses())
+            CHECKF(hinted == 1, "after its lower 2 MB's collapse, the upper 2 MB of a heap's first segment is "
+                   "hinted (%lu KB of huge pages)", kb);
+    }
 }
 
 TEST(a_heap_that_fills_its_spared_first_2_mb_gets_huge_pages_there_with_its_blocks_intact)

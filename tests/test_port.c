@@ -484,7 +484,7 @@ TEST(a_collapse_that_would_save_no_fault_is_passed_over_once_one_was_timed)
     port_caps.collapse_large_pages(timed, unit); /* the first of the process is made and timed; later
                                                   * ones are weighed: either way one is timed by now */
     fill(full, unit, 52);
-    port_caps.collapse_large_pages(full, unit);
+    CHECK_EQ(port_caps.collapse_large_pages(full, unit), 0);
     int hinted = 0;
     unsigned long kb = huge_kb_over((uintptr_t)full, (uintptr_t)full + unit, &hinted);
     CHECKF(kb == 0 && hinted, "a 2 MB with every page present: %lu KB of huge pages (0 expected), hinted %d", kb,
