@@ -25,9 +25,6 @@
 
 #ifndef _WIN32
 #include <errno.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <sched.h>
 #include <stddef.h>
 #include <sys/mman.h>
@@ -36,6 +33,7 @@
 #include <sys/syscall.h>
 #include <ucontext.h>
 
+#include "seccomp.h"
 #include "smaps.h"
 #endif
 
@@ -663,12 +661,7 @@ static void pool_trap(int sig, siginfo_t *info, void *context)
 static int pool_trap_arm(void)
 {
     struct sock_filter code[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mmap, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        FILTER_ONE_CALL(SYS_mmap),
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[3])),
         BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, MAP_NONBLOCK, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
@@ -679,14 +672,13 @@ static int pool_trap_arm(void)
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
     };
-    struct sock_fprog prog = {(unsigned short)(sizeof code / sizeof code[0]), code};
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = pool_trap;
     sa.sa_flags = SA_SIGINFO;
-    if (sigaction(SIGSYS, &sa, NULL) != 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+    if (sigaction(SIGSYS, &sa, NULL) != 0)
         return -1;
-    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+    return filter_install(code, sizeof code / sizeof code[0]);
 }
 
 #define TRAP_CLAIMS 512 /* 64 pools of 8 claims of 128 MB: enough to need a new pool */
