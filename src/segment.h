@@ -74,7 +74,7 @@ typedef struct segment {
     uint32_t full_pages;            /* small: its pages out of their class lists as full (small.c) */
     uint16_t spared_left[2];        /* per SEGMENT_LARGE_UNIT of it, the commits of 64 KB there before that
                                      * unit goes on large pages too (segment_spared_commit); 0: it is, or
-                                     * never will */
+                                     * never will; 0xffff (the upper): hinted at its first commit */
     struct heap *given_by;          /* small: the heap that gave it to the orphans last (small.h) */
     uint8_t pad[48];
 } segment;
