@@ -854,20 +854,6 @@ TEST(huge_pages_go_under_a_heap_grown_past_2_mb_and_not_under_a_small_one)
            fallbacks);
 }
 
-/* Whether this kernel collapses a range into huge pages on request (MADV_COLLAPSE, Linux 6.1): a
- * scratch 2 MB, one page of it written. */
-static int kernel_collapses(void)
-{
-    char *r = mmap(NULL, 4 * MB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (r == MAP_FAILED)
-        return 0;
-    char *p = (char *)(((uintptr_t)r + 2 * MB - 1) & ~(uintptr_t)(2 * MB - 1));
-    p[0] = 1;
-    int ok = madvise(p, 2 * MB, MADV_HUGEPAGE) == 0 && madvise(p, 2 * MB, 25 /* MADV_COLLAPSE */) == 0;
-    munmap(r, 4 * MB);
-    return ok;
-}
-
 /* scenario_huge_pages_spared_both: the arena of a heap with a quarter of its medium unit committed goes
  * on huge pages with its small unit; one with less stays on small pages. */
 TEST(a_heap_that_fills_one_spared_unit_puts_the_other_on_huge_pages_when_it_used_a_quarter)
