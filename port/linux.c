@@ -380,23 +380,25 @@ static uint64_t linux_clock_ns(void);
 static int collapse_unit(uint8_t *unit)
 {
     enum { MADV_POPULATE_WRITE_ = 23, MADV_COLLAPSE_ = 25, UNIT_PAGES = LARGE_PAGE_ / PORT_PAGE };
-    unsigned char present[UNIT_PAGES];
-    uint8_t *first = NULL;
-    unsigned missing = 0;
-    if (__atomic_load_n(&collapse_cost, __ATOMIC_RELAXED) != 0 &&
-        !sys_failed(sys3(SYS_mincore, (long)unit, LARGE_PAGE_, (long)present)))
-        for (unsigned i = 0; i < UNIT_PAGES; i++)
-            if ((present[i] & 1) == 0 && missing++ == 0)
-                first = unit + (size_t)i * PORT_PAGE;
-    uint64_t estimate = __atomic_load_n(&collapse_cost, __ATOMIC_RELAXED), saves = 0;
-    if (estimate != 0 && first != NULL) {
-        uint64_t t = linux_clock_ns();
-        if (!sys_failed(sys3(SYS_madvise, (long)first, PORT_PAGE, MADV_POPULATE_WRITE_)))
-            saves = (uint64_t)(missing - 1) * (linux_clock_ns() - t);
-    }
-    if (estimate != 0 && saves < estimate) {
-        __atomic_store_n(&collapse_cost, estimate - estimate / 4, __ATOMIC_RELAXED);
-        return 0;
+    uint64_t estimate = __atomic_load_n(&collapse_cost, __ATOMIC_RELAXED);
+    if (estimate != 0) { /* weighed: the faults it would save against what collapses took */
+        unsigned char present[UNIT_PAGES];
+        uint8_t *first = NULL;
+        unsigned missing = 0;
+        uint64_t saves = 0;
+        if (!sys_failed(sys3(SYS_mincore, (long)unit, LARGE_PAGE_, (long)present)))
+            for (unsigned i = 0; i < UNIT_PAGES; i++)
+                if ((present[i] & 1) == 0 && missing++ == 0)
+                    first = unit + (size_t)i * PORT_PAGE;
+        if (first != NULL) {
+            uint64_t t = linux_clock_ns();
+            if (!sys_failed(sys3(SYS_madvise, (long)first, PORT_PAGE, MADV_POPULATE_WRITE_)))
+                saves = (uint64_t)(missing - 1) * (linux_clock_ns() - t);
+        }
+        if (saves < estimate) {
+            __atomic_store_n(&collapse_cost, estimate - estimate / 4, __ATOMIC_RELAXED);
+            return 0;
+        }
     }
     uint64_t t = linux_clock_ns();
     long r = sys3(SYS_madvise, (long)unit, LARGE_PAGE_, MADV_COLLAPSE_);

@@ -207,15 +207,19 @@
 #ifndef SHARD_HUGE_PAGES
 #define SHARD_HUGE_PAGES SHARD_HUGE_PAGES_GROWN
 #endif
-/* In the default mode, the commits of 64 KB into a spared 2 MB of a heap's first segment, and of its first
- * arena, after which that 2 MB goes on large pages too (segment.h's segment_spared_commit): for small
- * pages 31, every page of the lower unit but the descriptors' (the heap filled it; pages carve 4 KB at a
- * time, so much of it is still untouched), for an arena, which commits from its start, 512 KB more than
- * its first 64 KB. Earlier for small pages took larson's and glibc-thread's heaps of 1-2 MB to their whole
- * 2 MB (glibc-thread@8 11.5 to 17.9 MB at 8 commits); later for medium left alloc-test@8 two thirds of its
- * faults (bench/results/2026-12-02-spared-units.md). */
+/* In the default mode, what a heap uses of a spared 2 MB of its first segment, and of its first arena,
+ * before that 2 MB goes on large pages too (segment.h's segment_spared_touch and segment_spared_commit):
+ * for small pages SHARD_SPARED_SMALL bytes reached by carving (the OS pages its items lie in), as much as
+ * 31 of its 64 KB pages hold: all of the lower unit but the descriptors' page, touched; a heap that makes
+ * a second segment first takes them there and then (segment_spared_outgrown). Until 2026-12-04 it was 31
+ * pages committed, which a heap of strings in 40 classes reached with 400 KB of the unit touched (a page
+ * serves one class and carves 4 KB at a time), and the huge page there tripled bench/run's strings@8
+ * peak; 1.5 MB took larson@2's and @8's peaks above mimalloc 3.4.3's (bench/results/
+ * 2026-12-04-spared-touch.md). For an arena, 8 commits of 64 KB, 512 KB more than its first 64 KB (an
+ * arena commits from its start, for blocks used whole; later left alloc-test@8 two thirds of its faults:
+ * bench/results/2026-12-02-spared-units.md). */
 #ifndef SHARD_SPARED_SMALL
-#define SHARD_SPARED_SMALL 31
+#define SHARD_SPARED_SMALL (31 * 65536)
 #endif
 #ifndef SHARD_SPARED_MEDIUM
 #define SHARD_SPARED_MEDIUM 8

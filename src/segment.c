@@ -307,8 +307,12 @@ size_t segment_large_from(int first, uint32_t created)
     return SEGMENT_LARGE_NONE;
 }
 
-/* The commits of 64 KB a spared unit of a segment of `kind` takes before it goes on large pages. */
-static uint32_t spared_commits(unsigned kind) { return kind == SEG_SMALL ? SHARD_SPARED_SMALL : SHARD_SPARED_MEDIUM; }
+/* What a spared unit of a segment of `kind` takes before it goes on large pages: for small pages the OS
+ * pages carved there, for an arena the commits of 64 KB (segment.h). */
+static uint32_t spared_commits(unsigned kind)
+{
+    return kind == SEG_SMALL ? (uint32_t)(SHARD_SPARED_SMALL / PORT_PAGE) : SHARD_SPARED_MEDIUM;
+}
 
 /* spared_left[1] of a segment whose lower unit went on large pages before its upper one was used: the
  * upper one is hinted at its first commit, before anything there is touched (segment.h). */
@@ -324,6 +328,18 @@ static void spared_collapse(segment *seg, unsigned kind, unsigned u)
         seg->spared_left[1] = SPARED_HINT;
 }
 
+/* count more of what unit u of seg (of `kind`), still spared and not waiting for its hint, takes before it
+ * goes on large pages: 1 when that made it go. */
+static int spared_take(segment *seg, unsigned kind, unsigned u, size_t count)
+{
+    if (seg->spared_left[u] > count) {
+        seg->spared_left[u] = (uint16_t)(seg->spared_left[u] - count);
+        return 0;
+    }
+    spared_collapse(seg, kind, u);
+    return 1;
+}
+
 int segment_spared_commit(segment *seg, unsigned kind, size_t from, size_t to)
 {
     int filled = 0;
@@ -332,18 +348,33 @@ int segment_spared_commit(segment *seg, unsigned kind, size_t from, size_t to)
         size_t a = from > lo ? from : lo, b = to < hi ? to : hi;
         if (seg->spared_left[u] == 0 || a >= b)
             continue;
-        uint32_t pieces = (uint32_t)((b - a) / PAGE_SIZE);
         if (seg->spared_left[u] == SPARED_HINT) {
             seg->spared_left[u] = 0;
             count_call();
             port_caps.hint_large_pages((uint8_t *)seg + lo, SEGMENT_LARGE_UNIT);
-        } else if (seg->spared_left[u] > pieces) {
-            seg->spared_left[u] = (uint16_t)(seg->spared_left[u] - pieces);
-        } else {
+        } else if (kind != SEG_SMALL) {
+            filled |= spared_take(seg, kind, u, (b - a) / PAGE_SIZE);
+        }
+    }
+    return filled;
+}
+
+int segment_spared_touch(segment *seg, size_t at, size_t pages)
+{
+    unsigned u = at >= SEGMENT_LARGE_UNIT;
+    if (seg->spared_left[u] == 0 || seg->spared_left[u] == SPARED_HINT)
+        return 0;
+    return spared_take(seg, SEG_SMALL, u, pages);
+}
+
+int segment_spared_outgrown(segment *seg, unsigned kind)
+{
+    int filled = 0;
+    for (unsigned u = 0; u < 2; u++)
+        if (seg->spared_left[u] != 0 && seg->spared_left[u] != SPARED_HINT) {
             spared_collapse(seg, kind, u);
             filled = 1;
         }
-    }
     return filled;
 }
 

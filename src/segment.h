@@ -72,9 +72,10 @@ typedef struct segment {
     /* line 1, which the owner's slow paths write: not the line of the owner word and the secret, which
      * other threads' frees read */
     uint32_t full_pages;            /* small: its pages out of their class lists as full (small.c) */
-    uint16_t spared_left[2];        /* per SEGMENT_LARGE_UNIT of it, the commits of 64 KB there before that
-                                     * unit goes on large pages too (segment_spared_commit); 0: it is, or
-                                     * never will; 0xffff (the upper): hinted at its first commit */
+    uint16_t spared_left[2];        /* per SEGMENT_LARGE_UNIT of it, the OS pages to carve (small) or the
+                                     * commits of 64 KB (medium) there before that unit goes on large pages
+                                     * too (segment_spared_commit); 0: it is, or never will; 0xffff (the
+                                     * upper): hinted at its first commit */
     struct heap *given_by;          /* small: the heap that gave it to the orphans last (small.h) */
     uint8_t pad[48];
 } segment;
@@ -125,21 +126,35 @@ segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t
 size_t segment_large_from(int first, uint32_t created);
 
 /* A heap that grows through a spared SEGMENT_LARGE_UNIT of its first segment or arena is not the small
- * heap that sparing was for: after SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM commits of 64 KB there
- * (`spared_left`, config.h), that unit goes on large pages as well (port_caps.collapse_large_pages, which
- * the Linux port weighs against what it saves), with what it holds; the faults of the rest of it and the
- * TLB misses of all of it are saved. The upper unit follows the lower one's verdict: where the lower
- * one went on large pages before the upper was used, the upper is hinted at its first commit (its
- * first touch then takes a large page, with no copy); where the platform passed the lower one over,
- * the upper stays on small pages until it fills in turn. Called by the owner after it committed
- * [from, to) of seg (of `kind`; offsets, in 64 KB pieces), which is still spared (segment_spared); 1
- * when a unit filled. */
+ * heap that sparing was for: once it has used SHARD_SPARED_SMALL bytes of a small segment's unit (the OS
+ * pages that carving reached in its pages since their commit, `touched` in each: pages serve one class
+ * each and carve 4 KB at a time, so a unit can be committed whole with a fifth of it touched) or made
+ * SHARD_SPARED_MEDIUM commits of 64 KB in an arena's (which commits from its start, for blocks that are
+ * used whole), that unit goes on large pages as well
+ * (port_caps.collapse_large_pages, which the Linux port weighs against what it saves), with what it
+ * holds; the faults of the rest of it and the TLB misses of all of it are saved. The upper unit follows
+ * the lower one's verdict: where the lower one went on large pages before the upper was used, the upper
+ * is hinted at its first commit (its first touch then takes a large page, with no copy); where the
+ * platform passed the lower one over, the upper stays on small pages until it fills in turn.
+ * segment_spared_commit: called by the owner after it committed [from, to) of seg (of `kind`; offsets,
+ * in 64 KB pieces), which is still spared (segment_spared); segment_spared_touch: after its carving
+ * reached `pages` more OS pages of the page at offset `at` of seg (small). Each says 1 when a unit
+ * filled. */
 int segment_spared_commit(segment *seg, unsigned kind, size_t from, size_t to);
+int segment_spared_touch(segment *seg, size_t at, size_t pages);
 static inline int segment_spared(const segment *seg) { return (seg->spared_left[0] | seg->spared_left[1]) != 0; }
 
+/* The owner of seg (small) has committed every page it has and makes a segment more: each unit of seg
+ * still spared goes on large pages now, touched or not, as a unit did at its 31st commit until
+ * 2026-12-04. Heaps that grow (alloc-test, the mixed churn, the ring) commit their first segment well
+ * before they have touched it, and take the rest of it soon after; by the touches alone, their faults
+ * there and the 4 KB pages' TLB misses cost the mixed churn at 2 threads 10 % and the ring at 8 threads
+ * 15 % (bench/results/2026-12-04-spared-touch.md). 1 when one went. */
+int segment_spared_outgrown(segment *seg, unsigned kind);
+
 /* The owner of seg (a small segment or a medium arena, `kind`) just filled a spared unit of the other
- * kind: each spared unit of seg goes on large pages too if the heap has made at least a quarter of its
- * commits there (SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM): a heap that has grown through one unit and well
+ * kind: each spared unit of seg goes on large pages too if the heap has gone at least a quarter of the
+ * way there (SHARD_SPARED_SMALL or SHARD_SPARED_MEDIUM): a heap that has grown through one unit and well
  * into the other is not small either. One with little of the other kind (a thread's one medium buffer
  * of 600 KB and a few small blocks) keeps that unit on small pages. On bench/shapes.c's strings (8
  * threads) this saved 37 % of the faults (bench/results/2026-12-03-whole-commits.md). */

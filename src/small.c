@@ -260,7 +260,7 @@ static void page_clear_full(page *pg)
 /* Link up to SHARD_CARVE_BATCH untouched items into `free`, in ascending address order, and no more
  * than touch SHARD_CARVE_BYTES, but SHARD_CARVE_MIN at least (config.h). The loop keeps the cursor, the size and
  * the end in registers. */
-static void page_carve(page *pg)
+static void page_carve(heap *h, page *pg)
 {
     size_t size = pg->block_size;
     size_t touched = size < PORT_PAGE ? size : PORT_PAGE; /* by the link written into each item */
@@ -289,6 +289,18 @@ static void page_carve(page *pg)
     pg->free = (block *)first;
     pg->carved = (uint16_t)(had + n);
     store_relaxed(&bound->item_bound, (in + n) * page_item_step(pg));
+    segment *s = segment_of(pg);
+    if (unlikely(segment_spared(s))) { /* the OS pages reached for the first time since the commit */
+        size_t reach = ((size_t)(in + n) * size + PORT_PAGE - 1) / PORT_PAGE;
+        if (reach > PAGE_SIZE / PORT_PAGE)
+            reach = PAGE_SIZE / PORT_PAGE;
+        if (reach > bound->touched) {
+            size_t fresh = reach - bound->touched;
+            bound->touched = (uint8_t)reach;
+            if (segment_spared_touch(s, (size_t)(page_start(bound) - (uint8_t *)s), fresh))
+                medium_spared_grown(h);
+        }
+    }
 }
 
 /* Decommit the oldest free pages beyond `keep`: those free for the delay, or all of them with `now`
@@ -600,6 +612,12 @@ static int segment_new(heap *h)
 {
     if (heap_charge(h, SEGMENT_DESC_BYTES + PAGE_SIZE) != 0)
         return -1;
+    int outgrown = 0;
+    for (segment *s = h->segments; s != NULL; s = s->next)
+        if (unlikely(segment_spared(s)))
+            outgrown |= segment_spared_outgrown(s, SEG_SMALL);
+    if (outgrown)
+        medium_spared_grown(h);
     size_t large_from = segment_large_from(h->segments_made++ == 0, h->created);
     large_cache_shed(SEGMENT_SIZE);
     segment *seg = segment_create(h, SEG_SMALL, SEGMENT_DESC_BYTES, large_from);
@@ -628,10 +646,10 @@ static int page_commit_cold(heap *h, page *pg)
         return -1;
     }
     list_remove(&h->cold_pages, pg);
+    pg->touched = 0;
     if (unlikely(segment_spared(s))) {
         size_t at = (size_t)(page_start(pg) - (uint8_t *)s);
-        if (segment_spared_commit(s, SEG_SMALL, at, at + PAGE_SIZE))
-            medium_spared_grown(h);
+        segment_spared_commit(s, SEG_SMALL, at, at + PAGE_SIZE); /* the upper unit's hint */
     }
     return 0;
 }
@@ -936,7 +954,7 @@ static __attribute__((noinline)) page *class_page_new(heap *h, unsigned cls)
         return NULL;
     page_init(pg, cls, span);
     class_push_front(h, pg);
-    page_carve(pg);
+    page_carve(h, pg);
     return pg;
 }
 
@@ -963,7 +981,7 @@ void *small_alloc_slow(heap *h, unsigned cls)
         if (page_collect(pg) && page_ready(pg))
             break;
         if (pg->carved < pg->capacity) {
-            page_carve(pg);
+            page_carve(h, pg);
             break;
         }
         class_remove_first(h, pg); /* full: out of the list until its wake count of items comes back */

@@ -179,7 +179,9 @@ typedef struct page {
     uint64_t loose_at;         /* while loose: os_clock_ms() when the page went loose */
     uint32_t full_seq;         /* its heap's `fulls` when it last went full (heap.h's full_ring) */
     uint8_t shared_back;       /* `back`, for a foreign free (line 1 only) */
-    uint8_t pad2[3];
+    uint8_t touched;           /* while its segment is spared: the OS pages from its start that carving has
+                                * reached since its commit (segment_spared_touch); the owner's */
+    uint8_t pad2[2];
 } page;
 _Static_assert(sizeof(page) == PAGE_DESC_SIZE, "page descriptors are two cache lines");
 _Static_assert(offsetof(page, used) >= 16 && offsetof(page, item_mul) + sizeof(uint32_t) <= 32,

@@ -1,11 +1,13 @@
 /* smaps.h - what the kernel says of a process's huge pages (Linux), for the tests of the huge-page
- * rules: the huge pages in the mappings over a range, and whether one of them has the hint. */
+ * rules: the huge pages in the mappings over a range, and whether one of them has the hint; whether the
+ * kernel makes them on request. */
 #ifndef TEST_SMAPS_H
 #define TEST_SMAPS_H
 
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 /* The AnonHugePages of the mappings that overlap [from, to), summed over /proc/self/smaps; *hinted (when
  * not NULL): whether one of them has the huge-page hint (VmFlags "hg"). */
@@ -28,6 +30,22 @@ static unsigned long huge_kb_over(uintptr_t from, uintptr_t to, int *hinted)
     if (f != NULL)
         fclose(f);
     return huge;
+}
+
+/* Whether this kernel makes a huge page of a range on request (MADV_COLLAPSE, Linux 6.1, with one free):
+ * a scratch 2 MB, one page of it written. */
+static int kernel_collapses(void)
+{
+    const size_t unit = (size_t)2 << 20;
+    char *r = mmap(NULL, 2 * unit, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED)
+        return 0;
+    char *p = (char *)(((uintptr_t)r + unit - 1) & ~(uintptr_t)(unit - 1));
+    p[0] = 1;
+    int ok = madvise(p, unit, MADV_HUGEPAGE) == 0 && madvise(p, unit, 25 /* MADV_COLLAPSE */) == 0 &&
+             huge_kb_over((uintptr_t)p, (uintptr_t)p + unit, NULL) >= 2048;
+    munmap(r, 2 * unit);
+    return ok;
 }
 
 #endif

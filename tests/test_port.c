@@ -447,22 +447,6 @@ TEST(the_part_below_a_large_page_offset_collapses_with_its_contents)
     CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 0);
 }
 
-/* Whether this kernel makes a huge page of a range on request (MADV_COLLAPSE, Linux 6.1, with one free):
- * a scratch 2 MB, one page of it written. */
-static int kernel_collapses(void)
-{
-    const size_t unit = (size_t)2 << 20;
-    char *r = mmap(NULL, 2 * unit, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (r == MAP_FAILED)
-        return 0;
-    char *p = (char *)(((uintptr_t)r + unit - 1) & ~(uintptr_t)(unit - 1));
-    p[0] = 1;
-    int ok = madvise(p, unit, MADV_HUGEPAGE) == 0 && madvise(p, unit, 25 /* MADV_COLLAPSE */) == 0 &&
-             huge_kb_over((uintptr_t)p, (uintptr_t)p + unit, NULL) >= 2048;
-    munmap(r, 2 * unit);
-    return ok;
-}
-
 /* The Linux port weighs a collapse once it has timed one (linux.c: what the faults it saves would cost
  * against what a collapse costs): a 2 MB whose every page is present saves no fault, so it stays on
  * small pages, hinted; one with pages missing keeps what was written and reads zeros elsewhere, whether
