@@ -407,7 +407,7 @@ static size_t sparse_blocks_free(uint8_t **blocks)
 
 /* A heap that commits every 64 KB page of its first segment's lower 2 MB but touches little of it
  * (sparse_blocks). The KB of huge pages in the mapping of the segment's start, whether it has
- * the hint, whether the blocks reached past the lower unit, and how many words lost their pattern. */
+ * the hint, whether the blocks reached past the lower unit, and how many bytes lost their pattern. */
 static void scenario_huge_pages_sparse(void)
 {
     uint8_t *blocks[SPARSE_CLASSES];
