@@ -16,10 +16,10 @@
  *   (mode 2) the charge is the highest ever committed, while the statistics count what is committed
  *   now. release: munmap.
  * - large pages for segments and arenas (reserve_large_pages, from an offset on: SHARDMM_HUGE_PAGES and
- *   segment_large_from in the core say which, by default a heap's memory past its first segment and arena): a 2 MB
- *   transparent huge page forms only where a whole aligned 2 MB lies in one read/write mapping with the
- *   MADV_HUGEPAGE hint; the piecewise mprotect commits above split a segment into a mapping per committed
- *   run, so hinting alone changed nothing (issue 25). So such a reservation is committed whole at once:
+ *   segment_large_from in the core say which, by default a heap's memory past its first segment and
+ *   arena): a 2 MB transparent huge page forms only where a whole aligned 2 MB lies in one read/write
+ *   mapping with the MADV_HUGEPAGE hint; the piecewise mprotect commits above split a segment into a
+ *   mapping per committed run, so hinting alone changed nothing (issue 25). So such a reservation is committed whole at once:
  *   mmap PROT_NONE as any reservation, then one mprotect read/write of all of it, then the hint over its
  *   aligned 2 MB units. A commit inside it would be an mprotect to the protection the range already has:
  *   nothing changes (no split, no charge), yet each call takes the process's mapping lock, against the page

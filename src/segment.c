@@ -309,7 +309,7 @@ size_t segment_large_from(int first, uint32_t created)
 
 /* What a spared unit of a segment of `kind` takes before it goes on large pages: for small pages the OS
  * pages carved there, for an arena the commits of 64 KB (segment.h). */
-static uint32_t spared_commits(unsigned kind)
+static uint32_t spared_full(unsigned kind)
 {
     return kind == SEG_SMALL ? (uint32_t)(SHARD_SPARED_SMALL / PORT_PAGE) : SHARD_SPARED_MEDIUM;
 }
@@ -318,13 +318,19 @@ static uint32_t spared_commits(unsigned kind)
  * upper one is hinted at its first commit, before anything there is touched (segment.h). */
 #define SPARED_HINT 0xffffu
 
+/* Whether seg's unit u still counts towards its large pages: neither gone nor waiting for its hint. */
+static int spared_counting(const segment *seg, unsigned u)
+{
+    return seg->spared_left[u] != 0 && seg->spared_left[u] != SPARED_HINT;
+}
+
 /* seg's spared unit u onto large pages now, if the platform finds that worth it (segment.h). */
 static void spared_collapse(segment *seg, unsigned kind, unsigned u)
 {
     seg->spared_left[u] = 0;
     count_call();
     int large = port_caps.collapse_large_pages((uint8_t *)seg + u * SEGMENT_LARGE_UNIT, SEGMENT_LARGE_UNIT);
-    if (large && u == 0 && seg->spared_left[1] == spared_commits(kind) && port_caps.hint_large_pages != NULL)
+    if (large && u == 0 && seg->spared_left[1] == spared_full(kind) && port_caps.hint_large_pages != NULL)
         seg->spared_left[1] = SPARED_HINT;
 }
 
@@ -362,29 +368,28 @@ int segment_spared_commit(segment *seg, unsigned kind, size_t from, size_t to)
 int segment_spared_touch(segment *seg, size_t at, size_t pages)
 {
     unsigned u = at >= SEGMENT_LARGE_UNIT;
-    if (seg->spared_left[u] == 0 || seg->spared_left[u] == SPARED_HINT)
-        return 0;
-    return spared_take(seg, SEG_SMALL, u, pages);
+    return spared_counting(seg, u) ? spared_take(seg, SEG_SMALL, u, pages) : 0;
 }
 
-int segment_spared_outgrown(segment *seg, unsigned kind)
+/* Each unit of seg (of `kind`) still counting that has gone `least` of the way or more, onto large pages
+ * now: 1 when one went. */
+static int spared_collapse_used(segment *seg, unsigned kind, uint32_t least)
 {
-    int filled = 0;
+    uint32_t all = spared_full(kind);
+    int went = 0;
     for (unsigned u = 0; u < 2; u++)
-        if (seg->spared_left[u] != 0 && seg->spared_left[u] != SPARED_HINT) {
+        if (spared_counting(seg, u) && all - seg->spared_left[u] >= least) {
             spared_collapse(seg, kind, u);
-            filled = 1;
+            went = 1;
         }
-    return filled;
+    return went;
 }
+
+int segment_spared_outgrown(segment *seg, unsigned kind) { return spared_collapse_used(seg, kind, 0); }
 
 void segment_spared_grown(segment *seg, unsigned kind)
 {
-    uint32_t all = spared_commits(kind);
-    for (unsigned u = 0; u < 2; u++)
-        if (seg->spared_left[u] != 0 && seg->spared_left[u] != SPARED_HINT &&
-            all - seg->spared_left[u] >= (all + 3) / 4)
-            spared_collapse(seg, kind, u);
+    spared_collapse_used(seg, kind, (spared_full(kind) + 3) / 4);
 }
 
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t large_from)
@@ -405,7 +410,7 @@ segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t
     for (unsigned u = 0; u < 2; u++) /* the units below large_from, on small pages for now */
         if (large_from != SEGMENT_LARGE_NONE && large_from >= (u + 1) * SEGMENT_LARGE_UNIT &&
             port_caps.collapse_large_pages != NULL)
-            seg->spared_left[u] = (uint16_t)spared_commits(kind);
+            seg->spared_left[u] = (uint16_t)spared_full(kind);
 #if SHARD_HARDENED
     seg->secret = secret_new();
 #endif

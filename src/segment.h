@@ -130,10 +130,9 @@ size_t segment_large_from(int first, uint32_t created);
  * pages that carving reached in its pages since their commit, `touched` in each: pages serve one class
  * each and carve 4 KB at a time, so a unit can be committed whole with a fifth of it touched) or made
  * SHARD_SPARED_MEDIUM commits of 64 KB in an arena's (which commits from its start, for blocks that are
- * used whole), that unit goes on large pages as well
- * (port_caps.collapse_large_pages, which the Linux port weighs against what it saves), with what it
- * holds; the faults of the rest of it and the TLB misses of all of it are saved. The upper unit follows
- * the lower one's verdict: where the lower one went on large pages before the upper was used, the upper
+ * used whole), that unit goes on large pages as well (port_caps.collapse_large_pages, which the Linux
+ * port weighs against what it saves), with what it holds; the faults of the rest of it and the TLB misses
+ * of all of it are saved. The upper unit follows the lower one's verdict: where the lower one went on large pages before the upper was used, the upper
  * is hinted at its first commit (its first touch then takes a large page, with no copy); where the
  * platform passed the lower one over, the upper stays on small pages until it fills in turn.
  * segment_spared_commit: called by the owner after it committed [from, to) of seg (of `kind`; offsets,
@@ -142,7 +141,10 @@ size_t segment_large_from(int first, uint32_t created);
  * filled. */
 int segment_spared_commit(segment *seg, unsigned kind, size_t from, size_t to);
 int segment_spared_touch(segment *seg, size_t at, size_t pages);
-static inline int segment_spared(const segment *seg) { return (seg->spared_left[0] | seg->spared_left[1]) != 0; }
+static inline int segment_spared(const segment *seg)
+{
+    return (seg->spared_left[0] | seg->spared_left[1]) != 0;
+}
 
 /* The owner of seg (small) has committed every page it has and makes a segment more: each unit of seg
  * still spared goes on large pages now, touched or not, as a unit did at its 31st commit until
