@@ -336,7 +336,7 @@ static __attribute__((noinline)) void *realloc_move(void *p, unsigned kind, size
         q = API(malloc)(size); /* short of memory: without the headroom it may still fit */
     if (q == NULL)
         return NULL;
-    mem_copy(q, p, old < size ? old : size);
+    mem_copy_block(q, p, old < size ? old : size);
     API(free)(p);
     return q;
 }

@@ -455,7 +455,7 @@ void *API(heap_realloc)(shard_heap *sh, void *p, size_t size)
         q = API(heap_malloc)(sh, size);
     if (q == NULL)
         return NULL;
-    mem_copy(q, p, old < size ? old : size);
+    mem_copy_block(q, p, old < size ? old : size);
     API(heap_free)(sh, p);
     return q;
 }
