@@ -19,26 +19,27 @@
  *   segment_large_from in the core say which, by default a heap's memory past its first segment and
  *   arena): a 2 MB transparent huge page forms only where a whole aligned 2 MB lies in one read/write
  *   mapping with the MADV_HUGEPAGE hint; the piecewise mprotect commits above split a segment into a
- *   mapping per committed run, so hinting alone changed nothing (issue 25). So such a reservation is committed whole at once:
- *   mmap PROT_NONE as any reservation, then one mprotect read/write of all of it, then the hint over its
- *   aligned 2 MB units. A commit inside it would be an mprotect to the protection the range already has:
- *   nothing changes (no split, no charge), yet each call takes the process's mapping lock, against the page
- *   faults of every other thread (2,000 of them in a run of bench/shapes.c's strings on 8 threads, 10 % of
- *   its time). So the port says PORT_LARGE_RESERVE_COMMITTED and the core makes none (segment.h:
- *   segment_commit). Decommit stays MADV_DONTNEED, which frees the 4 KB pages (a huge page under them is
- *   split) and keeps the mapping whole. Why not MAP_NORESERVE read/write from the start: it keeps the
- *   kernel from charging the mapping, so under heuristic overcommit (mode 0, this machine's) nothing would
- *   have checked the memory behind a commit; the one mprotect charges the 4 MB as the piecewise commits
- *   charged their pieces, and under strict overcommit (mode 2) it refuses when the 4 MB cannot be backed
- *   and the reservation fails (NULL) instead of a later fault: the contract holds, the charge only comes
- *   earlier, for the whole 4 MB rather than for what was committed. RLIMIT_AS counts the same 4 MB either
- *   way. The cost is resident memory: the first touch of a hinted 2 MB makes all of it resident (and
- *   khugepaged may later fill a sparsely used one), so resident memory exceeds what the core committed, its
- *   statistics and shard_set_limit's limit, by up to 2 MB less a page per touched unit;
- *   bench/results/2026-12-01-thp.md (every segment) and 2026-12-02-huge-growth.md (the default) have what
- *   that does to peaks and times. The part below the offset becomes a mapping of its own (the hint splits
- *   it off), not hinted, until the core asks for large pages there too (collapse_large_pages: the hint and
- *   MADV_COLLAPSE, which the port weighs first against the faults it would save).
+ *   mapping per committed run, so hinting alone changed nothing (issue 25). So such a reservation is
+ *   committed whole at once: mmap PROT_NONE as any reservation, then one mprotect read/write of all of
+ *   it, then the hint over its aligned 2 MB units. A commit inside it would be an mprotect to the
+ *   protection the range already has: nothing changes (no split, no charge), yet each call takes the
+ *   process's mapping lock, against the page faults of every other thread (2,000 of them in a run of
+ *   bench/shapes.c's strings on 8 threads, 10 % of its time). So the port says
+ *   PORT_LARGE_RESERVE_COMMITTED and the core makes none (segment.h: segment_commit). Decommit stays
+ *   MADV_DONTNEED, which frees the 4 KB pages (a huge page under them is split) and keeps the mapping
+ *   whole. Why not MAP_NORESERVE read/write from the start: it keeps the kernel from charging the
+ *   mapping, so under heuristic overcommit (mode 0, this machine's) nothing would have checked the memory
+ *   behind a commit; the one mprotect charges the 4 MB as the piecewise commits charged their pieces, and
+ *   under strict overcommit (mode 2) it refuses when the 4 MB cannot be backed and the reservation fails
+ *   (NULL) instead of a later fault: the contract holds, the charge only comes earlier, for the whole
+ *   4 MB rather than for what was committed. RLIMIT_AS counts the same 4 MB either way. The cost is
+ *   resident memory: the first touch of a hinted 2 MB makes all of it resident (and khugepaged may later
+ *   fill a sparsely used one), so resident memory exceeds what the core committed, its statistics and
+ *   shard_set_limit's limit, by up to 2 MB less a page per touched unit; bench/results/2026-12-01-thp.md
+ *   (every segment) and 2026-12-02-huge-growth.md (the default) have what that does to peaks and times.
+ *   The part below the offset becomes a mapping of its own (the hint splits it off), not hinted, until
+ *   the core asks for large pages there too (collapse_large_pages: the hint and MADV_COLLAPSE, which the
+ *   port weighs first against the faults it would save).
  * - pools: large blocks' reservations carved from 1 GB read/write mappings (reserve_pooled; see its
  *   section below).
  * - the heap slot: the core's initial-exec TLS word (PORT_SLOT_TLS); the exit hook is a pthread key,

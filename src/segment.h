@@ -132,9 +132,10 @@ size_t segment_large_from(int first, uint32_t created);
  * SHARD_SPARED_MEDIUM commits of 64 KB in an arena's (which commits from its start, for blocks that are
  * used whole), that unit goes on large pages as well (port_caps.collapse_large_pages, which the Linux
  * port weighs against what it saves), with what it holds; the faults of the rest of it and the TLB misses
- * of all of it are saved. The upper unit follows the lower one's verdict: where the lower one went on large pages before the upper was used, the upper
- * is hinted at its first commit (its first touch then takes a large page, with no copy); where the
- * platform passed the lower one over, the upper stays on small pages until it fills in turn.
+ * of all of it are saved. The upper unit follows the lower one's verdict: where the lower one went on
+ * large pages before the upper was used, the upper is hinted at its first commit (its first touch then
+ * takes a large page, with no copy); where the platform passed the lower one over, the upper stays on
+ * small pages until it fills in turn.
  * segment_spared_commit: called by the owner after it committed [from, to) of seg (of `kind`; offsets,
  * in 64 KB pieces), which is still spared (segment_spared); segment_spared_touch: after its carving
  * reached `pages` more OS pages of the page at offset `at` of seg (small). Each says 1 when a unit
