@@ -39,7 +39,9 @@
  *   (every segment) and 2026-12-02-huge-growth.md (the default) have what that does to peaks and times.
  *   The part below the offset becomes a mapping of its own (the hint splits it off), not hinted, until
  *   the core asks for large pages there too (collapse_large_pages: the hint and MADV_COLLAPSE, which the
- *   port weighs first against the faults it would save).
+ *   port weighs first against the faults it would save). The hint itself is weighed too: a new
+ *   reservation's units are hinted while the last huge page made cost no more than twice the 4 KB
+ *   faults it saves (huge_faults_pay below).
  * - pools: large blocks' reservations carved from 1 GB read/write mappings (reserve_pooled; see its
  *   section below).
  * - the heap slot: the core's initial-exec TLS word (PORT_SLOT_TLS); the exit hook is a pthread key,
@@ -337,8 +339,49 @@ static void linux_hint_large_pages(void *addr, size_t size)
     sys3(SYS_madvise, (long)addr, (long)size, MADV_HUGEPAGE_); /* a hint: a kernel without THP says no */
 }
 
+/* What a huge page costs is weighed against the 4 KB faults it saves, as the collapse below is, since it
+ * differs by host and by phase. A huge page's first fault zeroes 2 MB: 0.24 ms on this project's hosts
+ * when the memory was in use shortly before, against 0.69 ms for 512 faults of 4 KB. But a guest whose
+ * hypervisor takes back the memory it frees in 2 MB blocks (virtio-balloon's free page reporting, as on
+ * those Firecracker hosts) gets its huge pages from exactly those blocks, which the host backs again
+ * page by page at their first touch: 5 ms each after a few seconds of quiet, while the 512 faults of 4
+ * KB, served from recently freed pages, still took 0.7 ms (bench/results/2026-12-05-hint-weighing.md:
+ * an SQLite run spent 15 % of its time zeroing huge pages). So each reservation's first page, which the core writes at once (a segment's or an arena's
+ * header), is faulted in when it is made, timed: a huge page's cost where its unit was hinted, else a
+ * 4 KB page's (the second page's: the first fault also makes the page table). The collapse's weighing
+ * times 4 KB faults too. A new reservation's units are hinted while the last huge page cost at most
+ * HUGE_FAULT_WORTH times the faults of 512 pages (the factor for the TLB misses a huge page saves), or
+ * while either is unknown. Passed over, the estimate drops a quarter, so that a slow phase is not taken
+ * for the host's nature: after a few, a hint is tried and timed again. */
+#define HUGE_FAULT_WORTH 2
+static uint64_t huge_fault_cost;  /* ns the last timed first fault of a hinted 2 MB took; 0: none yet */
+static uint64_t small_fault_cost; /* ns the last timed fault of a 4 KB page took; 0: none yet */
+static uint64_t linux_clock_ns(void);
+
+/* The fault of the page at p, made now by MADV_POPULATE_WRITE (Linux 5.14) and timed, with one system
+ * call's entry, which errs towards the hint: ns, at least 1; 0 when the kernel cannot. */
+static uint64_t timed_fault(void *p)
+{
+    enum { MADV_POPULATE_WRITE_ = 23 };
+    uint64_t t = linux_clock_ns();
+    if (sys_failed(sys3(SYS_madvise, (long)p, PORT_PAGE, MADV_POPULATE_WRITE_)))
+        return 0;
+    uint64_t took = linux_clock_ns() - t;
+    return took != 0 ? took : 1;
+}
+
+static int huge_faults_pay(void)
+{
+    uint64_t huge = __atomic_load_n(&huge_fault_cost, __ATOMIC_RELAXED);
+    uint64_t small = __atomic_load_n(&small_fault_cost, __ATOMIC_RELAXED);
+    if (huge == 0 || small == 0 || huge <= (uint64_t)HUGE_FAULT_WORTH * (LARGE_PAGE_ / PORT_PAGE) * small)
+        return 1;
+    __atomic_store_n(&huge_fault_cost, huge - huge / 4, __ATOMIC_RELAXED);
+    return 0;
+}
+
 /* A reservation committed whole (the kernel charges it here) and hinted for huge pages over its aligned
- * 2 MB units from `from` on; see the top of the file. */
+ * 2 MB units from `from` on while they pay; its first page faulted in, timed. See the top of the file. */
 static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_offset)
 {
     void *r = port_reserve(size, align);
@@ -350,8 +393,14 @@ static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_of
     }
     uintptr_t from = ((uintptr_t)r + from_offset + LARGE_PAGE_ - 1) & ~(LARGE_PAGE_ - 1);
     uintptr_t to = ((uintptr_t)r + size) & ~(LARGE_PAGE_ - 1);
-    if (to > from)
+    int hinted = to > from && huge_faults_pay();
+    if (hinted)
         linux_hint_large_pages((void *)from, to - from);
+    uint64_t took = timed_fault(r);
+    if (took != 0 && hinted && from == (uintptr_t)r)
+        __atomic_store_n(&huge_fault_cost, took, __ATOMIC_RELAXED);
+    else if (took != 0 && (took = timed_fault((uint8_t *)r + PORT_PAGE)) != 0)
+        __atomic_store_n(&small_fault_cost, took, __ATOMIC_RELAXED);
     return r;
 }
 
@@ -376,11 +425,10 @@ static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_of
  * the estimate a quarter lower, so that a slow phase of the host is not taken for its nature: after a
  * few, the next collapse is timed again. The hint stays either way (khugepaged's to do, later). */
 static uint64_t collapse_cost; /* ns the last timed collapse took; 0: none yet */
-static uint64_t linux_clock_ns(void);
 
 static int collapse_unit(uint8_t *unit)
 {
-    enum { MADV_POPULATE_WRITE_ = 23, MADV_COLLAPSE_ = 25, UNIT_PAGES = LARGE_PAGE_ / PORT_PAGE };
+    enum { MADV_COLLAPSE_ = 25, UNIT_PAGES = LARGE_PAGE_ / PORT_PAGE };
     uint64_t estimate = __atomic_load_n(&collapse_cost, __ATOMIC_RELAXED);
     if (estimate != 0) { /* weighed: the faults it would save against what collapses took */
         unsigned char present[UNIT_PAGES];
@@ -391,10 +439,10 @@ static int collapse_unit(uint8_t *unit)
             for (unsigned i = 0; i < UNIT_PAGES; i++)
                 if ((present[i] & 1) == 0 && missing++ == 0)
                     first = unit + (size_t)i * PORT_PAGE;
-        if (first != NULL) {
-            uint64_t t = linux_clock_ns();
-            if (!sys_failed(sys3(SYS_madvise, (long)first, PORT_PAGE, MADV_POPULATE_WRITE_)))
-                saves = (uint64_t)(missing - 1) * (linux_clock_ns() - t);
+        uint64_t fault = first != NULL ? timed_fault(first) : 0;
+        if (fault != 0) {
+            __atomic_store_n(&small_fault_cost, fault, __ATOMIC_RELAXED);
+            saves = (uint64_t)(missing - 1) * fault;
         }
         if (saves < estimate) {
             __atomic_store_n(&collapse_cost, estimate - estimate / 4, __ATOMIC_RELAXED);
