@@ -343,16 +343,16 @@ static void linux_hint_large_pages(void *addr, size_t size)
  * differs by host and by phase. A huge page's first fault zeroes 2 MB: 0.24 ms on this project's hosts
  * when the memory was in use shortly before, against 0.69 ms for 512 faults of 4 KB. But a guest whose
  * hypervisor takes back the memory it frees in 2 MB blocks (virtio-balloon's free page reporting, as on
- * those Firecracker hosts) gets its huge pages from exactly those blocks, which the host backs again
- * page by page at their first touch: 5 ms each after a few seconds of quiet, while the 512 faults of 4
- * KB, served from recently freed pages, still took 0.7 ms (bench/results/2026-12-05-hint-weighing.md:
- * an SQLite run spent 15 % of its time zeroing huge pages). So each reservation's first page, which the core writes at once (a segment's or an arena's
- * header), is faulted in when it is made, timed: a huge page's cost where its unit was hinted, else a
- * 4 KB page's (the second page's: the first fault also makes the page table). The collapse's weighing
- * times 4 KB faults too. A new reservation's units are hinted while the last huge page cost at most
- * HUGE_FAULT_WORTH times the faults of 512 pages (the factor for the TLB misses a huge page saves), or
- * while either is unknown. Passed over, the estimate drops a quarter, so that a slow phase is not taken
- * for the host's nature: after a few, a hint is tried and timed again. */
+ * those Firecracker hosts) gets its huge pages from exactly those blocks, which the host backs again page
+ * by page at their first touch: 5 ms each after a few seconds of quiet, while the 512 faults of 4 KB,
+ * served from recently freed pages, still took 0.7 ms (bench/results/2026-12-05-hint-weighing.md: an
+ * SQLite run spent 15 % of its time zeroing huge pages). So each reservation's first page, which the core
+ * writes at once (a segment's or an arena's header), is faulted in when it is made, timed: a huge page's
+ * cost where its unit was hinted, else a 4 KB page's (the second page's: the first fault also makes the
+ * page table). The collapse's weighing times 4 KB faults too. A new reservation's units are hinted while
+ * the last huge page cost at most HUGE_FAULT_WORTH times the faults of 512 pages (the factor for the TLB
+ * misses a huge page saves), or while either is unknown. Passed over, the estimate drops a quarter, so
+ * that a slow phase is not taken for the host's nature: after a few, a hint is tried and timed again. */
 #define HUGE_FAULT_WORTH 2
 static uint64_t huge_fault_cost;  /* ns the last timed first fault of a hinted 2 MB took; 0: none yet */
 static uint64_t small_fault_cost; /* ns the last timed fault of a 4 KB page took; 0: none yet */

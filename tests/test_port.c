@@ -461,8 +461,8 @@ TEST(a_large_page_reservation_comes_with_its_first_page_faulted_in_and_little_mo
             return;
         int first = 0;
         long n = resident_pages(r, size, &first);
-        CHECKF(n >= 1 && first, "a reservation with large pages from %zu MB on: first page resident %d, %ld pages",
-               from >> 20, first, n);
+        CHECKF(n >= 1 && first, "a reservation with large pages from %zu MB on: first page resident %d, %ld "
+               "pages", from >> 20, first, n);
         if (from == size && huge_kb_over((uintptr_t)r, (uintptr_t)r + size, NULL) == 0)
             CHECKF(n <= 2, "a reservation with no unit hinted: %ld pages resident (2 at most expected)", n);
         CHECK_EQ(bytes_not_equal(r, size, 0), size);
