@@ -351,12 +351,19 @@ static void linux_hint_large_pages(void *addr, size_t size)
  * cost where its unit was hinted, else a 4 KB page's (the second page's: the first fault also makes the
  * page table). The collapse's weighing times 4 KB faults too. A new reservation's units are hinted while
  * the last huge page cost at most HUGE_FAULT_WORTH times the faults of 512 pages (the factor for the TLB
- * misses a huge page saves), or while either is unknown. Passed over, the estimate drops a quarter, so
- * that a slow phase is not taken for the host's nature: after a few, a hint is tried and timed again. */
+ * misses a huge page saves), or while either is unknown. Passed over, the estimate drops (passed_over):
+ * after a few, a hint is tried and timed again. */
 #define HUGE_FAULT_WORTH 2
 static uint64_t huge_fault_cost;  /* ns the last timed first fault of a hinted 2 MB took; 0: none yet */
 static uint64_t small_fault_cost; /* ns the last timed fault of a 4 KB page took; 0: none yet */
 static uint64_t linux_clock_ns(void);
+
+/* A weighing (the hint's, the collapse's) that went against huge pages leaves its estimate `was` of
+ * their cost a quarter lower, so that a slow phase of the host is not taken for its nature. */
+static void passed_over(uint64_t *estimate, uint64_t was)
+{
+    __atomic_store_n(estimate, was - was / 4, __ATOMIC_RELAXED);
+}
 
 /* The fault of the page at p, made now by MADV_POPULATE_WRITE (Linux 5.14) and timed, with one system
  * call's entry, which errs towards the hint: ns, at least 1; 0 when the kernel cannot. */
@@ -376,7 +383,7 @@ static int huge_faults_pay(void)
     uint64_t small = __atomic_load_n(&small_fault_cost, __ATOMIC_RELAXED);
     if (huge == 0 || small == 0 || huge <= (uint64_t)HUGE_FAULT_WORTH * (LARGE_PAGE_ / PORT_PAGE) * small)
         return 1;
-    __atomic_store_n(&huge_fault_cost, huge - huge / 4, __ATOMIC_RELAXED);
+    passed_over(&huge_fault_cost, huge);
     return 0;
 }
 
@@ -421,9 +428,9 @@ static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_of
  * entry, which errs towards the collapse; the collapse would make the page present anyway, and it may
  * lie inside a block another thread is writing, which a write of ours could not touch safely), and the
  * collapse goes ahead when those faults would cost at least what collapses have been taking
- * (collapse_cost, the last one timed). Before any was timed, it goes ahead. A unit passed over leaves
- * the estimate a quarter lower, so that a slow phase of the host is not taken for its nature: after a
- * few, the next collapse is timed again. The hint stays either way (khugepaged's to do, later). */
+ * (collapse_cost, the last one timed). Before any was timed, it goes ahead. A unit passed over lowers
+ * the estimate (passed_over): after a few, the next collapse is timed again. The hint stays either way
+ * (khugepaged's to do, later). */
 static uint64_t collapse_cost; /* ns the last timed collapse took; 0: none yet */
 
 static int collapse_unit(uint8_t *unit)
@@ -445,7 +452,7 @@ static int collapse_unit(uint8_t *unit)
             saves = (uint64_t)(missing - 1) * fault;
         }
         if (saves < estimate) {
-            __atomic_store_n(&collapse_cost, estimate - estimate / 4, __ATOMIC_RELAXED);
+            passed_over(&collapse_cost, estimate);
             return 0;
         }
     }
