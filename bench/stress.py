@@ -21,8 +21,11 @@ minor page faults are the process's own (wait4's resource usage).
 
 The report: one table per setting, an allocator per row, with the medians of ms, peak RSS in MB and
 minor faults, and peer/shard of time with its interval from 6 runs on, then the verdict per peer:
-faster, tie or slower. Progress goes to stderr. A process that exits otherwise than with status 0, or
-prints something unexpected, stops the whole run with an error.
+faster, tie or slower. Progress goes to stderr. A process of shardmm's (shard, or a --variant) that exits
+otherwise than with status 0, prints something unexpected or does not finish stops the whole run with an
+error. A peer's failure is a result: its run is left out of that column (and of the pairs with shard),
+the run goes on, and the report says under the table which runs failed and how (rpmalloc 2.0.1 aborted
+once in 32x100 with "memory corruption at block ...", which had thrown away the runs before it).
 
 The method (interleaving, medians, run-by-run ratios and their intervals, page faults beside time, the
 peers built from source, --peer, --variant, --save): bench/README.md.
@@ -51,7 +54,7 @@ ROUGH_S = {"4x200": 0.1, "32x100": 0.8}
 
 
 def run_one(command, env, expected):
-    """Runs one process; returns (ms, peak_mb, minor_faults), or stops the runner with an error.
+    """Runs one process; returns (ms, peak_mb, minor_faults), or what went wrong in a line (a string).
     `expected`: the start of the line it prints, which echoes its settings."""
     shown = runner.preload_shown(command, env)
     start = time.monotonic()
@@ -69,13 +72,13 @@ def run_one(command, env, expected):
     timer.cancel()
     child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: subprocess must not wait for it
     out, err = child.communicate()
+    said = " ".join(err.split())[-300:]
     if late.is_set():
-        runner.fail(f"{shown} did not finish within {TIMEOUT_S} s")
+        return f"did not finish within {TIMEOUT_S} s"
     if child.returncode != 0:
-        sys.stderr.write(err[-2000:])
-        runner.fail(f"{shown} exited with status {child.returncode}")
+        return f"exited with status {child.returncode}" + (f" ({said})" if said else "")
     if not out.startswith(expected):
-        runner.fail(f"{shown} printed {out.strip()!r}, expected {expected!r}...")
+        return f"printed {out.strip()[:200]!r}, expected {expected!r}..."
     return ms, usage.ru_maxrss / 1024, usage.ru_minflt
 
 
@@ -97,12 +100,17 @@ def parse_args():
 
 
 def table(setting, samples, pairs, allocs):
-    """One setting's table: samples {allocator: [(ms, MB, faults)]}, pairs {peer: runner.paired of ms}."""
+    """One setting's table: samples {allocator: [(ms, MB, faults), or None for a failed run]}, pairs
+    {peer: runner.paired of ms, or None when no run of both succeeded}."""
     threads, scale, iterations = setting
     rows = []
     for a in allocs:
-        ratio = runner.pair_text(pairs[a]) if a in pairs else "1" if a == BASELINE else "-"
-        ms, mb, faults = (statistics.median(r[i] for r in samples[a]) for i in range(3))
+        ok = [r for r in samples[a] if r is not None]
+        ratio = runner.pair_text(pairs[a]) if pairs.get(a) else "1" if a == BASELINE else "-"
+        if not ok:
+            rows.append([a, "failed", ratio, "-", "-"])
+            continue
+        ms, mb, faults = (statistics.median(r[i] for r in ok) for i in range(3))
         rows.append([a, f"{ms:.0f}", ratio, f"{mb:.0f}", f"{faults:.0f}"])
     title = (f"**{threads} threads, scale {scale}, {iterations} iteration{'s' if iterations > 1 else ''}**" +
              (" (blocks up to 5 MB)" if scale > 100 else ""))
@@ -124,14 +132,25 @@ def main():
     per_run = sum(ROUGH_S[name] * settings[name][2] for name in args.settings) * len(allocs)
     print(f"stress.py: {args.runs} runs x {len(args.settings)} settings x {len(allocs)} allocators; roughly "
           f"{runner.duration(per_run * args.runs)}", file=sys.stderr, flush=True)
-    samples = {(name, a): [] for name in args.settings for a in allocs}
+    # shardmm's own columns: their failure is an error; a peer's is a result (the docstring)
+    ours = {BASELINE} | (set(args.libraries) - set(args.peers))
+    samples = {(name, a): [None] * args.runs for name in args.settings for a in allocs}
+    failures = {(name, a): [] for name in args.settings for a in allocs}  # (run, what happened)
     progress = runner.Progress(args.runs * len(args.settings) * len(allocs))
     for run, index, name in runner.interleaved(args.runs, args.settings):
         threads, scale, iterations = settings[name]
         command = [program, str(threads), str(scale), str(iterations)]
         for alloc in runner.rotated(allocs, run + index):
-            ms, mb, faults = run_one(command, args.env.get(alloc), f"Using {threads} threads with a {scale}% ")
-            samples[(name, alloc)].append((ms, mb, faults))
+            result = run_one(command, args.env.get(alloc), f"Using {threads} threads with a {scale}% ")
+            if isinstance(result, str):
+                if alloc in ours:
+                    runner.fail(f"{runner.preload_shown(command, args.env.get(alloc))} {result}")
+                failures[(name, alloc)].append((run, result))
+                print(f"{progress.step()} run {run + 1} {name:<6} {alloc:<16} FAILED: {result}", file=sys.stderr,
+                      flush=True)
+                continue
+            ms, mb, faults = result
+            samples[(name, alloc)][run] = result
             print(f"{progress.step()} run {run + 1} {name:<6} {alloc:<16} {ms:9.0f} ms {mb:7.0f} MB "
                   f"{faults:9d} faults", file=sys.stderr, flush=True)
 
@@ -141,14 +160,22 @@ def main():
              f"page faults of the process; {runner.RATIO_NOTE}, of ms"]
     peers = [a for a in allocs if a != BASELINE] if BASELINE in allocs else []
     for name in args.settings:
-        pairs = {p: runner.paired([r[0] for r in samples[(name, p)]], [r[0] for r in samples[(name, BASELINE)]])
-                 for p in peers}
+        pairs = {}
+        for p in peers:  # the runs both finished
+            both = [(a, b) for a, b in zip(samples[(name, p)], samples[(name, BASELINE)]) if a and b]
+            pairs[p] = runner.paired([a[0] for a, _ in both], [b[0] for _, b in both]) if both else None
         lines += [""] + table(settings[name], {a: samples[(name, a)] for a in allocs}, pairs, allocs)
+        for a in allocs:
+            if failures[(name, a)]:
+                told = "; ".join(f"run {run + 1}: {what}" for run, what in failures[(name, a)])
+                lines += ["", f"{a} failed in {len(failures[(name, a)])} of {args.runs} runs, left out: {told}"]
         if peers and args.runs >= 6:
-            judged = {p: runner.verdict(pairs[p]) for p in peers}
-            group = {v: ", ".join(p for p in peers if judged[p] == v) or "none" for v in ("faster", "tie", "slower")}
+            judged = {p: runner.verdict(pairs[p]) if pairs[p] else "failed" for p in peers}
+            group = {v: ", ".join(p for p in peers if judged[p] == v) or "none"
+                     for v in ("faster", "tie", "slower", "failed")}
             lines += ["", f"By the 95 % interval of the median ratio, {BASELINE} is faster than: {group['faster']}; "
-                          f"a tie with: {group['tie']}; slower than: {group['slower']}."]
+                          f"a tie with: {group['tie']}; slower than: {group['slower']}" +
+                          (f"; no run finished: {group['failed']}." if group["failed"] != "none" else ".")]
     if peers and args.runs < 6:
         lines += ["", "No confidence intervals: they take 6 runs at least."]
     runner.finish(lines, args, started, "bench/stress.py: mimalloc's test-stress")
