@@ -26,7 +26,7 @@ malloc_usable_size, while redis's calls to jemalloc's own mallctl (statistics) a
 check before a realloc, safe with any malloc) still go to jemalloc.
 
 For every (run, row, column) the runner starts one process (for redis: one server, fed by a client
-that runs without a preload), through /bin/sh so that its peak RSS is its own (Launched says why),
+that runs without a preload), through /bin/sh so that its peak RSS is its own (runner.Launched says why),
 and takes from os.wait4 its rusage, which includes its waited-for children (gcc's cc1 and as): the
 wall time from start to exit (for redis: the server's CPU time, user + system, from start to
 shutdown, so that the client's share of the 2 cores is not counted), the peak RSS (ru_maxrss: the
@@ -47,17 +47,14 @@ Standard library only.
 """
 
 import argparse
-import ctypes
 import hashlib
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import runner
@@ -92,7 +89,6 @@ ROW_ENV = {"python": {"PYTHONHASHSEED": "0"}, "python-json": {"PYTHONHASHSEED": 
            "perl": {"PERL_HASH_SEED": "0", "PERL_PERTURB_KEYS": "0"}}
 SQLITE_ROWS = 300000  # orders inserted by store.sql at scale 1
 REDIS_READY_S = 10  # how long the server may take to answer PING
-PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
 # ---- the generated inputs ----
@@ -274,73 +270,11 @@ def without_preload():
     return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
 
-def become_subreaper():
-    """Makes the runner the reaper of its orphaned descendants (prctl PR_SET_CHILD_SUBREAPER), so that
-    it can wait4 the programs Launched starts as its grandchildren."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        runner.fail(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
-
-
-class Launched:
-    """A program started through /bin/sh, which forks it in the background (env's LD_PRELOAD set
-    for the program alone, not for sh) with its stdout sent to the file `output`, prints its pid
-    and exits; the program, orphaned, is reaped by the runner (become_subreaper) with os.wait4.
-    Why not a child of the runner: at exec, Linux keeps the peak RSS of the memory the process ran
-    in before as a floor of its ru_maxrss, and a child of the runner (which subprocess starts with
-    vfork) runs in the runner's memory, so every program would report at least the runner's own
-    peak (270 MB after writing the inputs); a child of sh starts from sh's megabyte. Its stdin is
-    /dev/null (sh's rule for background commands), its stderr a temporary file, read on failure;
-    a timer kills it after TIMEOUT_S."""
-
-    LAUNCH = ('output=$1 preload=$2; shift 2; '
-              '{ [ -z "$preload" ] || export LD_PRELOAD="$preload"; exec "$@" >"$output"; } & echo $!')
-
-    def __init__(self, command, env, output):
-        self.shown = runner.preload_shown(command, env)
-        self.errors = tempfile.TemporaryFile()
-        try:
-            shell = subprocess.Popen(["/bin/sh", "-c", self.LAUNCH, "sh", output, env.get("LD_PRELOAD", "")] + command,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.errors,
-                                     env={k: v for k, v in env.items() if k != "LD_PRELOAD"})
-        except OSError as e:
-            runner.fail(f"cannot run /bin/sh: {e}")
-        pid = shell.communicate()[0].decode().strip()
-        if shell.returncode != 0 or not pid.isdigit():
-            runner.fail(f"/bin/sh did not start {self.shown}")
-        self.pid = int(pid)
-        self.timer = threading.Timer(TIMEOUT_S, self.kill)
-        self.timer.start()
-
-    def kill(self):
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def reap(self):
-        """Waits for the program; returns its rusage, or stops the runner with an error (its stderr
-        passed on) when it failed or was killed."""
-        try:
-            _, status, usage = os.wait4(self.pid, 0)
-        except ChildProcessError:
-            runner.fail(f"{self.shown} (pid {self.pid}) was reaped by another process before the runner")
-        self.timer.cancel()
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            self.errors.seek(0)
-            sys.stderr.write(self.errors.read().decode(errors="replace"))
-            killed = " (killed after the time limit?)" if code < 0 else ""
-            runner.fail(f"{self.shown} exited with status {code}{killed}")
-        self.errors.close()
-        return usage
-
-
 def run_program(command, env, work):
     """Runs one program to its end; returns (wall seconds, rusage, stdout)."""
     output = os.path.join(work, "stdout")
     t0 = time.perf_counter()
-    usage = Launched(command, env, output).reap()
+    usage = runner.Launched(command, env, output, TIMEOUT_S).reap()
     seconds = time.perf_counter() - t0
     with open(output, "rb") as f:
         return seconds, usage, f.read().decode(errors="replace")
@@ -359,7 +293,7 @@ def run_redis(env, data, work):
         os.unlink(sock)
     server = ["/usr/bin/redis-server", "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
               "--save", "", "--appendonly", "no", "--dir", work, "--enable-debug-command", "local"]
-    process = Launched(server, env, os.devnull)
+    process = runner.Launched(server, env, os.devnull, TIMEOUT_S)
     client_env = without_preload()
 
     def cli(*words, stdin_path=None, statuses=(0,)):
@@ -550,7 +484,7 @@ def main():
     print(f"programs.py: {args.runs} runs x {len(args.programs)} programs x {len(allocs)} allocators; roughly "
           f"{runner.duration(per_run * len(allocs) * args.runs)}", file=sys.stderr, flush=True)
 
-    become_subreaper()
+    runner.become_subreaper()
     work = tempfile.mkdtemp(prefix="shardmm-programs-")
     try:
         samples = {(row, a): [] for row in args.programs for a in allocs}

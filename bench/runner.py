@@ -1,13 +1,16 @@
 """bench/runner.py - what the benchmark runners (bench/run, micro.py, medium.py, large.py, churn.py,
-engines.py, shapes.py, stress.py, instr.py, cachesim.py) share: their common options and their checks,
-the columns that preload a library (--peer, the peers bench/peers built, --variant), the interleaved order of the
-runs, running one benchmark process, the run-by-run ratios with their confidence interval, markdown
-tables, and the report's end: printed, and with --save written to bench/results/DATE-COMMIT.md.
+engines.py, shapes.py, stress.py, instr.py, cachesim.py, programs.py, compare.py) share: their common
+options and their checks, the columns that preload a library (--peer, the peers bench/peers built,
+--variant), the interleaved order of the runs, running one benchmark process (and, for its own peak
+RSS, one started apart from the runner: Launched), the run-by-run ratios with their confidence
+interval, markdown tables, and the report's end: printed, and with --save written to
+bench/results/DATE-COMMIT.md.
 
 The method these implement is written once, in bench/README.md.
 
 Standard library only; the runners import it from their own folder.
 """
+import ctypes
 import datetime
 import math
 import os
@@ -15,9 +18,12 @@ import platform
 import random
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 BASELINE = "shard"  # every ratio is peer / shard
@@ -299,6 +305,74 @@ def numbers(words, kinds, shown):
         return tuple(kind(word) for kind, word in zip(kinds, words))
     except ValueError:
         fail(f"{shown} printed a non-number: {' '.join(words)!r}")
+
+
+# ---- a process of its own, for its peak RSS (programs.py, compare.py) ----
+
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+
+
+def become_subreaper():
+    """Makes the runner the reaper of its orphaned descendants (prctl PR_SET_CHILD_SUBREAPER), so that
+    it can wait4 the programs Launched starts as its grandchildren (Linux)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        fail(f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
+
+
+class Launched:
+    """A program started through /bin/sh, which forks it in the background (env's LD_PRELOAD set
+    for the program alone, not for sh) with its stdout sent to the file `output`, prints its pid
+    and exits; the program, orphaned, is reaped by the runner (become_subreaper) with os.wait4.
+    Why not a child of the runner: at exec, Linux keeps the peak RSS of the memory the process ran
+    in before as a floor of its ru_maxrss, and a child of the runner (which subprocess starts with
+    vfork) runs in the runner's memory, so every program would report at least the runner's own
+    peak (270 MB after writing the inputs); a child of sh starts from sh's megabyte. Its stdin is
+    /dev/null (sh's rule for background commands), its stderr a temporary file, read on failure;
+    a timer kills it after timeout_s seconds."""
+
+    LAUNCH = ('output=$1 preload=$2; shift 2; '
+              '{ [ -z "$preload" ] || export LD_PRELOAD="$preload"; exec "$@" >"$output"; } & echo $!')
+
+    def __init__(self, command, env, output, timeout_s):
+        self.shown = preload_shown(command, env)
+        self.errors = tempfile.TemporaryFile()
+        try:
+            shell = subprocess.Popen(["/bin/sh", "-c", self.LAUNCH, "sh", output, env.get("LD_PRELOAD", "")] + command,
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.errors,
+                                     env={k: v for k, v in env.items() if k != "LD_PRELOAD"})
+        except OSError as e:
+            fail(f"cannot run /bin/sh: {e}")
+        pid = shell.communicate()[0].decode().strip()
+        if shell.returncode != 0 or not pid.isdigit():
+            fail(f"/bin/sh did not start {self.shown}")
+        self.pid = int(pid)
+        self.timer = threading.Timer(timeout_s, self.kill)
+        self.timer.start()
+
+    def kill(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def reap(self):
+        """Waits for the program; returns its rusage, or stops the runner with an error (its stderr
+        passed on) when it failed or was killed."""
+        try:
+            _, status, usage = os.wait4(self.pid, 0)
+        except ChildProcessError:
+            fail(f"{self.shown} (pid {self.pid}) was reaped by another process before the runner")
+        self.timer.cancel()
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            self.errors.seek(0)
+            sys.stderr.write(self.errors.read().decode(errors="replace"))
+            killed = " (killed after the time limit?)" if code < 0 else ""
+            fail(f"{self.shown} exited with status {code}{killed}")
+        self.errors.close()
+        return usage
+
 
 
 # ---- ratios ----
