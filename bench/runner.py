@@ -327,7 +327,7 @@ class Launched:
     Why not a child of the runner: at exec, Linux keeps the peak RSS of the memory the process ran
     in before as a floor of its ru_maxrss, and a child of the runner (which subprocess starts with
     vfork) runs in the runner's memory, so every program would report at least the runner's own
-    peak (270 MB after writing the inputs); a child of sh starts from sh's megabyte. Its stdin is
+    peak (programs.py's: 270 MB after writing its inputs); a child of sh starts from sh's megabyte. Its stdin is
     /dev/null (sh's rule for background commands), its stderr a temporary file, read on failure;
     a timer kills it after timeout_s seconds."""
 
@@ -372,7 +372,6 @@ class Launched:
             fail(f"{self.shown} exited with status {code}{killed}")
         self.errors.close()
         return usage
-
 
 
 # ---- ratios ----
