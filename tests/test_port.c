@@ -117,7 +117,7 @@ TEST(the_capabilities_are_those_of_the_os)
           port_caps.address_space_limit == NULL && port_caps.reserve_large_pages == NULL &&
           port_caps.collapse_large_pages == NULL && port_caps.reserve_pooled == NULL);
 #else
-    CHECK_EQ(port_caps.flags, PORT_DECOMMIT_KEEPS_CHARGE | PORT_LARGE_RESERVE_COMMITTED);
+    CHECK_EQ(port_caps.flags, PORT_DECOMMIT_KEEPS_CHARGE | PORT_LARGE_RESERVE_COMMITTED | PORT_RELEASE_PARTS);
     CHECK(port_caps.move_release != NULL && port_caps.hint_large_pages != NULL && port_caps.fork_hooks != NULL &&
           port_caps.thread_tag != NULL && port_caps.address_space_limit != NULL &&
           port_caps.reserve_large_pages != NULL && port_caps.collapse_large_pages != NULL &&
@@ -662,6 +662,65 @@ static void *pool_thread(void *arg)
         }
     }
     return NULL;
+}
+
+/* Where the port says so (PORT_RELEASE_PARTS), parts of a reservation on 4 MB boundaries are released
+ * apart, and neighbouring parts as one: the rest keeps its contents; an own reservation's part is gone
+ * from the process's mappings, a pool's comes back to the next claims (first fit) and reads zero. */
+static void release_parts(int pooled)
+{
+    const size_t part = (size_t)4 << 20, size = 4 * part;
+    unsigned char *r = pooled ? port_caps.reserve_pooled(size, part) : port_reserve(size, part);
+    CHECK(r != NULL);
+    if (r == NULL)
+        return;
+    CHECK_EQ(port_commit(r, size), 0);
+    for (int i = 0; i < 4; i++)
+        fill(r + i * part, part, 60 + i);
+    CHECK_EQ(port_release(r + part, part), 0); /* the second part alone */
+    CHECK(check_pattern(r, part, 60));
+    CHECK(check_pattern(r + 2 * part, part, 62));
+    CHECK(check_pattern(r + 3 * part, part, 63));
+    if (!pooled)
+        CHECK_EQ(mapped_in((uintptr_t)r + part, (uintptr_t)r + 2 * part), 0);
+    CHECK_EQ(port_release(r + 2 * part, 2 * part), 0); /* the third and fourth as one */
+    CHECK(check_pattern(r, part, 60));
+    if (!pooled)
+        CHECK_EQ(mapped_in((uintptr_t)r + part, (uintptr_t)r + size), 0);
+    CHECK_EQ(port_release(r, part), 0);
+    if (!pooled) {
+        CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 0);
+        return;
+    }
+    unsigned char *again[4];
+    int found = 0;
+    for (int i = 0; i < 4; i++) { /* first fit: r again, unless another test left room below it */
+        again[i] = port_caps.reserve_pooled(size, part);
+        CHECK(again[i] != NULL);
+        if (again[i] == NULL)
+            continue;
+        CHECK_EQ(port_commit(again[i], size), 0);
+        CHECK_EQ(bytes_not_equal(again[i], size, 0), size);
+        found |= again[i] == r;
+    }
+    CHECKF(found, "the released parts at %p were not claimed again", (void *)r);
+    for (int i = 0; i < 4; i++)
+        if (again[i] != NULL)
+            CHECK_EQ(port_release(again[i], size), 0);
+}
+
+TEST(parts_of_a_reservation_are_released_apart_and_together)
+{
+    if (!(port_caps.flags & PORT_RELEASE_PARTS))
+        SKIP_TEST();
+    release_parts(0);
+}
+
+TEST(parts_of_a_pooled_reservation_are_released_apart_and_together)
+{
+    if (!(port_caps.flags & PORT_RELEASE_PARTS) || !pools_expected())
+        SKIP_TEST();
+    release_parts(1);
 }
 
 TEST(pooled_reservations_taken_by_threads_at_once_never_overlap)
