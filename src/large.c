@@ -69,10 +69,16 @@
  *   granule more, keeps those granules (committed to commit_end, the rest given back) and the rest of
  *   its span becomes a cached block of its own, its header at the next granule like any block's, marked
  *   a piece (LAYOUT_PIECE; split_off). Committed memory kept by a live block serves no other request,
- *   and it raised the live high and the ceiling with it: bench/shapes.py's malloc-large@8 peaked at
- *   1,140 MB, 1,068 MB split (mimalloc 3.4.3: 1,136). A block freed next to a cached part of its own
+ *   and it raised the live high and the ceiling with it: bench/shapes.py's malloc-large@8, 75 runs,
+ *   peaked above 1,174 MB in a quarter of them and 1,252 MB in a tenth, split 1,140 and 1,168
+ *   (mimalloc 3.4.3: 1,182 and 1,232); churn in bench/large.py 886 MB, split 805-838 in 0.88-0.90 of
+ *   the time. A block freed next to a cached part of its own
  *   reservation joins it (join; the lower header stays): without that the parts only got smaller and
- *   the next larger request found none (bench/large.py's burst took 1.35-1.44 of the time). Splitting
+ *   the next larger request found none (bench/large.py's burst took 1.35-1.44 of the time). A live
+ *   block that grows past its span takes the cached part above it back, in place (absorb_above):
+ *   without that it moved to fresh memory while its old excess waited in the cache, and Ruby's
+ *   records.rb (bench/programs.py), whose strings grow by realloc, peaked at 146 MB instead of 119
+ *   (mimalloc 3.4.3: 143-154). Splitting
  *   off any granule beyond the kept ones instead of only at twice made malloc-large@1 1.5 times slower:
  *   the parts kept lose the headroom a larger request would have used
  *   (bench/results/2026-12-05-large-split.md).
@@ -925,6 +931,44 @@ size_t large_usable(const void *p)
     return h ? h->size : 0;
 }
 
+/* A live block that must grow past its span takes the cached part of its own reservation just above it
+ * (the rest split_off cached), when the two reach `need` together: in place, the growth the block had
+ * before it was split, with the part's committed memory. The gap between the block's committed part and
+ * its span is committed first (the committed part stays a prefix). 1 when it did. */
+static int absorb_above(large_header *h, size_t need)
+{
+    if (!os_can_release_part() || load_relaxed(&cache.oldest_at) == UINT64_MAX)
+        return 0; /* an empty cache costs one load */
+    size_t span = span_of(h), part_committed = 0, part_span = 0;
+    large_header *part = NULL;
+    if (!spin_lock_unless_fork(&cache.lock))
+        return 0;
+    for (unsigned i = 0; i < cache.count; i++) {
+        const cached *c = &cache.entry[i];
+        if ((uint8_t *)c->h == (uint8_t *)h + span && piece_of(c->h) && span + c->span >= need) {
+            part = c->h;
+            part_committed = c->committed;
+            part_span = c->span;
+            remove_entries(i, 1);
+            break;
+        }
+    }
+    publish_oldest();
+    spin_unlock(&cache.lock);
+    if (part == NULL)
+        return 0;
+    size_t gap = span - h->committed;
+    if (gap != 0 && os_commit((uint8_t *)h + h->committed, gap) != 0) {
+        cache_put(part); /* back where it was */
+        return 0;
+    }
+    map_clear((uintptr_t)part);
+    store_relaxed(&part->mark, 0);
+    h->committed = span + part_committed;
+    store_relaxed(&h->layout, layout_of(span + part_span, offset_of(h)) | piece_of(h));
+    return 1;
+}
+
 void *large_resize_in_place(void *p, size_t size)
 {
     large_header *h = live_header(p);
@@ -933,19 +977,22 @@ void *large_resize_in_place(void *p, size_t size)
     large_cache_expire(); /* a cache access, as the seed counts them: the age is checked */
     size_t offset = offset_of(h), need = need_of(size, offset), committed = h->committed, was = h->size;
     heap *owner = owner_of(h);
-    size_t end = commit_end(need, span_of(h), owner != NULL);
-    if (need <= committed) {
-        if (need < committed / 2 && os_decommit((uint8_t *)h + end, committed - end) == 0) {
-            h->committed = end; /* shrunk to less than half: the tail goes back at once */
+    int absorbed = need > span_of(h) && owner == NULL && absorb_above(h, need);
+    size_t end = commit_end(need, span_of(h), owner != NULL), now = h->committed;
+    if (need <= now) {
+        /* Shrunk to less than half: the tail goes back at once (not a part just absorbed to grow). */
+        if (!absorbed && need < now / 2 && os_decommit((uint8_t *)h + end, now - end) == 0) {
+            h->committed = end;
             if (owner != NULL)
-                heap_uncharge(owner, committed - end);
+                heap_uncharge(owner, now - end);
         }
     } else if (need <= span_of(h)) {
-        if (owner != NULL && heap_charge(owner, end - committed) != 0)
+        if (owner != NULL && heap_charge(owner, end - now) != 0)
             return NULL;
-        if (os_commit((uint8_t *)h + committed, end - committed) != 0) {
+        if (os_commit((uint8_t *)h + now, end - now) != 0) {
             if (owner != NULL)
-                heap_uncharge(owner, end - committed);
+                heap_uncharge(owner, end - now);
+            count_live(0, 0, h->committed - committed); /* what an absorbed part brought */
             return NULL;
         }
         h->committed = end;

@@ -1738,10 +1738,12 @@ TEST(a_cached_block_taken_for_a_smaller_size_gives_back_an_excess_beyond_4x_and_
  * granules of its need and the rest of it waits as a cached block of its own (an 80 MB block taken for
  * 16 MB leaves 64 MB; 20 MB for 5 MB leaves 12 MB; 8 MB for 1 MB + 1 leaves 4 MB, and gives back the 2 MB
  * above its own 2 MB); 6 MB for 1 MB + 1 stays whole (the rest is less than a granule), and so does 14 MB
- * for 7 MB (the rest is less than the 8 MB kept). The rest is a
- * block: a malloc of its size gets it, where it starts, committing nothing. Freed, the taken block joins
- * the rest again (committing what it gave back), and a malloc of the whole size gets the whole block
- * back at its old address. Contents checked throughout. */
+ * for 7 MB (the rest is less than the 8 MB kept). The rest is a block: a malloc of its size gets it,
+ * where it starts, committing nothing; the error hook takes its address while it is cached. Freed, the
+ * taken block joins the rest again (committing what it gave back; the rest's address is no block any
+ * more), and a malloc of the whole size gets the whole block back at its old address. Split again and
+ * grown a granule past what it kept, the block takes its rest back in place. Contents checked throughout,
+ * shard_check at each step that changes the map. */
 #if SHARD_RULES
 static void check_not_live(void *p, const char *what);
 #endif
@@ -1834,6 +1836,33 @@ TEST(a_cached_block_taken_for_much_less_is_split_and_the_parts_join_when_freed)
             CHECK_BLOCK(w, with_need(held), 0x5330 + i, "the joined block");
         }
         shard_free(w);
+        /* Split again, then grown past its granules: it takes the rest back, in place. */
+        q = shard_malloc(n);
+        CHECKF(q == p, "malloc(%zu) after the join got %p, not %p", n, (void *)q, (void *)p);
+        if (q != p) {
+            shard_free(q);
+            continue;
+        }
+        fill64(q, fresh_usable(n), 0x5340 + i);
+        shard_stats h = stats_now();
+        CHECK_CACHE(h, 1, held - keep, "split again");
+        size_t to = with_need(keep + LARGE_GRANULE);
+        unsigned char *t = shard_realloc(q, to);
+        shard_stats k = stats_now();
+        CHECKF(t == q, "realloc(%zu) of a split block with its rest cached moved it to %p", to, (void *)t);
+        if (t == NULL) {
+            shard_free(q);
+            continue;
+        }
+        CHECK_EQ(shard_usable_size(t), to);
+        CHECK_CACHE(k, 0, 0, "after the split block took its rest back to grow");
+        CHECK_COMMITTED(h.committed, k.committed, (long long)(keep - end), 0, "growing into the rest, committed");
+        CHECK_BLOCK(t, fresh_usable(n), 0x5340 + i, "the block grown into its rest");
+        fill64(t, to, 0x5350 + i);
+        CHECK_BLOCK(t, to, 0x5350 + i, "the block grown into its rest, written");
+        check_allocator("with a block grown into its rest");
+        shard_free(t);
+        CHECK_CACHE_NOW(1, held, "the grown block freed");
     }
     shard_collect();
     check_allocator("after splitting and joining cached blocks");
