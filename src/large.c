@@ -78,7 +78,10 @@
  *   block that grows past its span takes the cached part above it back, in place (absorb_above):
  *   without that it moved to fresh memory while its old excess waited in the cache, and Ruby's
  *   records.rb (bench/programs.py), whose strings grow by realloc, peaked at 146 MB instead of 119
- *   (mimalloc 3.4.3: 143-154). Splitting
+ *   (mimalloc 3.4.3: 143-154). A block that has grown by realloc (LAYOUT_GROWN) is not split when
+ *   taken again, as a block that moved to grow keeps its larger span: buffers grown from 1 MB by two
+ *   threads (bench/app.c's buffers@2) peaked at 131.6 MB instead of 95.5 when split, the part above one
+ *   thread's buffer taken by the other's and the first moving to fresh memory to grow. Splitting
  *   off any granule beyond the kept ones instead of only at twice made malloc-large@1 1.5 times slower:
  *   the parts kept lose the headroom a larger request would have used
  *   (bench/results/2026-12-05-large-split.md).
@@ -152,7 +155,8 @@ static inline uint64_t mark_freed(const large_header *h) { (void)h; return LARGE
 #define LAYOUT_OFFSET_MASK ((size_t)31)
 #define LAYOUT_FAR ((size_t)32)
 #define LAYOUT_ALIGN_SHIFT 6
-#define LAYOUT_PIECE ((size_t)64) /* a near block cut from the one below it (split_off): they may join again */
+#define LAYOUT_PIECE ((size_t)64)  /* a near block cut from the one below it (split_off): they may join again */
+#define LAYOUT_GROWN ((size_t)128) /* a near block that grew by realloc: not split when taken again */
 _Static_assert(LAYOUT_ALIGN_SHIFT + 6 <= 12, "the layout's flags fit below the page-sized span");
 
 static size_t span_of(const large_header *h) { return h->layout & ~(PORT_PAGE - 1); }
@@ -174,6 +178,8 @@ static uintptr_t granule_of(large_header *h) { return is_far(h) ? (uintptr_t)blo
 static unsigned kind_of(const large_header *h) { return is_far(h) ? SEG_LARGE_FAR : SEG_LARGE; }
 static size_t layout_of(size_t span, size_t offset) { return span | (size_t)__builtin_ctzll(offset); }
 static size_t piece_of(const large_header *h) { return is_far(h) ? 0 : h->layout & LAYOUT_PIECE; }
+/* The near block's flags, which its layout keeps through reuse, growth and joins. */
+static size_t flags_of(const large_header *h) { return is_far(h) ? 0 : h->layout & (LAYOUT_PIECE | LAYOUT_GROWN); }
 
 /* A block of a created heap (shard_heap_create) starts at least 64 bytes in: the 32 bytes after the
  * header name its heap, whose limit counts the block's committed memory and whose destroy releases it.
@@ -591,7 +597,7 @@ static large_header *join(large_header *h)
         remove_entries(i, 1);
         map_clear((uintptr_t)hi);
         lo->committed = lo_span + hi->committed;
-        store_relaxed(&lo->layout, layout_of(lo_span + span_of(hi), offset_of(lo)) | piece_of(lo));
+        store_relaxed(&lo->layout, layout_of(lo_span + span_of(hi), offset_of(lo)) | flags_of(lo) | (hi->layout & LAYOUT_GROWN));
         store_relaxed(&hi->mark, 0);
         h = lo;
         i = 0;
@@ -754,7 +760,7 @@ static int fit_commit(large_header *h, size_t committed, size_t need, int exact)
  * the block stays whole. */
 static void split_off(large_header *h, size_t need, size_t *committed, int exact)
 {
-    if (!os_can_release_part())
+    if (!os_can_release_part() || (h->layout & LAYOUT_GROWN) != 0)
         return;
     size_t keep = round_up(need, SEGMENT_SIZE), span = span_of(h);
     if (*committed < keep + SEGMENT_SIZE || *committed < 2 * keep || keep >= span)
@@ -767,7 +773,7 @@ static void split_off(large_header *h, size_t need, size_t *committed, int exact
     r->layout = layout_of(span - keep, LARGE_HEADER) | LAYOUT_PIECE;
     store_relaxed(&r->mark, mark_freed(r));
     segmap_set((uintptr_t)r, SEGMENT_SIZE, SEG_LARGE, SEG_LARGE);
-    store_relaxed(&h->layout, layout_of(keep, offset_of(h)) | piece_of(h));
+    store_relaxed(&h->layout, layout_of(keep, offset_of(h)) | flags_of(h));
     h->committed = keep;
     *committed = keep;
     size_t end = commit_end(need, keep, exact);
@@ -855,7 +861,7 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
             }
         }
         store_relaxed(&h->size, need - offset); /* a walk may still read the block's last life */
-        store_relaxed(&h->layout, layout_of(span_of(h), offset) | piece_of(h));
+        store_relaxed(&h->layout, layout_of(span_of(h), offset) | flags_of(h));
         if (zero && committed > offset) /* memory committed in place reads zero; what was committed when cached is dirty */
             mem_zero(block_of(h), (committed < need ? committed : need) - offset);
     } else {
@@ -965,7 +971,7 @@ static int absorb_above(large_header *h, size_t need)
     map_clear((uintptr_t)part);
     store_relaxed(&part->mark, 0);
     h->committed = span + part_committed;
-    store_relaxed(&h->layout, layout_of(span + part_span, offset_of(h)) | piece_of(h));
+    store_relaxed(&h->layout, layout_of(span + part_span, offset_of(h)) | flags_of(h));
     return 1;
 }
 
@@ -1001,6 +1007,8 @@ void *large_resize_in_place(void *p, size_t size)
     }
     if (owner != NULL)
         fetch_add_relaxed(&owner->large_bytes, (need - offset) - was);
+    if (need - offset > was && !is_far(h))
+        store_relaxed(&h->layout, h->layout | LAYOUT_GROWN);
     store_relaxed(&h->size, need - offset); /* a walk may read it meanwhile (large_visit) */
     count_live(0, need - offset - was, h->committed - committed);
     return p;
@@ -1041,7 +1049,7 @@ void *large_move(void *p, size_t size)
      * now changes (a far block becomes an ordinary one whose block starts a page in). */
     store_relaxed(&h->size, need - offset); /* as in large_resize_in_place */
     h->committed = end;
-    store_relaxed(&h->layout, layout_of(span, offset));
+    store_relaxed(&h->layout, layout_of(span, offset) | LAYOUT_GROWN);
     if (SHARD_HARDENED)
         store_release(&h->mark, mark_live(h)); /* sealed with its new address */
     count_live(0, need - offset - was, h->committed - was_committed);

@@ -203,10 +203,12 @@ static int take_trims(size_t committed, size_t n)
 
 /* Where the port releases reservations in parts (Linux), a cached block taken for n bytes is split when
  * its committed memory is at least twice the 4 MB granules need(n) takes (split_keep) and at least a
- * granule more: the block keeps those granules, committed to commit_end(need(n)) (the rest of them
- * decommitted), and the rest of its reservation stays in the cache as a block of its own, with the
- * committed memory it holds. A block freed next to a part of its own reservation that waits in the cache
- * joins it: the lower one's gap up to its end is committed, and the cache holds one block again. */
+ * granule more, unless it has ever grown by realloc: the block keeps those granules, committed to
+ * commit_end(need(n)) (the rest of them decommitted), and the rest of its reservation stays in the cache
+ * as a block of its own, with the committed memory it holds. A block freed next to a part of its own
+ * reservation that waits in the cache joins it: the lower one's gap up to its end is committed, and the
+ * cache holds one block again; a live block grown past its reservation takes the cached part above it
+ * back. take_splits is for a block that has not grown. */
 #define SPLITS_CACHED COMMITS_WHOLE_LARGE_PAGES
 static size_t split_keep(size_t n)
 {
@@ -1742,7 +1744,8 @@ TEST(a_cached_block_taken_for_a_smaller_size_gives_back_an_excess_beyond_4x_and_
  * where it starts, committing nothing; the error hook takes its address while it is cached. Freed, the
  * taken block joins the rest again (committing what it gave back; the rest's address is no block any
  * more), and a malloc of the whole size gets the whole block back at its old address. Split again and
- * grown a granule past what it kept, the block takes its rest back in place. Contents checked throughout,
+ * grown a granule past what it kept, the block takes its rest back in place; freed and taken for as
+ * little again it stays whole (a block that has grown is not split). Contents checked throughout,
  * shard_check at each step that changes the map. */
 #if SHARD_RULES
 static void check_not_live(void *p, const char *what);
@@ -1863,6 +1866,20 @@ TEST(a_cached_block_taken_for_much_less_is_split_and_the_parts_join_when_freed)
         check_allocator("with a block grown into its rest");
         shard_free(t);
         CHECK_CACHE_NOW(1, held, "the grown block freed");
+        /* A block that has grown is not split again: taken for as little, it stays whole. */
+        shard_stats l = stats_now();
+        unsigned char *u = shard_malloc(n);
+        shard_stats m = stats_now();
+        CHECKF(u == p, "malloc(%zu) of the grown block got %p, not %p", n, (void *)u, (void *)p);
+        CHECK_CACHE(m, 0, 0, "after malloc(%zu) took the block that had grown, whole", n);
+        CHECK_COMMITTED(l.committed, m.committed,
+                        take_trims(held, n) ? -(long long)(held - tail_start(need(n), held)) : 0, 0,
+                        "malloc(%zu) taking the block that had grown, holding %zu", n, held);
+        if (u) {
+            fill64(u, fresh_usable(n), 0x5360 + i);
+            CHECK_BLOCK(u, fresh_usable(n), 0x5360 + i, "the block that had grown, taken whole");
+        }
+        shard_free(u);
     }
     shard_collect();
     check_allocator("after splitting and joining cached blocks");
