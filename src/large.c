@@ -64,27 +64,25 @@
  *   the one with the most committed memory, which commits the rest in place. Memory committed beyond
  *   the request stays with the block for growth unless it is both more than four times the request
  *   and more than 16 MB.
- * - Split and join, where the port releases a reservation in parts (PORT_RELEASE_PARTS: Linux): a
- *   block taken for much less, committed at least twice the 4 MB granules the request takes and a
- *   granule more, keeps those granules (committed to commit_end, the rest given back) and the rest of
- *   its span becomes a cached block of its own, its header at the next granule like any block's, marked
- *   a piece (LAYOUT_PIECE; split_off). Committed memory kept by a live block serves no other request,
- *   and it raised the live high and the ceiling with it: bench/shapes.py's malloc-large@8, 75 runs,
- *   peaked above 1,174 MB in a quarter of them and 1,252 MB in a tenth, split 1,140 and 1,168
- *   (mimalloc 3.4.3: 1,182 and 1,232); churn in bench/large.py 886 MB, split 805-838 in 0.88-0.90 of
- *   the time. A block freed next to a cached part of its own
- *   reservation joins it (join; the lower header stays): without that the parts only got smaller and
- *   the next larger request found none (bench/large.py's burst took 1.35-1.44 of the time). A live
- *   block that grows past its span takes the cached part above it back, in place (absorb_above):
- *   without that it moved to fresh memory while its old excess waited in the cache, and Ruby's
- *   records.rb (bench/programs.py), whose strings grow by realloc, peaked at 146 MB instead of 119
- *   (mimalloc 3.4.3: 143-154). A block that has grown by realloc (LAYOUT_GROWN) is not split when
- *   taken again, as a block that moved to grow keeps its larger span: buffers grown from 1 MB by two
- *   threads (bench/app.c's buffers@2) peaked at 131.6 MB instead of 95.5 when split, the part above one
- *   thread's buffer taken by the other's and the first moving to fresh memory to grow. Splitting
- *   off any granule beyond the kept ones instead of only at twice made malloc-large@1 1.5 times slower:
- *   the parts kept lose the headroom a larger request would have used
- *   (bench/results/2026-12-05-large-split.md).
+ * - Split and join, where the port releases a reservation in parts (PORT_RELEASE_PARTS: Linux): a block
+ *   taken for much less, committed at least twice the 4 MB granules the request takes and a granule more,
+ *   keeps those granules (committed to commit_end, the rest given back) and the rest of its span becomes a
+ *   cached block of its own, its header at the next granule like any block's, marked a piece
+ *   (LAYOUT_PIECE; split_off). Committed memory kept by a live block serves no other request, and it
+ *   raised the live high and the ceiling with it: the upper quartile of bench/shapes.py's malloc-large@8
+ *   peaks (two sets of 75 runs) was 1,174-1,226 MB, split 1,140-1,156 (mimalloc 3.4.3: 1,170-1,182);
+ *   bench/large.py's churn peaked at 878-886 MB, split 805-838, in 0.88-0.95 of the time. A block freed
+ *   next to a cached part of its own reservation joins it (join; the lower header stays): without that the
+ *   parts only got smaller and the next larger request found none (bench/large.py's burst took 1.35-1.44
+ *   of the time). A live block that grows past its span takes the cached part above it back, in place
+ *   (absorb_above): without that it moved to fresh memory while its old excess waited in the cache, and
+ *   Ruby's records.rb (bench/programs.py), whose strings grow by realloc, peaked at 146 MB instead of 119
+ *   (mimalloc 3.4.3: 143-154). A block that has grown by realloc (LAYOUT_GROWN) is not split when taken
+ *   again, as a block that moved to grow keeps its larger span: buffers grown from 1 MB by two threads
+ *   (bench/app.c's buffers@2) peaked at 131.6 MB instead of 95.5 when split, the part above one thread's
+ *   buffer taken by the other's and the first moving to fresh memory to grow. Splitting off any granule
+ *   beyond the kept ones instead of only at twice made malloc-large@1 1.5 times slower: the parts kept
+ *   lose the headroom a larger request would have used (bench/results/2026-12-05-large-split.md).
  * - The byte limit follows the live blocks' high (cache_limit): by default the cache may hold, beyond
  *   the 128 MB, what brings live and cached blocks together to an eighth above the most the live ones
  *   held (live_high: the ceiling, room_for_cache). A program whose large working set is 1 GB frees and
@@ -138,7 +136,7 @@ typedef struct large_header {
     size_t committed;  /* bytes committed from the header on, a multiple of PORT_PAGE */
     size_t layout;     /* span (bytes from the header to the reservation's end, a multiple of PORT_PAGE)
                         * | log2(block offset) | LAYOUT_FAR | log2(align) << LAYOUT_ALIGN_SHIFT (far)
-                        * | LAYOUT_PIECE (near) */
+                        * | LAYOUT_PIECE | LAYOUT_GROWN (near) */
 } large_header;
 _Static_assert(sizeof(large_header) == LARGE_HEADER, "the block follows a 32-byte header");
 
@@ -940,7 +938,8 @@ size_t large_usable(const void *p)
 /* A live block that must grow past its span takes the cached part of its own reservation just above it
  * (the rest split_off cached), when the two reach `need` together: in place, the growth the block had
  * before it was split, with the part's committed memory. The gap between the block's committed part and
- * its span is committed first (the committed part stays a prefix). 1 when it did. */
+ * its span is committed first (the committed part stays a prefix). 1 when it did. Only a thread's block
+ * (a created heap's moves, as before: its limit would count the part's memory). */
 static int absorb_above(large_header *h, size_t need)
 {
     if (!os_can_release_part() || load_relaxed(&cache.oldest_at) == UINT64_MAX)
