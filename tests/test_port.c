@@ -554,6 +554,27 @@ static int pools_expected(void)
  * contents kept, zeros after a decommit, and after its release the same addresses, taken again, read
  * zeros: nothing of its last use is left. Its addresses stay mapped (the pool's), read/write. Sizes
  * above 128 MB and alignments above it are not pooled (NULL: port_reserve takes them). */
+/* Whether four claims of size at align, each committed and read zero, include r (first fit: the
+ * addresses just released, unless another test left room below them); the claims are released. */
+static int claimed_again(const unsigned char *r, size_t size, size_t align)
+{
+    unsigned char *again[4];
+    int found = 0;
+    for (int i = 0; i < 4; i++) {
+        again[i] = port_caps.reserve_pooled(size, align);
+        CHECK(again[i] != NULL);
+        if (again[i] == NULL)
+            continue;
+        CHECK_EQ(port_commit(again[i], size), 0);
+        CHECK_EQ(bytes_not_equal(again[i], size, 0), size);
+        found |= again[i] == r;
+    }
+    for (int i = 0; i < 4; i++)
+        if (again[i] != NULL)
+            CHECK_EQ(port_release(again[i], size), 0);
+    return found;
+}
+
 TEST(a_pooled_reservation_follows_the_contract_and_comes_back_zeroed)
 {
     if (!pools_expected())
@@ -579,21 +600,7 @@ TEST(a_pooled_reservation_follows_the_contract_and_comes_back_zeroed)
     fill(r, size, 52);
     CHECK_EQ(port_release(r, size), 0);
     CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 1);
-    unsigned char *again[4];
-    int found = 0;
-    for (int i = 0; i < 4; i++) { /* the first fit: the same addresses, unless another test's claim took them */
-        again[i] = port_caps.reserve_pooled(size, align);
-        CHECK(again[i] != NULL);
-        if (again[i] == NULL)
-            continue;
-        CHECK_EQ(port_commit(again[i], size), 0);
-        CHECK_EQ(bytes_not_equal(again[i], size, 0), size);
-        found |= again[i] == r;
-    }
-    CHECK(found);
-    for (int i = 0; i < 4; i++)
-        if (again[i] != NULL)
-            CHECK_EQ(port_release(again[i], size), 0);
+    CHECK(claimed_again(r, size, align));
     unsigned char *big = port_caps.reserve_pooled((size_t)64 << 20, (size_t)64 << 20);
     CHECK(big != NULL && (uintptr_t)big % ((size_t)64 << 20) == 0);
     if (big != NULL)
@@ -692,21 +699,7 @@ static void release_parts(int pooled)
         CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 0);
         return;
     }
-    unsigned char *again[4];
-    int found = 0;
-    for (int i = 0; i < 4; i++) { /* first fit: r again, unless another test left room below it */
-        again[i] = port_caps.reserve_pooled(size, part);
-        CHECK(again[i] != NULL);
-        if (again[i] == NULL)
-            continue;
-        CHECK_EQ(port_commit(again[i], size), 0);
-        CHECK_EQ(bytes_not_equal(again[i], size, 0), size);
-        found |= again[i] == r;
-    }
-    CHECKF(found, "the released parts at %p were not claimed again", (void *)r);
-    for (int i = 0; i < 4; i++)
-        if (again[i] != NULL)
-            CHECK_EQ(port_release(again[i], size), 0);
+    CHECKF(claimed_again(r, size, part), "the released parts at %p were not claimed again", (void *)r);
 }
 
 TEST(parts_of_a_reservation_are_released_apart_and_together)
