@@ -169,8 +169,9 @@ static size_t linux_address_space_limit(void)
  * (bench/results/2026-12-03-pools.md). So reserve_pooled carves them from pools: 1 GB mappings, read/
  * write and hinted for huge pages when made, never given back. A pool is 8 words of 64 granules of 2 MB;
  * a claim is a run of granules inside one word (so at most 128 MB, at an alignment up to 128 MB, one CAS),
- * a release sets its pages free (MADV_DONTNEED: the range stays read/write) and then its granules. A
- * commit inside a pool asks nothing of the kernel and a hint changes nothing there.
+ * a release (of a claim or a part of one: PORT_RELEASE_PARTS) sets its pages free (MADV_DONTNEED: the
+ * range stays read/write) and then its granules. A commit inside a pool asks nothing of the kernel and a
+ * hint changes nothing there.
  * What the pools give up: the charge. MAP_NORESERVE keeps a pool out of the kernel's commit charge, so a
  * commit inside one is not checked against it. Pools exist only where that check could refuse no claim:
  * under heuristic overcommit (vm.overcommit_memory 0, which refuses a single mapping larger than memory
@@ -835,7 +836,7 @@ _Noreturn void port_abort(void)
 }
 
 port_capabilities port_caps = {
-    .flags = PORT_DECOMMIT_KEEPS_CHARGE | PORT_LARGE_RESERVE_COMMITTED,
+    .flags = PORT_DECOMMIT_KEEPS_CHARGE | PORT_LARGE_RESERVE_COMMITTED | PORT_RELEASE_PARTS,
     .move_release = linux_move_release,
     .reserve_pooled = linux_reserve_pooled,
     .hint_large_pages = linux_hint_large_pages,

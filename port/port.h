@@ -44,7 +44,10 @@ int port_commit(void *addr, size_t size);
  * addr and size are multiples of PORT_PAGE. Returns 0 or -1. */
 int port_decommit(void *addr, size_t size);
 
-/* Release a whole reservation: addr and size exactly as port_reserve gave and took them. 0 or -1. */
+/* Release a whole reservation: addr and size exactly as port_reserve gave and took them; or, where
+ * port_caps.flags has PORT_RELEASE_PARTS, any part of one that starts and ends on a 4 MB boundary from
+ * its start (or at its end), parts of one reservation released apart or, when they are next to each
+ * other, as one. 0 or -1. */
 int port_release(void *addr, size_t size);
 
 /* Write a message to the platform's error channel (nothing is allocated), and end the process (or
@@ -61,6 +64,9 @@ _Noreturn void port_abort(void);
 /* A reserve_large_pages reservation is committed whole when it is made (Linux, see linux.c): a commit
  * inside it would change nothing, and the core makes none (it counts the bytes all the same). */
 #define PORT_LARGE_RESERVE_COMMITTED 4u
+/* port_release takes parts of a reservation (Linux: munmap, and a pool's granules): the core's large
+ * cache splits a block taken for much less and joins the parts again when they are free (large.c). */
+#define PORT_RELEASE_PARTS 8u
 
 /* Returned by thread_exit_arm in a thread whose exit hook has already run. */
 #define PORT_SLOT_EXITED 1
@@ -68,7 +74,7 @@ _Noreturn void port_abort(void);
 #define PORT_THREAD_NONE 0xffffffffu
 
 typedef struct port_capabilities {
-    unsigned flags; /* PORT_DECOMMIT_*, PORT_LARGE_RESERVE_COMMITTED */
+    unsigned flags; /* PORT_DECOMMIT_*, PORT_LARGE_RESERVE_COMMITTED, PORT_RELEASE_PARTS */
 
     /* Move the pages of [from, from+size), committed and inside the reservation [reservation,
      * +reservation_size), to [to, to+size) inside another reservation, without copying (their contents
@@ -94,13 +100,13 @@ typedef struct port_capabilities {
     void *(*reserve_large_pages)(size_t size, size_t align, size_t from);
 
     /* port_reserve for a large block (size and align multiples of PORT_RESERVE_ALIGN): the same result,
-     * and commit, decommit, release (of the whole reservation only) and move_release work on it as on
-     * any reservation, but it may be carved from a bigger reservation the platform keeps, so that
-     * making it takes no system call. What may differ: it may come committed and hinted for large pages
-     * already (the core's commits and hints there then cost nothing, and are not checked against the
-     * system's commit charge: a platform offers pools only where that check could refuse no such
-     * reservation), and its uncommitted parts may read zeros rather than fault (the core touches
-     * none). NULL: the core takes port_reserve. */
+     * and commit, decommit, release (of the whole reservation, or of parts under PORT_RELEASE_PARTS)
+     * and move_release work on it as on any reservation, but it may be carved from a bigger
+     * reservation the platform keeps, so that making it takes no system call. What may differ: it may
+     * come committed and hinted for large pages already (the core's commits and hints there then cost
+     * nothing, and are not checked against the system's commit charge: a platform offers pools only
+     * where that check could refuse no such reservation), and its uncommitted parts may read zeros
+     * rather than fault (the core touches none). NULL: the core takes port_reserve. */
     void *(*reserve_pooled)(size_t size, size_t align);
 
     /* Back [addr, addr+size) of a reserve_large_pages reservation below its `from` (large-page

@@ -1,5 +1,6 @@
-/* large.c - blocks above 1 MB: one reservation each, with address headroom, and a cache of freed
- * blocks shared by the process (the seed's "Large blocks").
+/* large.c - blocks above 1 MB: one reservation each (or, on Linux, a part of one: the cache splits
+ * them), with address headroom, and a cache of freed blocks shared by the process (the seed's "Large
+ * blocks").
  *
  * A block is one reservation, aligned to 4 MB so that the segment map can mark it (SEG_LARGE, one
  * entry: the rest of the reservation stays SEG_NONE, so an address in it is not a block); a 32-byte
@@ -63,6 +64,25 @@
  *   the one with the most committed memory, which commits the rest in place. Memory committed beyond
  *   the request stays with the block for growth unless it is both more than four times the request
  *   and more than 16 MB.
+ * - Split and join, where the port releases a reservation in parts (PORT_RELEASE_PARTS: Linux): a block
+ *   taken for much less, committed at least twice the 4 MB granules the request takes and a granule more,
+ *   keeps those granules (committed to commit_end, the rest given back) and the rest of its span becomes a
+ *   cached block of its own, its header at the next granule like any block's, marked a piece
+ *   (LAYOUT_PIECE; split_off). Committed memory kept by a live block serves no other request, and it
+ *   raised the live high and the ceiling with it: the upper quartile of bench/shapes.py's malloc-large@8
+ *   peaks (two sets of 75 runs) was 1,174-1,226 MB, split 1,140-1,156 (mimalloc 3.4.3: 1,170-1,182);
+ *   bench/large.py's churn peaked at 878-886 MB, split 805-838, in 0.88-0.95 of the time. A block freed
+ *   next to a cached part of its own reservation joins it (join; the lower header stays): without that the
+ *   parts only got smaller and the next larger request found none (bench/large.py's burst took 1.35-1.44
+ *   of the time). A live block that grows past its span takes the cached part above it back, in place
+ *   (absorb_above): without that it moved to fresh memory while its old excess waited in the cache, and
+ *   Ruby's records.rb (bench/programs.py), whose strings grow by realloc, peaked at 146 MB instead of 119
+ *   (mimalloc 3.4.3: 143-154). A block that has grown by realloc (LAYOUT_GROWN) is not split when taken
+ *   again, as a block that moved to grow keeps its larger span: buffers grown from 1 MB by two threads
+ *   (bench/app.c's buffers@2) peaked at 131.6 MB instead of 95.5 when split, the part above one thread's
+ *   buffer taken by the other's and the first moving to fresh memory to grow. Splitting off any granule
+ *   beyond the kept ones instead of only at twice made malloc-large@1 1.5 times slower: the parts kept
+ *   lose the headroom a larger request would have used (bench/results/2026-12-05-large-split.md).
  * - The byte limit follows the live blocks' high (cache_limit): by default the cache may hold, beyond
  *   the 128 MB, what brings live and cached blocks together to an eighth above the most the live ones
  *   held (live_high: the ceiling, room_for_cache). A program whose large working set is 1 GB frees and
@@ -115,7 +135,8 @@ typedef struct large_header {
     size_t size;       /* usable bytes after the header: the last request, rounded up to the page */
     size_t committed;  /* bytes committed from the header on, a multiple of PORT_PAGE */
     size_t layout;     /* span (bytes from the header to the reservation's end, a multiple of PORT_PAGE)
-                        * | log2(block offset) | LAYOUT_FAR | log2(align) << LAYOUT_ALIGN_SHIFT (far) */
+                        * | log2(block offset) | LAYOUT_FAR | log2(align) << LAYOUT_ALIGN_SHIFT (far)
+                        * | LAYOUT_PIECE | LAYOUT_GROWN (near) */
 } large_header;
 _Static_assert(sizeof(large_header) == LARGE_HEADER, "the block follows a 32-byte header");
 
@@ -132,6 +153,8 @@ static inline uint64_t mark_freed(const large_header *h) { (void)h; return LARGE
 #define LAYOUT_OFFSET_MASK ((size_t)31)
 #define LAYOUT_FAR ((size_t)32)
 #define LAYOUT_ALIGN_SHIFT 6
+#define LAYOUT_PIECE ((size_t)64)  /* a near block cut from the one below it (split_off): they may join again */
+#define LAYOUT_GROWN ((size_t)128) /* a near block that grew by realloc: not split when taken again */
 _Static_assert(LAYOUT_ALIGN_SHIFT + 6 <= 12, "the layout's flags fit below the page-sized span");
 
 static size_t span_of(const large_header *h) { return h->layout & ~(PORT_PAGE - 1); }
@@ -152,6 +175,9 @@ static size_t lead_of(const large_header *h)
 static uintptr_t granule_of(large_header *h) { return is_far(h) ? (uintptr_t)block_of(h) : (uintptr_t)h; }
 static unsigned kind_of(const large_header *h) { return is_far(h) ? SEG_LARGE_FAR : SEG_LARGE; }
 static size_t layout_of(size_t span, size_t offset) { return span | (size_t)__builtin_ctzll(offset); }
+static size_t piece_of(const large_header *h) { return is_far(h) ? 0 : h->layout & LAYOUT_PIECE; }
+/* The near block's flags, which its layout keeps through reuse, growth and joins. */
+static size_t flags_of(const large_header *h) { return is_far(h) ? 0 : h->layout & (LAYOUT_PIECE | LAYOUT_GROWN); }
 
 /* A block of a created heap (shard_heap_create) starts at least 64 bytes in: the 32 bytes after the
  * header name its heap, whose limit counts the block's committed memory and whose destroy releases it.
@@ -544,6 +570,39 @@ static large_header *cache_take(size_t need, size_t *committed)
     return h;
 }
 
+/* Under the lock: freed block h joins the cached blocks next to it that were cut from one reservation
+ * (split_off): the lower one's header stays, the upper one's map entry goes, and their entries leave the
+ * cache. The gap between the lower one's committed part and its end is committed first (the committed
+ * part is always a prefix): on Linux that is a change of protection, or nothing in a pool. Returns the
+ * joined block's header. */
+static large_header *join(large_header *h)
+{
+    for (unsigned i = 0; i < cache.count;) {
+        large_header *c = cache.entry[i].h, *lo, *hi;
+        if ((uint8_t *)h + span_of(h) == (uint8_t *)c && piece_of(c))
+            lo = h, hi = c;
+        else if ((uint8_t *)c + span_of(c) == (uint8_t *)h && piece_of(h))
+            lo = c, hi = h;
+        else {
+            i++;
+            continue;
+        }
+        size_t lo_span = span_of(lo), gap = lo_span - lo->committed;
+        if (gap != 0 && os_commit((uint8_t *)lo + lo->committed, gap) != 0) {
+            i++;
+            continue;
+        }
+        remove_entries(i, 1);
+        map_clear((uintptr_t)hi);
+        lo->committed = lo_span + hi->committed;
+        store_relaxed(&lo->layout, layout_of(lo_span + span_of(hi), offset_of(lo)) | flags_of(lo) | (hi->layout & LAYOUT_GROWN));
+        store_relaxed(&hi->mark, 0);
+        h = lo;
+        i = 0;
+    }
+    return h;
+}
+
 /* Put a freed block (mark FREED) into the cache, or give it back to the OS. */
 static void cache_put(large_header *h)
 {
@@ -556,6 +615,16 @@ static void cache_put(large_header *h)
     if (!spin_lock_unless_fork(&cache.lock)) {
         release_block(h); /* a fork holds the cache: the block goes back to the OS */
         return;
+    }
+    if (os_can_release_part()) {
+        h = join(h);
+        committed = h->committed;
+        if (committed > limit) {
+            publish_oldest();
+            spin_unlock(&cache.lock);
+            release_block(h);
+            return;
+        }
     }
     uint64_t now = os_clock_ms();
     /* Room for one more entry and its bytes: the expired and then the oldest go. */
@@ -681,6 +750,36 @@ static int fit_commit(large_header *h, size_t committed, size_t need, int exact)
     return 0;
 }
 
+/* A cached block taken for `need` bytes (not in the cache any more) that holds committed at least twice
+ * the granules its need takes, and a granule more, keeps those granules only, committed to commit_end
+ * (exact: a created heap's block, as in fit_commit); the rest of its span becomes a block of its own in
+ * the cache, with the committed memory it holds (the file comment). Its header is written and marked
+ * FREED before the map marks its granule, as a fresh block's is; when the map's table cannot be made
+ * the block stays whole. */
+static void split_off(large_header *h, size_t need, size_t *committed, int exact)
+{
+    if (!os_can_release_part() || (h->layout & LAYOUT_GROWN) != 0)
+        return;
+    size_t keep = round_up(need, SEGMENT_SIZE), span = span_of(h);
+    if (*committed < keep + SEGMENT_SIZE || *committed < 2 * keep || keep >= span)
+        return;
+    large_header *r = (large_header *)((uint8_t *)h + keep);
+    if (segmap_set((uintptr_t)r, SEGMENT_SIZE, SEG_NONE, SEG_NONE) != 0)
+        return; /* the map's table could not be made: the block stays whole */
+    r->size = SEGMENT_SIZE - LARGE_HEADER;
+    r->committed = *committed - keep;
+    r->layout = layout_of(span - keep, LARGE_HEADER) | LAYOUT_PIECE;
+    store_relaxed(&r->mark, mark_freed(r));
+    segmap_set((uintptr_t)r, SEGMENT_SIZE, SEG_LARGE, SEG_LARGE);
+    store_relaxed(&h->layout, layout_of(keep, offset_of(h)) | flags_of(h));
+    h->committed = keep;
+    *committed = keep;
+    size_t end = commit_end(need, keep, exact);
+    if (end < keep && os_decommit((uint8_t *)h + end, keep - end) == 0)
+        *committed = h->committed = end;
+    cache_put(r);
+}
+
 void *large_alloc(size_t size, int zero) { return large_alloc_aligned(size, LARGE_HEADER, zero); }
 
 /* A block aligned to 4 MB or more (see the file comment); fresh memory, so zero. */
@@ -740,6 +839,7 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
         return NULL;
     large_header *h = cache_take(need, &committed);
     if (h != NULL) {
+        split_off(h, need, &committed, owner != NULL);
         if (fit_commit(h, committed, need, owner != NULL) != 0) {
             cache_put(h); /* out of memory: the block waits for a smaller request */
             if (owner != NULL)
@@ -759,7 +859,7 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
             }
         }
         store_relaxed(&h->size, need - offset); /* a walk may still read the block's last life */
-        store_relaxed(&h->layout, layout_of(span_of(h), offset));
+        store_relaxed(&h->layout, layout_of(span_of(h), offset) | flags_of(h));
         if (zero && committed > offset) /* memory committed in place reads zero; what was committed when cached is dirty */
             mem_zero(block_of(h), (committed < need ? committed : need) - offset);
     } else {
@@ -835,6 +935,45 @@ size_t large_usable(const void *p)
     return h ? h->size : 0;
 }
 
+/* A live block that must grow past its span takes the cached part of its own reservation just above it
+ * (the rest split_off cached), when the two reach `need` together: in place, the growth the block had
+ * before it was split, with the part's committed memory. The gap between the block's committed part and
+ * its span is committed first (the committed part stays a prefix). 1 when it did. Only a thread's block
+ * (a created heap's moves, as before: its limit would count the part's memory). */
+static int absorb_above(large_header *h, size_t need)
+{
+    if (!os_can_release_part() || load_relaxed(&cache.oldest_at) == UINT64_MAX)
+        return 0; /* an empty cache costs one load */
+    size_t span = span_of(h), part_committed = 0, part_span = 0;
+    large_header *part = NULL;
+    if (!spin_lock_unless_fork(&cache.lock))
+        return 0;
+    for (unsigned i = 0; i < cache.count; i++) {
+        const cached *c = &cache.entry[i];
+        if ((uint8_t *)c->h == (uint8_t *)h + span && piece_of(c->h) && span + c->span >= need) {
+            part = c->h;
+            part_committed = c->committed;
+            part_span = c->span;
+            remove_entries(i, 1);
+            break;
+        }
+    }
+    publish_oldest();
+    spin_unlock(&cache.lock);
+    if (part == NULL)
+        return 0;
+    size_t gap = span - h->committed;
+    if (gap != 0 && os_commit((uint8_t *)h + h->committed, gap) != 0) {
+        cache_put(part); /* back where it was */
+        return 0;
+    }
+    map_clear((uintptr_t)part);
+    store_relaxed(&part->mark, 0);
+    h->committed = span + part_committed;
+    store_relaxed(&h->layout, layout_of(span + part_span, offset_of(h)) | flags_of(h));
+    return 1;
+}
+
 void *large_resize_in_place(void *p, size_t size)
 {
     large_header *h = live_header(p);
@@ -843,19 +982,22 @@ void *large_resize_in_place(void *p, size_t size)
     large_cache_expire(); /* a cache access, as the seed counts them: the age is checked */
     size_t offset = offset_of(h), need = need_of(size, offset), committed = h->committed, was = h->size;
     heap *owner = owner_of(h);
-    size_t end = commit_end(need, span_of(h), owner != NULL);
-    if (need <= committed) {
-        if (need < committed / 2 && os_decommit((uint8_t *)h + end, committed - end) == 0) {
-            h->committed = end; /* shrunk to less than half: the tail goes back at once */
+    int absorbed = need > span_of(h) && owner == NULL && absorb_above(h, need);
+    size_t end = commit_end(need, span_of(h), owner != NULL), now = h->committed;
+    if (need <= now) {
+        /* Shrunk to less than half: the tail goes back at once (not a part just absorbed to grow). */
+        if (!absorbed && need < now / 2 && os_decommit((uint8_t *)h + end, now - end) == 0) {
+            h->committed = end;
             if (owner != NULL)
-                heap_uncharge(owner, committed - end);
+                heap_uncharge(owner, now - end);
         }
     } else if (need <= span_of(h)) {
-        if (owner != NULL && heap_charge(owner, end - committed) != 0)
+        if (owner != NULL && heap_charge(owner, end - now) != 0)
             return NULL;
-        if (os_commit((uint8_t *)h + committed, end - committed) != 0) {
+        if (os_commit((uint8_t *)h + now, end - now) != 0) {
             if (owner != NULL)
-                heap_uncharge(owner, end - committed);
+                heap_uncharge(owner, end - now);
+            count_live(0, 0, h->committed - committed); /* what an absorbed part brought */
             return NULL;
         }
         h->committed = end;
@@ -864,6 +1006,8 @@ void *large_resize_in_place(void *p, size_t size)
     }
     if (owner != NULL)
         fetch_add_relaxed(&owner->large_bytes, (need - offset) - was);
+    if (need - offset > was && !is_far(h))
+        store_relaxed(&h->layout, h->layout | LAYOUT_GROWN);
     store_relaxed(&h->size, need - offset); /* a walk may read it meanwhile (large_visit) */
     count_live(0, need - offset - was, h->committed - committed);
     return p;
@@ -904,7 +1048,7 @@ void *large_move(void *p, size_t size)
      * now changes (a far block becomes an ordinary one whose block starts a page in). */
     store_relaxed(&h->size, need - offset); /* as in large_resize_in_place */
     h->committed = end;
-    store_relaxed(&h->layout, layout_of(span, offset));
+    store_relaxed(&h->layout, layout_of(span, offset) | LAYOUT_GROWN);
     if (SHARD_HARDENED)
         store_release(&h->mark, mark_live(h)); /* sealed with its new address */
     count_live(0, need - offset - was, h->committed - was_committed);
@@ -930,6 +1074,10 @@ int large_check(void)
         problems += insist(c->h->mark == mark_freed(c->h) && c->h->committed == c->committed && span_of(c->h) == c->span &&
                                segmap_kind((uintptr_t)c->h) == SEG_LARGE,
                            "large: a cache entry does not match its block (mark, committed, span, map):", c->h);
+        for (size_t at = SEGMENT_SIZE; at < c->span; at += SEGMENT_SIZE) /* no other block inside (join) */
+            problems += insist(segmap_kind((uintptr_t)c->h + at) == SEG_NONE,
+                               "large: a cached block's reservation has a block's map entry inside, at",
+                               (uintptr_t)c->h + at);
         problems += insist(i == 0 || c->freed_at >= cache.entry[i - 1].freed_at,
                            "large: the cache is not in the order of its blocks' free times at", c->h);
     }

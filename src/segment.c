@@ -117,6 +117,7 @@ int os_release(void *addr, size_t size, size_t committed)
 }
 
 int os_can_move(void) { return port_caps.move_release != NULL; }
+int os_can_release_part(void) { return (port_caps.flags & PORT_RELEASE_PARTS) != 0; }
 int os_has_large_pages(void) { return port_caps.hint_large_pages != NULL; }
 
 int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to, size_t dropped)

@@ -241,6 +241,7 @@ size_t os_set_limit(size_t bytes);
 int os_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to, size_t dropped);
 int os_can_move(void);
 int os_has_large_pages(void); /* whether port_caps.hint_large_pages is there */
+int os_can_release_part(void);
 
 /* The optional capabilities of port_caps, each with what the core does without it (port.h). */
 void os_hint_large_pages(void *addr, size_t size); /* nothing */

@@ -201,6 +201,26 @@ static int take_trims(size_t committed, size_t n)
     return committed - c > TRIM_FACTOR * c && committed - c > TRIM_MIN;
 }
 
+/* Where the port releases reservations in parts (Linux), a cached block taken for n bytes is split when
+ * its committed memory is at least twice the 4 MB granules need(n) takes (split_keep) and at least a
+ * granule more, unless it has ever grown by realloc: the block keeps those granules, committed to
+ * commit_end(need(n)) (the rest of them decommitted), and the rest of its reservation stays in the cache
+ * as a block of its own, with the committed memory it holds. A block freed next to a part of its own
+ * reservation that waits in the cache joins it: the lower one's gap up to its end is committed, and the
+ * cache holds one block again; a live block grown past its reservation takes the cached part above it
+ * back. take_splits is for a block that has not grown. */
+#define SPLITS_CACHED COMMITS_WHOLE_LARGE_PAGES
+static size_t split_keep(size_t n)
+{
+    return round_up(need(n), LARGE_GRANULE);
+}
+
+static int take_splits(size_t committed, size_t n)
+{
+    size_t keep = split_keep(n);
+    return SPLITS_CACHED && committed >= keep + LARGE_GRANULE && committed >= 2 * keep;
+}
+
 /* Whether p is where a large block's address must be: 32 bytes into a 4 MB granule. */
 __attribute__((unused)) static int large_address(const void *p)
 {
@@ -410,7 +430,7 @@ static int hook_cookie; /* the hook's argument */
 #endif
 
 /* Blocks taken out of the cache so that the next large allocations are fresh reservations. */
-enum { DRAIN_MAX = 2 * CACHE_MAX_BLOCKS };
+enum { DRAIN_MAX = 1024 }; /* a cached block taken for less is split (take_splits): 4 MB a take */
 typedef struct {
     void *blocks[DRAIN_MAX];
     size_t count;
@@ -1487,7 +1507,8 @@ TEST(calloc_of_a_large_size_is_zero_over_its_usable_size_on_a_dirty_cached_block
     } cases[] = {
         { 8 * MB, 1, 8 * MB },
         { 8 * MB, 8 * MB, 1 },
-        { 16 * MB - 32, 512, 4096 },      /* 2 MB from a block holding 16 MB: keeps it */
+        { 6 * MB - 32, 512, 4096 },       /* 2 MB from a block holding 6 MB: keeps it */
+        { 16 * MB - 32, 512, 4096 },      /* 2 MB from a block holding 16 MB: split where blocks are */
         { 4 * MB, 3, 2 * MB + 5 },        /* 6 MB + 15 from a block holding 4 MB: commits the rest */
         { 5 * MB + 3, 4096, 1025 },       /* 4 MB + 4 KB */
     };
@@ -1517,13 +1538,23 @@ TEST(calloc_of_a_large_size_is_zero_over_its_usable_size_on_a_dirty_cached_block
 #if SHARD_RULES
         shard_stats s = stats_now();
         size_t held = fresh_commit(cases[i].dirty), grown = commit_end(need(total), reservation(cases[i].dirty));
+        size_t keep = split_keep(total);
+        int split = take_splits(held, total);
         CHECKF(q == p, "shard_calloc(%zu, %zu) did not take the cached block of %zu bytes", cases[i].count,
                cases[i].size, cases[i].dirty);
         CHECK_EQ(u, fresh_usable(total));
-        CHECK_CACHE(s, 0, 0, "after shard_calloc(%zu, %zu)", cases[i].count, cases[i].size);
-        CHECK_COMMITTED(a.committed, s.committed, held >= need(total) ? 0 : (long long)(grown - held), 0,
-                        "shard_calloc(%zu, %zu) on a cached block holding %zu", cases[i].count, cases[i].size, held);
-        if (held > need(total)) {
+        if (split) {
+            CHECK_CACHE(s, 1, held - keep, "after shard_calloc(%zu, %zu) split a block", cases[i].count, cases[i].size);
+            CHECK_COMMITTED(a.committed, s.committed, -(long long)(keep - commit_end(need(total), keep)), 0,
+                            "shard_calloc(%zu, %zu) splitting a cached block holding %zu", cases[i].count,
+                            cases[i].size, held);
+        } else {
+            CHECK_CACHE(s, 0, 0, "after shard_calloc(%zu, %zu)", cases[i].count, cases[i].size);
+            CHECK_COMMITTED(a.committed, s.committed, held >= need(total) ? 0 : (long long)(grown - held), 0,
+                            "shard_calloc(%zu, %zu) on a cached block holding %zu", cases[i].count, cases[i].size,
+                            held);
+        }
+        if (!split && held > need(total)) {
             /* Growing into the kept memory: in place, nothing committed, the zeros stay. */
             unsigned char *r = shard_realloc(q, with_need(held));
             CHECK(r != NULL);
@@ -1647,6 +1678,8 @@ TEST(a_cached_block_taken_for_a_smaller_size_gives_back_an_excess_beyond_4x_and_
 #if !SHARD_RULES
     SKIP_TEST();
 #else
+    if (SPLITS_CACHED)
+        SKIP_TEST(); /* such a block is split before any of this (the next test) */
     static const struct {
         size_t block;   /* committed with_need(block) */
         size_t n;       /* the malloc that takes it */
@@ -1700,6 +1733,156 @@ TEST(a_cached_block_taken_for_a_smaller_size_gives_back_an_excess_beyond_4x_and_
         shard_free(kept[i]);
     cache_undrain(&d);
     check_allocator("after trimming taken blocks");
+#endif
+}
+
+/* Where blocks are split (take_splits): a block freed alone into the cache, taken for less, keeps the
+ * granules of its need and the rest of it waits as a cached block of its own (an 80 MB block taken for
+ * 16 MB leaves 64 MB; 20 MB for 5 MB leaves 12 MB; 8 MB for 1 MB + 1 leaves 4 MB, and gives back the 2 MB
+ * above its own 2 MB); 6 MB for 1 MB + 1 stays whole (the rest is less than a granule), and so does 14 MB
+ * for 7 MB (the rest is less than the 8 MB kept). The rest is a block: a malloc of its size gets it,
+ * where it starts, committing nothing; the error hook takes its address while it is cached. Freed, the
+ * taken block joins the rest again (committing what it gave back; the rest's address is no block any
+ * more), and a malloc of the whole size gets the whole block back at its old address. Split again and
+ * grown a granule past what it kept, the block takes its rest back in place; freed and taken for as
+ * little again it stays whole (a block that has grown is not split). Contents checked throughout,
+ * shard_check at each step that changes the map. */
+#if SHARD_RULES
+static void check_not_live(void *p, const char *what);
+#endif
+
+TEST(a_cached_block_taken_for_much_less_is_split_and_the_parts_join_when_freed)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    if (!SPLITS_CACHED)
+        SKIP_TEST();
+    static const struct {
+        size_t held; /* committed by a fresh block of with_need(held) */
+        size_t n;    /* the malloc that takes it */
+        int split;   /* what take_splits says */
+    } cases[] = {
+        { 80 * MB, 16 * MB - 32, 1 }, { 20 * MB, 5 * MB, 1 }, { 8 * MB, LARGE_MIN, 1 }, { 6 * MB, LARGE_MIN, 0 },
+        { 14 * MB, 7 * MB, 0 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t held = cases[i].held, n = cases[i].n, keep = split_keep(n), end = commit_end(need(n), keep);
+        int split = take_splits(held, n);
+        CHECK_EQ(split, cases[i].split);
+        shard_collect();
+        unsigned char *p = shard_malloc(with_need(held));
+        CHECK(p != NULL);
+        if (!p)
+            continue;
+        fill64(p, with_need(held), 0x5300 + i);
+        shard_free(p);
+        shard_stats a = stats_now();
+        CHECK_CACHE(a, 1, held, "a block of %zu bytes committed, freed", held);
+        unsigned char *q = shard_malloc(n);
+        CHECK(q != NULL);
+        if (!q)
+            continue;
+        shard_stats b = stats_now();
+        CHECKF(q == p, "malloc(%zu) did not take the only cached block", n);
+        CHECK_EQ(shard_usable_size(q), fresh_usable(n));
+        CHECK_BLOCK(q, fresh_usable(n), 0x5300 + i, "the block taken for %zu bytes (dirty: its last life's)", n);
+        if (!split) {
+            CHECK_CACHE(b, 0, 0, "after malloc(%zu) took the block holding %zu whole", n, held);
+            CHECK_COMMITTED(a.committed, b.committed, 0, 0, "malloc(%zu) taking a block holding %zu whole", n, held);
+            shard_free(q);
+            continue;
+        }
+        CHECK_CACHE(b, 1, held - keep, "after malloc(%zu) split the block holding %zu", n, held);
+        CHECK_COMMITTED(a.committed, b.committed, -(long long)(keep - end), 0, "malloc(%zu) splitting a block holding %zu",
+                        n, held);
+        shard_error_fn previous = shard_set_error_hook(recording_hook, &hook_cookie);
+        check_not_live(p + keep, "the cached rest of a split block");
+        shard_set_error_hook(previous, NULL);
+        fill64(q, fresh_usable(n), 0x5310 + i);
+        /* The rest is a block of its own, 4 MB granules on. */
+        unsigned char *r = shard_malloc(with_need(held - keep));
+        shard_stats c = stats_now();
+        CHECKF(r == p + keep, "malloc(%zu) got %p, not the rest of the split block at %p", with_need(held - keep),
+               (void *)r, (void *)(p + keep));
+        if (r != p + keep) {
+            shard_free(r);
+            shard_free(q);
+            continue;
+        }
+        CHECK_EQ(shard_usable_size(r), with_need(held - keep));
+        CHECK_CACHE(c, 0, 0, "after the rest was taken");
+        CHECK_COMMITTED(b.committed, c.committed, 0, 0, "taking the rest, committed already");
+        fill64(r, shard_usable_size(r), 0x5320 + i);
+        CHECK_BLOCK(q, fresh_usable(n), 0x5310 + i, "the taken block beside the rest, both written");
+        CHECK_BLOCK(r, shard_usable_size(r), 0x5320 + i, "the rest beside the taken block, both written");
+        shard_free(r);
+        CHECK_CACHE_NOW(1, held - keep, "the rest freed again");
+        /* The taken block freed joins the rest. */
+        shard_stats e = stats_now();
+        shard_free(q);
+        shard_stats f = stats_now();
+        CHECK_CACHE(f, 1, held, "after the taken block joined the rest");
+        CHECK_COMMITTED(e.committed, f.committed, (long long)(keep - end), 0, "the join committing the gap");
+        check_allocator("with the joined block cached");
+        previous = shard_set_error_hook(recording_hook, &hook_cookie);
+        check_not_live(p + keep, "where the rest of a split block began, joined again");
+        shard_set_error_hook(previous, NULL);
+        unsigned char *w = shard_malloc(with_need(held));
+        shard_stats g = stats_now();
+        CHECKF(w == p, "malloc(%zu) got %p, not the joined block at %p", with_need(held), (void *)w, (void *)p);
+        CHECK_CACHE(g, 0, 0, "after the joined block was taken");
+        CHECK_COMMITTED(f.committed, g.committed, 0, 0, "taking the joined block whole");
+        if (w) {
+            CHECK_EQ(shard_usable_size(w), fresh_usable(with_need(held)));
+            fill64(w, with_need(held), 0x5330 + i);
+            CHECK_BLOCK(w, with_need(held), 0x5330 + i, "the joined block");
+        }
+        shard_free(w);
+        /* Split again, then grown past its granules: it takes the rest back, in place. */
+        q = shard_malloc(n);
+        CHECKF(q == p, "malloc(%zu) after the join got %p, not %p", n, (void *)q, (void *)p);
+        if (q != p) {
+            shard_free(q);
+            continue;
+        }
+        fill64(q, fresh_usable(n), 0x5340 + i);
+        shard_stats h = stats_now();
+        CHECK_CACHE(h, 1, held - keep, "split again");
+        size_t to = with_need(keep + LARGE_GRANULE);
+        unsigned char *t = shard_realloc(q, to);
+        shard_stats k = stats_now();
+        CHECKF(t == q, "realloc(%zu) of a split block with its rest cached moved it to %p", to, (void *)t);
+        if (t == NULL) {
+            shard_free(q);
+            continue;
+        }
+        CHECK_EQ(shard_usable_size(t), to);
+        CHECK_CACHE(k, 0, 0, "after the split block took its rest back to grow");
+        CHECK_COMMITTED(h.committed, k.committed, (long long)(keep - end), 0, "growing into the rest, committed");
+        CHECK_BLOCK(t, fresh_usable(n), 0x5340 + i, "the block grown into its rest");
+        fill64(t, to, 0x5350 + i);
+        CHECK_BLOCK(t, to, 0x5350 + i, "the block grown into its rest, written");
+        check_allocator("with a block grown into its rest");
+        shard_free(t);
+        CHECK_CACHE_NOW(1, held, "the grown block freed");
+        /* A block that has grown is not split again: taken for as little, it stays whole. */
+        shard_stats l = stats_now();
+        unsigned char *u = shard_malloc(n);
+        shard_stats m = stats_now();
+        CHECKF(u == p, "malloc(%zu) of the grown block got %p, not %p", n, (void *)u, (void *)p);
+        CHECK_CACHE(m, 0, 0, "after malloc(%zu) took the block that had grown, whole", n);
+        CHECK_COMMITTED(l.committed, m.committed,
+                        take_trims(held, n) ? -(long long)(held - tail_start(need(n), held)) : 0, 0,
+                        "malloc(%zu) taking the block that had grown, holding %zu", n, held);
+        if (u) {
+            fill64(u, fresh_usable(n), 0x5360 + i);
+            CHECK_BLOCK(u, fresh_usable(n), 0x5360 + i, "the block that had grown, taken whole");
+        }
+        shard_free(u);
+    }
+    shard_collect();
+    check_allocator("after splitting and joining cached blocks");
 #endif
 }
 

@@ -117,7 +117,7 @@ TEST(the_capabilities_are_those_of_the_os)
           port_caps.address_space_limit == NULL && port_caps.reserve_large_pages == NULL &&
           port_caps.collapse_large_pages == NULL && port_caps.reserve_pooled == NULL);
 #else
-    CHECK_EQ(port_caps.flags, PORT_DECOMMIT_KEEPS_CHARGE | PORT_LARGE_RESERVE_COMMITTED);
+    CHECK_EQ(port_caps.flags, PORT_DECOMMIT_KEEPS_CHARGE | PORT_LARGE_RESERVE_COMMITTED | PORT_RELEASE_PARTS);
     CHECK(port_caps.move_release != NULL && port_caps.hint_large_pages != NULL && port_caps.fork_hooks != NULL &&
           port_caps.thread_tag != NULL && port_caps.address_space_limit != NULL &&
           port_caps.reserve_large_pages != NULL && port_caps.collapse_large_pages != NULL &&
@@ -554,6 +554,27 @@ static int pools_expected(void)
  * contents kept, zeros after a decommit, and after its release the same addresses, taken again, read
  * zeros: nothing of its last use is left. Its addresses stay mapped (the pool's), read/write. Sizes
  * above 128 MB and alignments above it are not pooled (NULL: port_reserve takes them). */
+/* Whether four claims of size at align, each committed and read zero, include r (first fit: the
+ * addresses just released, unless another test left room below them); the claims are released. */
+static int claimed_again(const unsigned char *r, size_t size, size_t align)
+{
+    unsigned char *again[4];
+    int found = 0;
+    for (int i = 0; i < 4; i++) {
+        again[i] = port_caps.reserve_pooled(size, align);
+        CHECK(again[i] != NULL);
+        if (again[i] == NULL)
+            continue;
+        CHECK_EQ(port_commit(again[i], size), 0);
+        CHECK_EQ(bytes_not_equal(again[i], size, 0), size);
+        found |= again[i] == r;
+    }
+    for (int i = 0; i < 4; i++)
+        if (again[i] != NULL)
+            CHECK_EQ(port_release(again[i], size), 0);
+    return found;
+}
+
 TEST(a_pooled_reservation_follows_the_contract_and_comes_back_zeroed)
 {
     if (!pools_expected())
@@ -579,21 +600,7 @@ TEST(a_pooled_reservation_follows_the_contract_and_comes_back_zeroed)
     fill(r, size, 52);
     CHECK_EQ(port_release(r, size), 0);
     CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 1);
-    unsigned char *again[4];
-    int found = 0;
-    for (int i = 0; i < 4; i++) { /* the first fit: the same addresses, unless another test's claim took them */
-        again[i] = port_caps.reserve_pooled(size, align);
-        CHECK(again[i] != NULL);
-        if (again[i] == NULL)
-            continue;
-        CHECK_EQ(port_commit(again[i], size), 0);
-        CHECK_EQ(bytes_not_equal(again[i], size, 0), size);
-        found |= again[i] == r;
-    }
-    CHECK(found);
-    for (int i = 0; i < 4; i++)
-        if (again[i] != NULL)
-            CHECK_EQ(port_release(again[i], size), 0);
+    CHECK(claimed_again(r, size, align));
     unsigned char *big = port_caps.reserve_pooled((size_t)64 << 20, (size_t)64 << 20);
     CHECK(big != NULL && (uintptr_t)big % ((size_t)64 << 20) == 0);
     if (big != NULL)
@@ -662,6 +669,51 @@ static void *pool_thread(void *arg)
         }
     }
     return NULL;
+}
+
+/* Where the port says so (PORT_RELEASE_PARTS), parts of a reservation on 4 MB boundaries are released
+ * apart, and neighbouring parts as one: the rest keeps its contents; an own reservation's part is gone
+ * from the process's mappings, a pool's comes back to the next claims (first fit) and reads zero. */
+static void release_parts(int pooled)
+{
+    const size_t part = (size_t)4 << 20, size = 4 * part;
+    unsigned char *r = pooled ? port_caps.reserve_pooled(size, part) : port_reserve(size, part);
+    CHECK(r != NULL);
+    if (r == NULL)
+        return;
+    CHECK_EQ(port_commit(r, size), 0);
+    for (int i = 0; i < 4; i++)
+        fill(r + i * part, part, 60 + i);
+    CHECK_EQ(port_release(r + part, part), 0); /* the second part alone */
+    CHECK(check_pattern(r, part, 60));
+    CHECK(check_pattern(r + 2 * part, part, 62));
+    CHECK(check_pattern(r + 3 * part, part, 63));
+    if (!pooled)
+        CHECK_EQ(mapped_in((uintptr_t)r + part, (uintptr_t)r + 2 * part), 0);
+    CHECK_EQ(port_release(r + 2 * part, 2 * part), 0); /* the third and fourth as one */
+    CHECK(check_pattern(r, part, 60));
+    if (!pooled)
+        CHECK_EQ(mapped_in((uintptr_t)r + part, (uintptr_t)r + size), 0);
+    CHECK_EQ(port_release(r, part), 0);
+    if (!pooled) {
+        CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 0);
+        return;
+    }
+    CHECKF(claimed_again(r, size, part), "the released parts at %p were not claimed again", (void *)r);
+}
+
+TEST(parts_of_a_reservation_are_released_apart_and_together)
+{
+    if (!(port_caps.flags & PORT_RELEASE_PARTS))
+        SKIP_TEST();
+    release_parts(0);
+}
+
+TEST(parts_of_a_pooled_reservation_are_released_apart_and_together)
+{
+    if (!(port_caps.flags & PORT_RELEASE_PARTS) || !pools_expected())
+        SKIP_TEST();
+    release_parts(1);
 }
 
 TEST(pooled_reservations_taken_by_threads_at_once_never_overlap)
