@@ -37,7 +37,10 @@
  *   else the one with the most C (committed up to K(need(n), R) in place). The excess beyond
  *   T(need(n), C) goes back when it is both above 4 need(n) and above 16 MB (the seed: a block "may keep up to 16 MB, or four
  *   times the request, committed beyond what it needs"); otherwise the block keeps it (growth into it
- *   is free).
+ *   is free). On Linux, where the port releases parts of a reservation, a block that never grew by
+ *   realloc is split first when C >= 2 G and C >= G + 4 MB (G: need(n) rounded up to 4 MB): it keeps
+ *   G, committed to K(need(n), G), and the rest is a cached block of its own; parts of one reservation
+ *   join when both are free, and a split block grown past G takes its cached rest back (take_splits).
  * - A cached block expires 1 s after its free, released on the next large malloc/free/realloc, when a
  *   small page becomes free, or at a thread's exit; shard_get_stats alone releases nothing.
  * - calloc of a large size is zero over the whole usable size, also on a dirty cached block.
