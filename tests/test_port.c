@@ -550,10 +550,6 @@ static int pools_expected(void)
     return mode == '0' || mode == '1';
 }
 
-/* A pooled reservation (large blocks') follows the contract of any: aligned, zeros after a commit,
- * contents kept, zeros after a decommit, and after its release the same addresses, taken again, read
- * zeros: nothing of its last use is left. Its addresses stay mapped (the pool's), read/write. Sizes
- * above 128 MB and alignments above it are not pooled (NULL: port_reserve takes them). */
 /* Whether four claims of size at align, each committed and read zero, include r (first fit: the
  * addresses just released, unless another test left room below them); the claims are released. */
 static int claimed_again(const unsigned char *r, size_t size, size_t align)
@@ -575,6 +571,10 @@ static int claimed_again(const unsigned char *r, size_t size, size_t align)
     return found;
 }
 
+/* A pooled reservation (large blocks') follows the contract of any: aligned, zeros after a commit,
+ * contents kept, zeros after a decommit, and after its release the same addresses, taken again, read
+ * zeros: nothing of its last use is left. Its addresses stay mapped (the pool's), read/write. Sizes
+ * above 128 MB and alignments above it are not pooled (NULL: port_reserve takes them). */
 TEST(a_pooled_reservation_follows_the_contract_and_comes_back_zeroed)
 {
     if (!pools_expected())
