@@ -570,11 +570,25 @@ static large_header *cache_take(size_t need, size_t *committed)
     return h;
 }
 
+/* Block lo takes in hi, the part of its reservation just above it (out of the cache, or leaving it): the
+ * gap between lo's committed part and its end is committed first (the committed part is always a
+ * prefix; on Linux a change of protection, or nothing in a pool), then hi's map entry and mark go and lo
+ * spans both. 0, or -1 with nothing changed when the gap could not be committed. */
+static int take_above(large_header *lo, large_header *hi)
+{
+    size_t lo_span = span_of(lo), gap = lo_span - lo->committed;
+    if (gap != 0 && os_commit((uint8_t *)lo + lo->committed, gap) != 0)
+        return -1;
+    map_clear((uintptr_t)hi);
+    lo->committed = lo_span + hi->committed;
+    store_relaxed(&lo->layout, layout_of(lo_span + span_of(hi), offset_of(lo)) | flags_of(lo) | (hi->layout & LAYOUT_GROWN));
+    store_relaxed(&hi->mark, 0);
+    return 0;
+}
+
 /* Under the lock: freed block h joins the cached blocks next to it that were cut from one reservation
- * (split_off): the lower one's header stays, the upper one's map entry goes, and their entries leave the
- * cache. The gap between the lower one's committed part and its end is committed first (the committed
- * part is always a prefix): on Linux that is a change of protection, or nothing in a pool. Returns the
- * joined block's header. */
+ * (split_off): the lower one's header stays (take_above), and the cached one's entry leaves the cache.
+ * Returns the joined block's header. */
 static large_header *join(large_header *h)
 {
     for (unsigned i = 0; i < cache.count;) {
@@ -587,16 +601,11 @@ static large_header *join(large_header *h)
             i++;
             continue;
         }
-        size_t lo_span = span_of(lo), gap = lo_span - lo->committed;
-        if (gap != 0 && os_commit((uint8_t *)lo + lo->committed, gap) != 0) {
+        if (take_above(lo, hi) != 0) {
             i++;
             continue;
         }
         remove_entries(i, 1);
-        map_clear((uintptr_t)hi);
-        lo->committed = lo_span + hi->committed;
-        store_relaxed(&lo->layout, layout_of(lo_span + span_of(hi), offset_of(lo)) | flags_of(lo) | (hi->layout & LAYOUT_GROWN));
-        store_relaxed(&hi->mark, 0);
         h = lo;
         i = 0;
     }
@@ -936,15 +945,14 @@ size_t large_usable(const void *p)
 }
 
 /* A live block that must grow past its span takes the cached part of its own reservation just above it
- * (the rest split_off cached), when the two reach `need` together: in place, the growth the block had
- * before it was split, with the part's committed memory. The gap between the block's committed part and
- * its span is committed first (the committed part stays a prefix). 1 when it did. Only a thread's block
+ * (the rest split_off cached), when the two reach `need` together: in place (take_above), the growth the
+ * block had before it was split, with the part's committed memory. 1 when it did. Only a thread's block
  * (a created heap's moves, as before: its limit would count the part's memory). */
 static int absorb_above(large_header *h, size_t need)
 {
     if (!os_can_release_part() || load_relaxed(&cache.oldest_at) == UINT64_MAX)
         return 0; /* an empty cache costs one load */
-    size_t span = span_of(h), part_committed = 0, part_span = 0;
+    size_t span = span_of(h);
     large_header *part = NULL;
     if (!spin_lock_unless_fork(&cache.lock))
         return 0;
@@ -952,8 +960,6 @@ static int absorb_above(large_header *h, size_t need)
         const cached *c = &cache.entry[i];
         if ((uint8_t *)c->h == (uint8_t *)h + span && piece_of(c->h) && span + c->span >= need) {
             part = c->h;
-            part_committed = c->committed;
-            part_span = c->span;
             remove_entries(i, 1);
             break;
         }
@@ -962,15 +968,10 @@ static int absorb_above(large_header *h, size_t need)
     spin_unlock(&cache.lock);
     if (part == NULL)
         return 0;
-    size_t gap = span - h->committed;
-    if (gap != 0 && os_commit((uint8_t *)h + h->committed, gap) != 0) {
+    if (take_above(h, part) != 0) {
         cache_put(part); /* back where it was */
         return 0;
     }
-    map_clear((uintptr_t)part);
-    store_relaxed(&part->mark, 0);
-    h->committed = span + part_committed;
-    store_relaxed(&h->layout, layout_of(span + part_span, offset_of(h)) | flags_of(h));
     return 1;
 }
 
