@@ -381,6 +381,13 @@ static inline int created_owns_small(const heap *h, const void *p)
     return h->own[(uint32_t)(uintptr_t)p >> SEGMENT_SHIFT] == ((uintptr_t)p & ~(uintptr_t)SEGMENT_MASK);
 }
 
+/* The same past the table: a small segment of h that the table does not hold (its entry taken, or entry
+ * 0: heap.h) is known by its owner. For the slow paths; p is not NULL. */
+static inline int created_small_past_table(const heap *h, const void *p, unsigned kind)
+{
+    return kind == SEG_SMALL && load_relaxed(&segment_of(p)->owner) == h;
+}
+
 void API(heap_free)(shard_heap *sh, void *p)
 {
     if (unlikely(sh == NULL)) {
@@ -396,7 +403,12 @@ void API(heap_free)(shard_heap *sh, void *p)
         small_free_local_slow(h, pg, b);
         return;
     }
-    if (p != NULL && segmap_kind((uintptr_t)p) == SEG_MEDIUM && segment_of(p)->owner == h) {
+    unsigned kind = p != NULL ? segmap_kind((uintptr_t)p) : SEG_NONE;
+    if (created_small_past_table(h, p, kind)) {
+        small_free_local_slow(h, page_of(p), p); /* tests the item */
+        return;
+    }
+    if (kind == SEG_MEDIUM && segment_of(p)->owner == h) {
         medium_free_local(h, p);
         return;
     }
@@ -408,7 +420,7 @@ void API(heap_free)(shard_heap *sh, void *p)
 static void *created_resize_here(heap *h, void *p, size_t size, size_t old)
 {
     unsigned kind = segmap_kind((uintptr_t)p);
-    if (kind == SEG_SMALL && created_owns_small(h, p))
+    if (created_small_past_table(h, p, kind))
         return size <= old && size >= old / 4 ? p : NULL;
     if (kind == SEG_MEDIUM && segment_of(p)->owner == h && size > SHARD_SMALL_MAX && size <= SHARD_MEDIUM_MAX)
         return medium_resize_in_place(h, p, size);

@@ -107,9 +107,21 @@ static void give_everything_back(void)
     shard_collect();
 }
 
+/* The region, with a 4 GB boundary 8 MB past its start: a segment there has the own-segment entry 0,
+ * which no segment may take (src/heap.h), so its blocks take the slow paths (the next test). */
+static unsigned char *region_across_4gb(void)
+{
+    size_t span = REGION_SIZE + ((size_t)4 << 30);
+    unsigned char *m = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED)
+        return m;
+    uintptr_t boundary = ((uintptr_t)m + 8 * MB + ((uintptr_t)4 << 30) - 1) & ~(((uintptr_t)4 << 30) - 1);
+    return (unsigned char *)(boundary - 8 * MB); /* the rest of the mapping stays reserved, unused */
+}
+
 TEST(init_takes_the_region_once_and_refuses_bad_ones)
 {
-    region = mmap(NULL, REGION_SIZE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    region = region_across_4gb();
     CHECK(region != MAP_FAILED);
     CHECK(shard_malloc(100) == NULL); /* before init: no memory at all */
     shard_region_options opt = {0};
@@ -128,6 +140,53 @@ TEST(init_takes_the_region_once_and_refuses_bad_ones)
     CHECK(p != NULL && inside(p, 100));
     shard_free(p);
     check_accounts("after the first block");
+}
+
+/* A created heap's small blocks in the segment at the 4 GB boundary, which its own-segment table cannot
+ * hold, and in the next one, which it holds: realloc keeps each in its class, the contents stay, and
+ * free takes them back into the heap (none is left live). Allocated until both are reached. */
+TEST(a_created_heaps_segment_at_a_4gb_boundary_keeps_blocks_in_their_class)
+{
+    enum { SIZE = 1000, MAX = 64 * 4096 };
+    static unsigned char *p[MAX];
+    give_everything_back(); /* the thread heap's segment too, which may lie there */
+    shard_heap *h = shard_heap_create(NULL);
+    CHECK(h != NULL);
+    if (h == NULL)
+        return;
+    int n = 0, at_boundary = 0, past = 0;
+    while (n < MAX && (at_boundary < 8 || past < 8)) {
+        p[n] = shard_heap_malloc(h, SIZE);
+        if (p[n] == NULL)
+            break;
+        fill(p[n], SIZE, (uint64_t)n);
+        at_boundary += ((uint32_t)(uintptr_t)p[n] >> 22) == 0;
+        past += ((uint32_t)(uintptr_t)p[n] >> 22) == 1;
+        n++;
+    }
+    CHECKF(at_boundary >= 8 && past >= 8, "of %d blocks %d at the 4 GB boundary and %d in the next segment (region %p)",
+           n, at_boundary, past, (void *)region);
+    int moved = 0, failed = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 2; k++) {
+            unsigned char *q = shard_heap_realloc(h, p[i], k == 0 ? SIZE + 16 : SIZE / 2);
+            failed += q == NULL;
+            moved += q != NULL && q != p[i];
+            p[i] = q != NULL ? q : p[i];
+        }
+    CHECKF(failed == 0 && moved == 0, "of %d in-class reallocs %d failed and %d moved their block", 2 * n, failed,
+           moved);
+    for (int i = 0; i < n; i++) {
+        CHECK_PATTERN(p[i], SIZE / 2, (uint64_t)i, "a block resized in its class");
+        shard_heap_free(h, p[i]);
+    }
+    shard_heap_stats s;
+    shard_heap_get_stats(h, &s);
+    CHECKF(s.live_small == 0, "%zu small blocks live after all were freed", s.live_small);
+    CHECK_EQ(shard_check(), 0);
+    shard_heap_destroy(h);
+    give_everything_back();
+    check_accounts("after the heap at the boundary");
 }
 
 /* Blocks of every kind lie in the region and in committed memory (the rest of it faults); calloc's
