@@ -581,7 +581,8 @@ static int take_above(large_header *lo, large_header *hi)
         return -1;
     map_clear((uintptr_t)hi);
     lo->committed = lo_span + hi->committed;
-    store_relaxed(&lo->layout, layout_of(lo_span + span_of(hi), offset_of(lo)) | flags_of(lo) | (hi->layout & LAYOUT_GROWN));
+    size_t grown = flags_of(hi) & LAYOUT_GROWN; /* hi's growth is the whole block's */
+    store_relaxed(&lo->layout, layout_of(lo_span + span_of(hi), offset_of(lo)) | flags_of(lo) | grown);
     store_relaxed(&hi->mark, 0);
     return 0;
 }
