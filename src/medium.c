@@ -276,6 +276,11 @@ unsigned medium_release_empty(heap *h, int spare)
     return spared;
 }
 
+int medium_spared_along(const heap *h)
+{
+    return h->arenas != NULL && (h->arenas_made > 1 || segment_spared_along(&h->arenas->seg, SEG_MEDIUM));
+}
+
 void medium_spared_grown(heap *h)
 {
     for (arena *a = h->arenas; a != NULL; a = a->next)

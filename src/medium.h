@@ -89,6 +89,9 @@ unsigned medium_release_empty(struct heap *h, int spare);
 void medium_release_all(struct heap *h);
 /* h filled its small spared unit: segment_spared_grown for each of its arenas still spared. */
 void medium_spared_grown(struct heap *h);
+/* Whether h has gone a quarter of the way through its first arena's spared unit, or further (another
+ * arena made, or that unit on large pages): segment_spared_along of the arenas. */
+int medium_spared_along(const struct heap *h);
 /* Every arena of h becomes one free chunk again, its blocks gone, without a look at them; all but the
  * `keep` first stay committed, the rest are released (a created heap's destroy or reset: engine.c). */
 void medium_empty_keep(struct heap *h, unsigned keep);

@@ -388,9 +388,20 @@ static int spared_collapse_used(segment *seg, unsigned kind, uint32_t least)
 
 int segment_spared_outgrown(segment *seg, unsigned kind) { return spared_collapse_used(seg, kind, 0); }
 
-void segment_spared_grown(segment *seg, unsigned kind)
+/* A quarter of the way through a spared unit of `kind` (segment_spared_grown, segment_spared_along). */
+static uint32_t spared_quarter(unsigned kind) { return (spared_full(kind) + 3) / 4; }
+
+void segment_spared_grown(segment *seg, unsigned kind) { spared_collapse_used(seg, kind, spared_quarter(kind)); }
+
+int segment_spared_along(const segment *seg, unsigned kind)
 {
-    spared_collapse_used(seg, kind, (spared_full(kind) + 3) / 4);
+    return !spared_counting(seg, 0) || spared_full(kind) - seg->spared_left[0] >= spared_quarter(kind);
+}
+
+void segment_spared_upper_early(segment *seg, unsigned kind)
+{
+    if (seg->spared_left[1] == spared_full(kind))
+        seg->spared_left[1] = SPARED_HINT;
 }
 
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t large_from)

@@ -135,7 +135,8 @@ size_t segment_large_from(int first, uint32_t created);
  * of all of it are saved. The upper unit follows the lower one's verdict: where the lower one went on
  * large pages before the upper was used, the upper is hinted at its first commit (its first touch then
  * takes a large page, with no copy); where the platform passed the lower one over, the upper stays on
- * small pages until it fills in turn.
+ * small pages until it fills in turn, unless the heap is well into the other kind by then
+ * (segment_spared_upper_early).
  * segment_spared_commit: called by the owner after it committed [from, to) of seg (of `kind`; offsets,
  * in 64 KB pieces), which is still spared (segment_spared); segment_spared_touch: after its carving
  * reached `pages` more OS pages of the page at offset `at` of seg (small). Each says 1 when a unit
@@ -162,6 +163,19 @@ int segment_spared_outgrown(segment *seg, unsigned kind);
  * of 600 KB and a few small blocks) keeps that unit on small pages. On bench/shapes.c's strings (8
  * threads) this saved 37 % of the faults (bench/results/2026-12-03-whole-commits.md). */
 void segment_spared_grown(segment *seg, unsigned kind);
+
+/* Whether the owner of seg (of `kind`) has gone a quarter of the way through seg's lower spared unit, as
+ * segment_spared_grown asks, or past it (the unit went on large pages, or was never spared). */
+int segment_spared_along(const segment *seg, unsigned kind);
+
+/* The owner of seg (of `kind`) commits a page of seg's upper unit while it has gone a quarter of the
+ * way through its spared unit of the other kind (segment_spared_along): if the upper unit is untouched
+ * still, it is hinted at this commit, as after the lower one's collapse, whatever became of that. A heap
+ * that has committed one whole unit and a quarter of the other kind's is growing (as in
+ * segment_spared_grown), and the untouched unit takes its large page at its first touch, with neither the
+ * 4 KB faults nor a collapse (whose wait for every other CPU's page lists took 0.3-8 ms a call on the
+ * AMD host: bench/results/2026-12-05-start-cost-amd.md). */
+void segment_spared_upper_early(segment *seg, unsigned kind);
 
 /* Commit [addr, addr+size) inside seg, as os_commit: 0, or -1 with nothing changed. Where the platform
  * committed the segment whole at its reservation (the large-page kind, PORT_LARGE_RESERVE_COMMITTED),

@@ -649,6 +649,8 @@ static int page_commit_cold(heap *h, page *pg)
     pg->touched = 0;
     if (unlikely(segment_spared(s))) {
         size_t at = (size_t)(page_start(pg) - (uint8_t *)s);
+        if (at >= SEGMENT_LARGE_UNIT && medium_spared_along(h))
+            segment_spared_upper_early(s, SEG_SMALL); /* hinted below, if untouched */
         segment_spared_commit(s, SEG_SMALL, at, at + PAGE_SIZE); /* the upper unit's hint */
     }
     return 0;

@@ -405,6 +405,50 @@ static size_t sparse_blocks_free(uint8_t **blocks)
     return bad;
 }
 
+/* In a heap of its own (a thread's): `blocks` medium blocks of 32 KB in its first arena, each written,
+ * then sparse_blocks, whose 36 pages take the 31 of its first segment's lower 2 MB and 5 of the upper
+ * 2 MB with little of either touched. Returns the KB of huge pages in the mapping of the upper unit's
+ * start, -2 when that mapping has no huge-page hint, or -1 when a block lost its pattern or did not
+ * reach the upper unit. */
+static void *medium_then_sparse(void *arg)
+{
+    uint64_t *medium[16];
+    size_t n_medium = (size_t)(uintptr_t)arg, bad = 0;
+    for (size_t i = 0; i < n_medium; i++) {
+        medium[i] = shard_malloc(32768);
+        for (size_t w = 0; w < 4096; w++)
+            medium[i][w] = (uint64_t)(uintptr_t)medium[i] * 11 + w;
+    }
+    uint8_t *blocks[SPARSE_CLASSES];
+    uintptr_t highest = sparse_blocks(blocks);
+    uintptr_t seg = (uintptr_t)blocks[0] & ~(uintptr_t)(4 * MB - 1);
+    int hinted;
+    unsigned long kb = huge_kb_over(seg + 2 * MB, seg + 2 * MB + 1, &hinted);
+    bad += sparse_blocks_free(blocks);
+    for (size_t i = 0; i < n_medium; i++) {
+        for (size_t w = 0; w < 4096; w++)
+            bad += medium[i][w] != (uint64_t)(uintptr_t)medium[i] * 11 + w;
+        shard_free(medium[i]);
+    }
+    if (bad != 0 || highest - seg < 2 * MB)
+        return (void *)(intptr_t)-1;
+    return (void *)(intptr_t)(hinted ? (long)kb : -2);
+}
+
+/* Two heaps that reach the upper 2 MB of their first segment with little of the lower touched: one with a
+ * quarter of its arena's spared unit committed (8 blocks of 32 KB: 4 commits of 64 KB past its first),
+ * one with 1 commit (3 blocks). Each in a thread, both alive at once. */
+static void scenario_huge_pages_upper_early(void)
+{
+    unsigned long fallback_before = vmstat("thp_fault_fallback");
+    pthread_t t;
+    void *few = NULL, *quarter = medium_then_sparse((void *)(uintptr_t)8);
+    if (pthread_create(&t, NULL, medium_then_sparse, (void *)(uintptr_t)3) == 0)
+        pthread_join(t, &few);
+    fprintf(stderr, "child: upper unit %ld KB with 8 blocks, %ld KB with 3, %lu fallbacks\n",
+            (long)(intptr_t)quarter, (long)(intptr_t)few, vmstat("thp_fault_fallback") - fallback_before);
+}
+
 /* A heap that commits every 64 KB page of its first segment's lower 2 MB but touches little of it
  * (sparse_blocks). The KB of huge pages in the mapping of the segment's start, whether it has
  * the hint, whether the blocks reached past the lower unit, and how many bytes lost their pattern. */
@@ -510,6 +554,7 @@ static const struct {
     {"huge-pages-spared", scenario_huge_pages_spared},
     {"huge-pages-spared-both", scenario_huge_pages_spared_both},
     {"huge-pages-upper", scenario_huge_pages_upper},
+    {"huge-pages-upper-early", scenario_huge_pages_upper_early},
     {"huge-pages-sparse", scenario_huge_pages_sparse},
     {"huge-pages-recarved", scenario_huge_pages_recarved},
     {"huge-pages-outgrown", scenario_huge_pages_outgrown},
@@ -1009,6 +1054,29 @@ TEST(the_upper_2_mb_of_a_heap_s_first_segment_follows_the_lower_onto_huge_pages)
             CHECKF(hinted == 1, "after its lower 2 MB's collapse, the upper 2 MB of a heap's first segment is "
                    "hinted (%lu KB of huge pages)", kb);
     }
+}
+
+/* scenario_huge_pages_upper_early: a heap that reaches the upper 2 MB of its first segment with a quarter
+ * of its arena's spared unit used is not a small one (segment.h: segment_spared_upper_early), and its
+ * upper unit is hinted at its first commit, before anything there is touched, with its lower one still
+ * on small pages; one with a single medium commit keeps its upper unit spared. On the old code, where
+ * the upper unit waited for the lower one's collapse, the first was not hinted either (-2). */
+TEST(a_heap_with_medium_memory_hints_its_first_segment_s_upper_2_mb_at_its_first_commit)
+{
+    if (strcmp(thp_mode(), "madvise") != 0)
+        SKIP_TEST();
+    child *c = run("huge-pages-upper-early", NO_VARS);
+    long quarter = -1, few = -1;
+    unsigned long fallbacks = 0;
+    const char *line = strstr(c->err, "child: upper unit ");
+    int parsed = line != NULL && sscanf(line, "child: upper unit %ld KB with 8 blocks, %ld KB with 3, %lu fallbacks",
+                                        &quarter, &few, &fallbacks) == 3;
+    CHECKF(parsed && quarter != -1 && few != -1, "the blocks of both heaps kept their patterns and reached "
+           "the upper 2 MB: %s", c->err);
+    CHECKF(quarter >= 0, "the upper 2 MB of a heap with 4 of its arena's 8 spared commits made is hinted at its "
+           "first commit (%ld)", quarter);
+    CHECKF(quarter >= 2048 || fallbacks > 0, "and took a huge page at its first touch: %ld KB", quarter);
+    CHECKF(few == -2, "the upper 2 MB of a heap with 1 medium commit is not hinted (%ld KB of huge pages)", few);
 }
 
 /* scenario_huge_pages_sparse: a heap that committed every page of its first segment's lower 2 MB, but
