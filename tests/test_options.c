@@ -1058,8 +1058,8 @@ TEST(the_upper_2_mb_of_a_heap_s_first_segment_follows_the_lower_onto_huge_pages)
 
 /* scenario_huge_pages_upper_early: a heap that reaches the upper 2 MB of its first segment with a quarter
  * of its arena's spared unit used is not a small one (segment.h: segment_spared_upper_early), and its
- * upper unit is hinted at its first commit, before anything there is touched, with its lower one still
- * on small pages; one with a single medium commit keeps its upper unit spared. On the old code, where
+ * upper unit is hinted at its first commit, before anything there is touched, though its lower one is
+ * far from full; one with a single medium commit keeps its upper unit spared. On the old code, where
  * the upper unit waited for the lower one's collapse, the first was not hinted either (-2). */
 TEST(a_heap_with_medium_memory_hints_its_first_segment_s_upper_2_mb_at_its_first_commit)
 {
