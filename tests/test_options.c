@@ -316,20 +316,24 @@ static void *medium_then_small(void *arg)
     return (void *)(intptr_t)(bad == 0 ? huge : -1);
 }
 
+/* heap_of(8) in this thread, then heap_of(3) in a new one, while this thread's heap still lives; prints
+ * what each returned as "child: <what> R8 KB with 8 blocks, R3 KB with 3, N fallbacks". */
+static void two_heaps(void *(*heap_of)(void *), const char *what)
+{
+    unsigned long fallback_before = vmstat("thp_fault_fallback");
+    pthread_t t;
+    void *few = NULL, *quarter = heap_of((void *)(uintptr_t)8);
+    if (pthread_create(&t, NULL, heap_of, (void *)(uintptr_t)3) == 0)
+        pthread_join(t, &few);
+    fprintf(stderr, "child: %s %ld KB with 8 blocks, %ld KB with 3, %lu fallbacks\n", what, (long)(intptr_t)quarter,
+            (long)(intptr_t)few, vmstat("thp_fault_fallback") - fallback_before);
+}
+
 /* A heap that fills its small spared unit with a quarter of its medium one committed (8 blocks of 32 KB:
  * 4 commits of 64 KB past the arena's first, of 8) asks for huge pages in the arena's unit too (which
  * the port weighs, as any collapse after the first); one with 3 blocks (1 commit) keeps it on small
  * pages. Each in a thread, both alive at once (two heaps). */
-static void scenario_huge_pages_spared_both(void)
-{
-    unsigned long fallback_before = vmstat("thp_fault_fallback");
-    pthread_t t;
-    void *few = NULL, *quarter = medium_then_small((void *)(uintptr_t)8);
-    if (pthread_create(&t, NULL, medium_then_small, (void *)(uintptr_t)3) == 0)
-        pthread_join(t, &few);
-    fprintf(stderr, "child: arena %ld KB with 8 blocks, %ld KB with 3, %lu fallbacks\n", (long)(intptr_t)quarter,
-            (long)(intptr_t)few, vmstat("thp_fault_fallback") - fallback_before);
-}
+static void scenario_huge_pages_spared_both(void) { two_heaps(medium_then_small, "arena"); }
 
 /* A seccomp filter under which MADV_COLLAPSE fails (EINVAL, as on a kernel before 6.1): 0, or -1 where
  * the process may not install one. */
@@ -438,16 +442,7 @@ static void *medium_then_sparse(void *arg)
 /* Two heaps that reach the upper 2 MB of their first segment with little of the lower touched: one with a
  * quarter of its arena's spared unit committed (8 blocks of 32 KB: 4 commits of 64 KB past its first),
  * one with 1 commit (3 blocks). Each in a thread, both alive at once. */
-static void scenario_huge_pages_upper_early(void)
-{
-    unsigned long fallback_before = vmstat("thp_fault_fallback");
-    pthread_t t;
-    void *few = NULL, *quarter = medium_then_sparse((void *)(uintptr_t)8);
-    if (pthread_create(&t, NULL, medium_then_sparse, (void *)(uintptr_t)3) == 0)
-        pthread_join(t, &few);
-    fprintf(stderr, "child: upper unit %ld KB with 8 blocks, %ld KB with 3, %lu fallbacks\n",
-            (long)(intptr_t)quarter, (long)(intptr_t)few, vmstat("thp_fault_fallback") - fallback_before);
-}
+static void scenario_huge_pages_upper_early(void) { two_heaps(medium_then_sparse, "upper unit"); }
 
 /* A heap that commits every 64 KB page of its first segment's lower 2 MB but touches little of it
  * (sparse_blocks). The KB of huge pages in the mapping of the segment's start, whether it has
@@ -1008,6 +1003,21 @@ TEST(huge_pages_go_under_a_heap_grown_past_2_mb_and_not_under_a_small_one)
            fallbacks);
 }
 
+/* The line of two_heaps for `what` in c's output: 1 when it was there and neither heap lost a block (-1),
+ * with what the heaps of 8 and 3 medium blocks returned and the fallbacks; else 0 and all -1. */
+static int two_heaps_read(const child *c, const char *what, long *quarter, long *few, unsigned long *fallbacks)
+{
+    char prefix[64], format[128];
+    snprintf(prefix, sizeof prefix, "child: %s ", what);
+    snprintf(format, sizeof format, "%s%%ld KB with 8 blocks, %%ld KB with 3, %%lu fallbacks", prefix);
+    const char *line = strstr(c->err, prefix);
+    *quarter = *few = -1;
+    *fallbacks = 0;
+    if (line == NULL || sscanf(line, format, quarter, few, fallbacks) != 3)
+        *quarter = *few = -1;
+    return *quarter != -1 && *few != -1;
+}
+
 /* scenario_huge_pages_spared_both: the arena of a heap with a quarter of its medium unit committed goes
  * on huge pages with its small unit; one with less stays on small pages. */
 TEST(a_heap_that_fills_one_spared_unit_puts_the_other_on_huge_pages_when_it_used_a_quarter)
@@ -1015,12 +1025,10 @@ TEST(a_heap_that_fills_one_spared_unit_puts_the_other_on_huge_pages_when_it_used
     if (strcmp(thp_mode(), "madvise") != 0 && strcmp(thp_mode(), "always") != 0)
         SKIP_TEST();
     child *c = run("huge-pages-spared-both", NO_VARS);
-    long quarter = -1, few = -1;
-    unsigned long fallbacks = 0;
-    const char *line = strstr(c->err, "child: arena ");
-    int parsed = line != NULL && sscanf(line, "child: arena %ld KB with 8 blocks, %ld KB with 3, %lu fallbacks",
-                                        &quarter, &few, &fallbacks) == 3;
-    CHECKF(parsed && quarter != -1 && few != -1, "the blocks of both heaps kept their patterns: %s", c->err);
+    long quarter, few;
+    unsigned long fallbacks;
+    CHECKF(two_heaps_read(c, "arena", &quarter, &few, &fallbacks), "the blocks of both heaps kept their "
+           "patterns: %s", c->err);
     CHECKF(quarter >= 0, "the arena of a heap that filled its small spared unit with 4 of 8 medium commits is "
            "hinted for huge pages (%ld)", quarter);
     CHECKF(few == -2, "the arena of a heap with 1 medium commit is not hinted (%ld KB of huge pages)", few);
@@ -1066,13 +1074,10 @@ TEST(a_heap_with_medium_memory_hints_its_first_segment_s_upper_2_mb_at_its_first
     if (strcmp(thp_mode(), "madvise") != 0)
         SKIP_TEST();
     child *c = run("huge-pages-upper-early", NO_VARS);
-    long quarter = -1, few = -1;
-    unsigned long fallbacks = 0;
-    const char *line = strstr(c->err, "child: upper unit ");
-    int parsed = line != NULL && sscanf(line, "child: upper unit %ld KB with 8 blocks, %ld KB with 3, %lu fallbacks",
-                                        &quarter, &few, &fallbacks) == 3;
-    CHECKF(parsed && quarter != -1 && few != -1, "the blocks of both heaps kept their patterns and reached "
-           "the upper 2 MB: %s", c->err);
+    long quarter, few;
+    unsigned long fallbacks;
+    CHECKF(two_heaps_read(c, "upper unit", &quarter, &few, &fallbacks), "the blocks of both heaps kept their "
+           "patterns and reached the upper 2 MB: %s", c->err);
     CHECKF(quarter >= 0, "the upper 2 MB of a heap with 4 of its arena's 8 spared commits made is hinted at its "
            "first commit (%ld)", quarter);
     CHECKF(quarter >= 2048 || fallbacks > 0, "and took a huge page at its first touch: %ld KB", quarter);
