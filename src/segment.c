@@ -315,9 +315,17 @@ static uint32_t spared_full(unsigned kind)
     return kind == SEG_SMALL ? (uint32_t)(SHARD_SPARED_SMALL / PORT_PAGE) : SHARD_SPARED_MEDIUM;
 }
 
-/* spared_left[1] of a segment whose lower unit went on large pages before its upper one was used: the
- * upper one is hinted at its first commit, before anything there is touched (segment.h). */
+/* spared_left[1] of a segment whose lower unit went on large pages before its upper one was used, or
+ * whose heap is well into the other kind (segment_spared_upper_early): the upper one is hinted at its
+ * first commit, before anything there is touched (segment.h). */
 #define SPARED_HINT 0xffffu
+
+/* seg's upper unit (of `kind`) waits for its hint if nothing there counts yet and the platform hints. */
+static void spared_upper_hint(segment *seg, unsigned kind)
+{
+    if (seg->spared_left[1] == spared_full(kind) && port_caps.hint_large_pages != NULL)
+        seg->spared_left[1] = SPARED_HINT;
+}
 
 /* Whether seg's unit u still counts towards its large pages: neither gone nor waiting for its hint. */
 static int spared_counting(const segment *seg, unsigned u)
@@ -331,8 +339,8 @@ static void spared_collapse(segment *seg, unsigned kind, unsigned u)
     seg->spared_left[u] = 0;
     count_call();
     int large = port_caps.collapse_large_pages((uint8_t *)seg + u * SEGMENT_LARGE_UNIT, SEGMENT_LARGE_UNIT);
-    if (large && u == 0 && seg->spared_left[1] == spared_full(kind) && port_caps.hint_large_pages != NULL)
-        seg->spared_left[1] = SPARED_HINT;
+    if (large && u == 0)
+        spared_upper_hint(seg, kind);
 }
 
 /* count more of what unit u of seg (of `kind`), still spared and not waiting for its hint, takes before it
@@ -398,11 +406,7 @@ int segment_spared_along(const segment *seg, unsigned kind)
     return !spared_counting(seg, 0) || spared_full(kind) - seg->spared_left[0] >= spared_quarter(kind);
 }
 
-void segment_spared_upper_early(segment *seg, unsigned kind)
-{
-    if (seg->spared_left[1] == spared_full(kind))
-        seg->spared_left[1] = SPARED_HINT;
-}
+void segment_spared_upper_early(segment *seg, unsigned kind) { spared_upper_hint(seg, kind); }
 
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t large_from)
 {
