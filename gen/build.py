@@ -404,10 +404,11 @@ TESTS = [
     Test("test-fork", "tests/test_fork.c", "dropin",
          doc="fork from a multithreaded parent, the child using the parent's blocks."),
     Test("test-hostile", "tests/test_hostile.c", "plain", "-fno-builtin",
-         (RELEASE.so, RELEASE.api_so), "-ldl",
+         (RELEASE.so, RELEASE.api_so), "-ldl -Wl,--export-dynamic-symbol=pthread_key_create",
          doc="processes hostile to their allocator (keys used up, atfork handlers that allocate, threads that "
              "exit in odd ways, RLIMIT_AS), each scenario in a process of its own under glibc, with the drop-in "
-             "preloaded, and with the API library opened late; linked with neither library."),
+             "preloaded, and with the API library opened late; linked with neither library. Its own "
+             "pthread_key_create, exported, stands in for glibc's in the allocator's calls (fork-during-start)."),
     Test("test-embed", "tests/test_embed.c", "archive single",
          doc="shardmm embedded in a program through the shard_* API: linked with libshardmm.a (-static), and "
              "built from the single-file build (-single), as the README tells an embedder to."),

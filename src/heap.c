@@ -14,7 +14,9 @@
  * of index 32 or more. So nothing waits for the fork hooks (an allocation made while they are being
  * registered goes on without them), the exit hook is asked for with a call that does not allocate
  * (pthread_key_create), and a new thread's heap is complete and in the slot before the port arms the exit
- * hook for it: an allocation made from inside the arming finds the heap and uses it. Without an exit hook
+ * hook for it: an allocation made from inside the arming finds the heap and uses it. Other threads' first
+ * allocations wait for the thread that reads the options and asks for the hook; so does a fork (its
+ * prepare hook), whose child would otherwise wait for a thread it does not have. Without an exit hook
  * (every pthread key of the process taken) the slot still works; the heaps of exited threads are then
  * found as those below. A platform with no hook at all (port_caps) leaves the end of a thread's use of
  * its heap to shard_thread_done.
@@ -561,6 +563,10 @@ int spin_fork_passes(void)
 
 static void fork_prepare(void)
 {
+    /* A start-up under way (heap_start) on another thread first: a child would wait for it for ever. It
+     * takes no lock and allocates nothing, so it ends. */
+    for (unsigned i = 0; load_acquire(&exit_hook_state) == 1; i++)
+        pause_or_yield(i);
 #if SHARD_FULL_DEBUG
     debugmode_lock_for_fork(1); /* never held around a call of the core's */
 #endif

@@ -662,6 +662,66 @@ static void scenario_first_blocks_large_then_fork(void)
         pthread_join(t[i], NULL);
 }
 
+/* A fork while another thread makes the allocator's first allocation, between its start-up's reading of
+ * the options and its asking for the thread-exit hook (pthread_key_create): every child must be able to
+ * allocate. A child once hung here: the start-up was marked as under way by a thread the child does not
+ * have, and its first allocation waited for that thread for ever (a CI run of first_blocks_large_then_fork
+ * under api, whose threads start the library while the main thread forks). The api mode holds the
+ * starting thread inside pthread_key_create, this program's own (exported: build.ninja), which glibc's
+ * __pthread_key_create ends: from the main thread's word that it forks, for 300 ms, more than a fork
+ * takes to reach its handlers. Under glibc and the preload the allocator has started before main, and
+ * the fork is made while the thread allocates. */
+extern int __pthread_key_create(pthread_key_t *key, void (*destructor)(void *));
+static int key_stall;              /* 1: the next call of pthread_key_create stalls (one call only) */
+static volatile int key_inside;    /* that call has begun */
+static volatile int key_forking;   /* the main thread is about to fork */
+
+int pthread_key_create(pthread_key_t *key, void (*destructor)(void *))
+{
+    if (__atomic_exchange_n(&key_stall, 0, __ATOMIC_ACQ_REL)) {
+        key_inside = 1;
+        while (!key_forking)
+            sched_yield();
+        struct timespec ts = {0, 300 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return __pthread_key_create(key, destructor);
+}
+
+static void *first_block_thread(void *arg)
+{
+    (void)arg;
+    void *p = A.malloc(2 * MB);
+    if (p != NULL)
+        memset(p, 3, 2 * MB);
+    A.free(p);
+    return p;
+}
+
+static int child_blocks(void)
+{
+    exercise(821, "child");
+    return child_large_block();
+}
+
+static void scenario_fork_during_start(void)
+{
+    bind_allocator();
+    int api = strcmp(mode, "api") == 0;
+    __atomic_store_n(&key_stall, api, __ATOMIC_RELEASE);
+    pthread_t t;
+    EXPECT(pthread_create(&t, NULL, first_block_thread, NULL) == 0, "thread");
+    for (uint64_t start = now_ms(); api && !key_inside && now_ms() - start < 5000;)
+        sched_yield();
+    EXPECT(!api || key_inside, "the allocator's start-up called pthread_key_create");
+    key_forking = 1;
+    fork_and_check(child_blocks, "fork while another thread starts the allocator");
+    void *first = NULL;
+    pthread_join(t, &first);
+    EXPECT(first != NULL, "the starting thread's block");
+    exercise(820, "main thread after the fork");
+}
+
 /* ---- scenarios: exited threads -------------------------------------------------------------------- */
 
 /* A thread whose first block is allocated by a destructor in glibc's last round of key destructors: the
@@ -997,6 +1057,7 @@ static const struct {
     {"atfork-library-locks", scenario_atfork_library_locks},
     {"first-blocks-large-then-fork", scenario_first_blocks_large_then_fork},
     {"destroy-during-fork", scenario_destroy_during_fork},
+    {"fork-during-start", scenario_fork_during_start},
     {"late-destructor-heaps", scenario_late_destructor_heaps},
     {"exited-thread-memory-returned", scenario_exited_thread_memory_returned},
     {"idle-heaps-100", scenario_idle_heaps_100},
@@ -1092,6 +1153,7 @@ TEST(atfork_handlers_allocate_and_free) { run_scenario("atfork-handlers-allocate
 TEST(atfork_handlers_that_lock_free_and_collect) { run_scenario("atfork-library-locks"); }
 TEST(first_blocks_large_then_fork) { run_scenario("first-blocks-large-then-fork"); }
 TEST(heap_destroyed_while_another_thread_forks) { run_scenario("destroy-during-fork"); }
+TEST(fork_while_another_thread_starts_the_allocator) { run_scenario("fork-during-start"); }
 TEST(first_allocation_in_last_destructor_round_leaves_no_heap) { run_scenario("late-destructor-heaps"); }
 TEST(exited_thread_memory_returned_without_a_call) { run_scenario("exited-thread-memory-returned"); }
 TEST(idle_heaps_of_100_threads_return_their_memory) { run_scenario("idle-heaps-100"); }
