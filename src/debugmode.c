@@ -361,6 +361,10 @@ void debugmode_stats(shard_stats *s)
     spin_unlock(&quarantine.lock);
 }
 
+/* One shard_check at a time: its findings are static (1.5 KB). It is held while the findings are
+ * written out, which may block (a full pipe), so a fork does not wait for it: a child's is free. */
+static spinlock check_busy;
+
 void debugmode_lock_for_fork(int take)
 {
     if (take)
@@ -368,6 +372,8 @@ void debugmode_lock_for_fork(int take)
     else
         spin_unlock_for_fork(&quarantine.lock);
 }
+
+void debugmode_fork_child(void) { store_release(&check_busy.locked, 0u); }
 
 /* A freed block to the core, after its last check; a damaged one is reported and kept out of use. */
 static void release(dbg_header *h, void *now_site)
@@ -764,9 +770,8 @@ void debugmode_at_exit(void)
 
 int shard_check(void)
 {
-    static findings all; /* one check at a time: the report is 1.5 KB */
-    static spinlock busy;
-    spin_lock(&busy);
+    static findings all; /* one check at a time (check_busy) */
+    spin_lock(&check_busy);
     all.count = 0;
     int problems = core_check();
     core_visit(SHARD_VISIT_ALL, check_live, &all);
@@ -776,7 +781,7 @@ int shard_check(void)
     for (size_t i = 0; i < all.count && i < FINDINGS_SHOWN; i++)
         say(&all.f[i]);
     problems += (int)all.count;
-    spin_unlock(&busy);
+    spin_unlock(&check_busy);
     return problems;
 }
 

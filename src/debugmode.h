@@ -61,6 +61,8 @@ void debugmode_at_exit(void);
 void debugmode_stats(shard_stats *s);
 /* Take (1) or give back (0) the quarantine's lock around a fork (heap.c's fork hooks). */
 void debugmode_lock_for_fork(int take);
+/* In a fork's child: no thread is inside shard_check (heap.c's fork_child). */
+void debugmode_fork_child(void);
 #endif
 
 #endif

@@ -610,6 +610,9 @@ static void fork_child(void)
             set_owner(h, PORT_THREAD_NONE);
     }
     segment_after_fork();
+#if SHARD_FULL_DEBUG
+    debugmode_fork_child();
+#endif
     fork_unlock();
 }
 

@@ -772,6 +772,79 @@ TEST(many_threads)
     CHECK_EQ(check_quiet(), left_damaged);
 }
 
+#ifndef _WIN32
+/* A fork while another thread is inside shard_check, blocked writing its report to a full pipe: the child
+ * has no such thread, and its own shard_check must not wait for it (it did, for ever, on the lock that
+ * keeps checks one at a time). The fork waits for nothing here either: the main thread forks while the
+ * checking thread stays blocked until the main thread drains the pipe. */
+static int thread_result, thread_done;
+
+static void *check_in_thread(void *arg)
+{
+    (void)arg;
+    thread_result = shard_check();
+    __atomic_store_n(&thread_done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+TEST(fork_while_another_thread_checks)
+{
+    flush_quarantine();
+    calls_reset();
+    unsigned char *p = plant_alloc(40);
+    plant_free(p);
+    p[20] = 0x41; /* a write after free: a check of the quarantine, from any thread, reports it */
+    int fds[2];
+    CHECK(pipe(fds) == 0);
+    fcntl(fds[1], F_SETFL, O_NONBLOCK);
+    char junk[4096];
+    memset(junk, '.', sizeof junk);
+    while (write(fds[1], junk, sizeof junk) > 0)
+        ;
+    while (write(fds[1], junk, 1) > 0) /* full to the byte: the report's first write blocks */
+        ;
+    fcntl(fds[1], F_SETFL, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fds[1], 2);
+    thread_t t;
+    CHECK(thread_start(&t, check_in_thread, NULL) == 0);
+    struct timespec ts = {0, 200 * 1000 * 1000}; /* the thread reaches its report and blocks there */
+    nanosleep(&ts, NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 2);
+        alarm(10);
+        _exit(shard_check() == left_damaged + 1 ? 0 : 1);
+    }
+    close(fds[1]);
+    fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    while (!__atomic_load_n(&thread_done, __ATOMIC_ACQUIRE)) /* the pipe drained: the thread's report */
+        if (read(fds[0], junk, sizeof junk) <= 0) {
+            struct timespec ms = {0, 1000 * 1000};
+            nanosleep(&ms, NULL);
+        }
+    thread_join(t);
+    dup2(saved, 2);
+    close(saved);
+    close(fds[0]);
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child: %s %d",
+           WIFSIGNALED(status) ? "killed by signal" : "exit status",
+           WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    CHECK(thread_result >= 1); /* the thread sees the quarantine, not the main thread's heap */
+    CHECK_EQ(calls.count, 0);
+    capture_begin();
+    flush_quarantine();
+    capture_end();
+    CHECK_ONE_CALL(SHARD_ERROR_WRITE_AFTER_FREE, p);
+    calls_reset();
+    CHECK_EQ(check_quiet(), left_damaged);
+}
+#endif
+
 /* An overflow out of a live block into the header of the block after it, which waits in the quarantine:
  * that header holds the quarantine's link and the block's size. The overflow is reported when its block
  * is freed; the damaged neighbour when it leaves the quarantine (or shard_check looks), and neither the
