@@ -408,7 +408,7 @@ TESTS = [
          doc="processes hostile to their allocator (keys used up, atfork handlers that allocate, threads that "
              "exit in odd ways, RLIMIT_AS), each scenario in a process of its own under glibc, with the drop-in "
              "preloaded, and with the API library opened late; linked with neither library. Its own "
-             "pthread_key_create, exported, stands in for glibc's in the allocator's calls (fork-during-start)."),
+             "pthread_key_create, exported, stands in for glibc's in the allocator's calls."),
     Test("test-embed", "tests/test_embed.c", "archive single",
          doc="shardmm embedded in a program through the shard_* API: linked with libshardmm.a (-static), and "
              "built from the single-file build (-single), as the README tells an embedder to."),

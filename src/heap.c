@@ -13,10 +13,12 @@
  * pthread_atfork must not register ours), and pthread_setspecific callocs a thread's key array for a key
  * of index 32 or more. So nothing waits for the fork hooks (an allocation made while they are being
  * registered goes on without them), the exit hook is asked for with a call that does not allocate
- * (pthread_key_create), and a new thread's heap is complete and in the slot before the port arms the exit
- * hook for it: an allocation made from inside the arming finds the heap and uses it. Other threads' first
- * allocations wait for the thread that reads the options and asks for the hook; so does a fork (its
- * prepare hook), whose child would otherwise wait for a thread it does not have. Without an exit hook
+ * (glibc's pthread_key_create), and a new thread's heap is complete and in the slot before the port arms
+ * the exit hook for it: an allocation made from inside the arming finds the heap and uses it. Other
+ * threads' first allocations wait for the thread that reads the options and asks for the hook; so does a
+ * fork (its prepare hook), whose child would otherwise wait for a thread it does not have. That thread
+ * itself does not wait: a pthread_key_create that another library wraps may allocate, and the options
+ * are read by then (its heap then has no exit hook: found as an exited thread's, below). Without an exit hook
  * (every pthread key of the process taken) the slot still works; the heaps of exited threads are then
  * found as those below. A platform with no hook at all (port_caps) leaves the end of a thread's use of
  * its heap to shard_thread_done.
@@ -116,6 +118,7 @@ static uint32_t reclaim_at = SHARD_RECLAIM_MIN; /* heaps_made from which a new h
 uint32_t heap_start_done;        /* heap_start has run (heap.h) */
 static uint32_t fork_hooks_state; /* 0 not registered, 1 being registered, 2 done (or refused) */
 static uint32_t exit_hook_state;  /* 0 not asked for, 1 being asked for, 2 done (with or without a hook) */
+static uintptr_t start_maker;     /* os_thread_tag() of the thread that set exit_hook_state to 1, or 0 */
 uint64_t heap_reserve_due;       /* os_clock_ms() when the stack is due for a trim; 0: not due */
 static uint32_t trimming;        /* odd while the stacks are taken whole (trim, check): +1 at take, at put back */
 static spinlock trim_lock;       /* one trim or check of the stacks, or search for dead threads' heaps, at a time */
@@ -561,11 +564,20 @@ int spin_fork_passes(void)
     return tag != 0 && tag == os_thread_tag();
 }
 
+/* 1 when the calling thread is the one in the middle of the start-up (exit_hook_state 1). Without a
+ * thread tag (os_thread_tag's 1 for every thread) no thread is told apart: 0. */
+static int starting_here(void)
+{
+    uintptr_t me = os_thread_tag();
+    return me != 1 && load_relaxed(&start_maker) == me;
+}
+
 static void fork_prepare(void)
 {
-    /* A start-up under way (heap_start) on another thread first: a child would wait for it for ever. It
-     * takes no lock and allocates nothing, so it ends. */
-    for (unsigned i = 0; load_acquire(&exit_hook_state) == 1; i++)
+    /* A start-up under way (heap_start) on another thread first: a child would wait for it for ever.
+     * It ends without the fork: none of the locks below is taken yet, and an allocation from inside it
+     * (a wrapped pthread_key_create) takes them as any other. */
+    for (unsigned i = 0; load_acquire(&exit_hook_state) == 1 && !starting_here(); i++)
         pause_or_yield(i);
 #if SHARD_FULL_DEBUG
     debugmode_lock_for_fork(1); /* never held around a call of the core's */
@@ -639,12 +651,16 @@ void heap_start(void)
     while (state != 2) {
         uint32_t expected = 0;
         if (state == 0 && cas_acq_rel(&exit_hook_state, &expected, 1u)) {
+            store_relaxed(&start_maker, os_thread_tag());
             options_read(); /* before the first heap or large block; it allocates nothing */
             if (port_caps.thread_exit_hook != NULL) /* -1: no hook; reclaim_dead finds exited threads' heaps */
                 port_caps.thread_exit_hook(heap_exit_hook);
+            store_relaxed(&start_maker, (uintptr_t)0);
             store_release(&exit_hook_state, 2u);
             break;
         }
+        if (starting_here())
+            return; /* an allocation from inside the hook's call: the options are read, the outer call ends */
         cpu_pause(); /* another thread asks for it: a call that does not allocate, so it ends soon */
         state = load_acquire(&exit_hook_state);
     }

@@ -216,6 +216,53 @@ static void run_threads(int n, void *(*fn)(void *), uint64_t seed)
 
 /* ---- scenarios: pthread keys ---------------------------------------------------------------------- */
 
+/* This program's pthread_key_create, exported (build.ninja) so that it stands in for glibc's in the
+ * allocator's calls too, and ended by glibc's __pthread_key_create. Its next call (one only) can stall
+ * (key_stall: fork-during-start) or allocate (key_allocates: key-create-allocates) first. */
+extern int __pthread_key_create(pthread_key_t *key, void (*destructor)(void *));
+static int key_stall;                /* 1: the next call stalls until key_forking, then 300 ms more */
+static volatile int key_inside;      /* the stalled call has begun */
+static volatile int key_forking;     /* the main thread is about to fork */
+static int key_allocates;            /* 1: the next call allocates, fills, checks and frees a block */
+static volatile int key_allocated;   /* 1 when it did, 2 when the allocation failed */
+
+int pthread_key_create(pthread_key_t *key, void (*destructor)(void *))
+{
+    if (__atomic_exchange_n(&key_stall, 0, __ATOMIC_ACQ_REL)) {
+        key_inside = 1;
+        while (!key_forking)
+            sched_yield();
+        struct timespec ts = {0, 300 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (__atomic_exchange_n(&key_allocates, 0, __ATOMIC_ACQ_REL)) {
+        void *p = filled(200, 31, "inside pthread_key_create");
+        key_allocated = p != NULL ? 1 : 2;
+        release(p, 200, 31, "inside pthread_key_create");
+    }
+    return __pthread_key_create(key, destructor);
+}
+
+/* A pthread_key_create that allocates (a library that wraps it: a profiler's, a leak checker's), called
+ * by the allocator's start-up from inside the first allocation of the process: both allocations must
+ * work. The start-up once waited for itself there, for ever. Under glibc and the preload the allocator
+ * has started before main: the scenario's own call of pthread_key_create allocates instead. */
+static void scenario_key_create_allocates(void)
+{
+    bind_allocator();
+    __atomic_store_n(&key_allocates, 1, __ATOMIC_RELEASE);
+    void *first = filled(100, 30, "the first block");
+    if (strcmp(mode, "api") == 0)
+        EXPECT(key_allocated != 0, "the allocator's start-up called pthread_key_create");
+    pthread_key_t key;
+    if (key_allocated == 0)
+        EXPECT(pthread_key_create(&key, NULL) == 0, "pthread_key_create");
+    EXPECT(key_allocated == 1, "the allocation inside pthread_key_create: %d", key_allocated);
+    release(first, 100, 30, "the first block");
+    exercise(9, "main thread");
+    run_threads(4, exercise_thread, 90);
+}
+
 static int take_keys(pthread_key_t *keys, int most)
 {
     int n = 0;
@@ -667,27 +714,9 @@ static void scenario_first_blocks_large_then_fork(void)
  * allocate. A child once hung here: the start-up was marked as under way by a thread the child does not
  * have, and its first allocation waited for that thread for ever (a CI run of first_blocks_large_then_fork
  * under api, whose threads start the library while the main thread forks). The api mode holds the
- * starting thread inside pthread_key_create, this program's own (exported: build.ninja), which glibc's
- * __pthread_key_create ends: from the main thread's word that it forks, for 300 ms, more than a fork
- * takes to reach its handlers. Under glibc and the preload the allocator has started before main, and
- * the fork is made while the thread allocates. */
-extern int __pthread_key_create(pthread_key_t *key, void (*destructor)(void *));
-static int key_stall;              /* 1: the next call of pthread_key_create stalls (one call only) */
-static volatile int key_inside;    /* that call has begun */
-static volatile int key_forking;   /* the main thread is about to fork */
-
-int pthread_key_create(pthread_key_t *key, void (*destructor)(void *))
-{
-    if (__atomic_exchange_n(&key_stall, 0, __ATOMIC_ACQ_REL)) {
-        key_inside = 1;
-        while (!key_forking)
-            sched_yield();
-        struct timespec ts = {0, 300 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    return __pthread_key_create(key, destructor);
-}
-
+ * starting thread inside pthread_key_create (this program's: key_stall) from the main thread's word that
+ * it forks, for 300 ms, more than a fork takes to reach its handlers. Under glibc and the preload the
+ * allocator has started before main, and the fork is made while the thread allocates. */
 static void *first_block_thread(void *arg)
 {
     (void)arg;
@@ -1050,6 +1079,7 @@ static const struct {
     void (*run)(void);
 } scenarios[] = {
     {"keys-before-first-malloc", scenario_keys_before_first_malloc},
+    {"key-create-allocates", scenario_key_create_allocates},
     {"last-free-key", scenario_last_free_key},
     {"no-key-left", scenario_no_key_left},
     {"atfork-many-before-first-malloc", scenario_atfork_many_before_first_malloc},
@@ -1146,6 +1176,7 @@ static void run_scenario(const char *name)
 }
 
 TEST(keys_before_first_malloc) { run_scenario("keys-before-first-malloc"); }
+TEST(pthread_key_create_that_allocates_inside_the_first_malloc) { run_scenario("key-create-allocates"); }
 TEST(last_free_key_taken_by_the_allocator) { run_scenario("last-free-key"); }
 TEST(no_key_left_before_first_malloc) { run_scenario("no-key-left"); }
 TEST(atfork_many_handlers_before_first_malloc) { run_scenario("atfork-many-before-first-malloc"); }
