@@ -47,6 +47,12 @@
  * - the heap slot: the core's initial-exec TLS word (PORT_SLOT_TLS); the exit hook is a pthread key,
  *   armed after the core stored the slot (pthread_setspecific may call calloc, which must find the heap
  *   there). With every key of the process taken there is no hook: the slot works, exits go unreported.
+ * - unloading: the key's destructor is code of the module that holds the port (libshardmm.so, or a
+ *   library of someone else's that links libshardmm.a in); had a dlclose unmapped it, every thread that
+ *   allocated would call into nothing at its exit. So the module pins itself when it is loaded (a
+ *   constructor: dlopen of itself with RTLD_NOLOAD | RTLD_NODELETE), as the static library pins its
+ *   module on Windows: a dlclose leaves it loaded. glibc drops the fork hooks of a closed module itself;
+ *   the program (or a static one) is never unloaded.
  * - threads: gettid, and tgkill with signal 0 to learn whether a thread id still lives.
  * - options: the C library's environ, the environment as the process has it when the allocator starts;
  *   where that is NULL (not set yet, or cleared), /proc/self/environ, the one it started with. The exit
@@ -501,6 +507,18 @@ static void key_destructor(void *heap)
 {
     thread_exited = 1; /* glibc would call us again if the key were set again, but only for 4 rounds */
     exit_fn(heap);
+}
+
+/* At load, where the dynamic loader's lock is the loading thread's already: see "unloading" above. The
+ * dlopen may allocate (the drop-in's own malloc then). A failure leaves no error for the program's
+ * dlerror. */
+__attribute__((constructor)) static void linux_pin_module(void)
+{
+    Dl_info info;
+    if (dladdr((void *)key_destructor, &info) == 0 || info.dli_fname == NULL || info.dli_fname[0] == 0)
+        return; /* a static program, or the program itself: never unloaded */
+    if (dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE) == NULL)
+        (void)dlerror();
 }
 
 static int linux_thread_exit_hook(void (*fn)(void *heap))

@@ -65,16 +65,22 @@ static const char *mode = "glibc";
 
 static size_t usable_const(void *p) { return malloc_usable_size(p); }
 
+/* The api mode's library: build/api/libshardmm.so beside this program. */
+static void api_library(char *path, size_t size)
+{
+    ssize_t n = readlink("/proc/self/exe", path, size - 32);
+    if (n <= 0)
+        _exit(90);
+    path[n] = 0;
+    strcpy(strrchr(path, '/') + 1, "api/libshardmm.so");
+}
+
 /* Binds A to the mode's allocator; the api mode opens the library now (its first use by the process). */
 static void bind_allocator(void)
 {
     if (strcmp(mode, "api") == 0) {
         char path[4096];
-        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 32);
-        if (n <= 0)
-            _exit(90);
-        path[n] = 0;
-        strcpy(strrchr(path, '/') + 1, "api/libshardmm.so");
+        api_library(path, sizeof path);
         void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (lib == NULL) {
             fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
@@ -949,6 +955,44 @@ static void scenario_idle_heaps_100(void) { idle_heaps(100, 0); }
 static void scenario_idle_heaps_500(void) { idle_heaps(500, 0); }
 static void scenario_idle_heaps_collect(void) { idle_heaps(100, 1); }
 
+/* The library closed (dlclose) while threads that allocated still run: a plug-in that links shardmm in,
+ * or an engine that opened it, unloaded. Each such thread's exit calls the allocator's thread-exit hook,
+ * which must not be code that is gone: a thread exit crashed (SIGSEGV) there. The library keeps itself
+ * loaded (port/linux.c), so the threads exit and its blocks still work. Under glibc and the preload
+ * there is nothing to close: the threads exit as usual. */
+static volatile int closed_lib;
+
+static void *allocates_then_waits(void *arg)
+{
+    void *p = filled(300, (uintptr_t)arg, "a block made before the close");
+    while (!closed_lib)
+        sched_yield();
+    release(p, 300, (uintptr_t)arg, "a block made before the close");
+    return NULL;
+}
+
+static void scenario_closed_while_threads_run(void)
+{
+    bind_allocator();
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        EXPECT(pthread_create(&t[i], NULL, allocates_then_waits, (void *)(uintptr_t)(40 + i)) == 0, "thread");
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    if (strcmp(mode, "api") == 0) {
+        char path[4096];
+        api_library(path, sizeof path);
+        void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD); /* bind_allocator's, counted again */
+        EXPECT(lib != NULL, "the library is open");
+        EXPECT(lib != NULL && dlclose(lib) == 0 && dlclose(lib) == 0, "dlclose, twice");
+    }
+    closed_lib = 1;
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    exercise(830, "main thread after the close");
+    run_threads(2, exercise_thread, 840);
+}
+
 /* ---- scenarios: address space --------------------------------------------------------------------- */
 
 static void limit_address_space(size_t extra)
@@ -1093,6 +1137,7 @@ static const struct {
     {"idle-heaps-100", scenario_idle_heaps_100},
     {"idle-heaps-500", scenario_idle_heaps_500},
     {"idle-heaps-collect", scenario_idle_heaps_collect},
+    {"closed-while-threads-run", scenario_closed_while_threads_run},
     {"address-space-limit", scenario_address_space_limit},
     {"aligned-large", scenario_aligned_large},
 };
@@ -1190,5 +1235,6 @@ TEST(exited_thread_memory_returned_without_a_call) { run_scenario("exited-thread
 TEST(idle_heaps_of_100_threads_return_their_memory) { run_scenario("idle-heaps-100"); }
 TEST(idle_heaps_of_500_threads_return_their_memory) { run_scenario("idle-heaps-500"); }
 TEST(idle_heaps_return_their_memory_on_collect) { run_scenario("idle-heaps-collect"); }
+TEST(library_closed_while_its_threads_run) { run_scenario("closed-while-threads-run"); }
 TEST(address_space_limit) { run_scenario("address-space-limit"); }
 TEST(aligned_above_2mb_as_glibc) { run_scenario("aligned-large"); }
