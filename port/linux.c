@@ -158,13 +158,21 @@ void *port_reserve(size_t size, size_t align)
     return (void *)at;
 }
 
+/* The lower of RLIMIT_AS and RLIMIT_DATA, or SIZE_MAX. RLIMIT_DATA counts writable private mappings
+ * only, which the headroom of a reservation is not; but a large block's commit up to its next 2 MB and
+ * a pool's 1 GB read/write mapping are, and a 1.1 MB block counted 2 MB (test_hostile's data-limit): so
+ * the core keeps to exact reservations under either. */
 static size_t linux_address_space_limit(void)
 {
-    enum { RLIMIT_AS_ = 9 };
-    uint64_t limit[2] = {0, 0}; /* current, maximum */
-    if (sys_failed(sys6(SYS_prlimit64, 0, RLIMIT_AS_, 0, (long)limit, 0, 0)) || limit[0] >= (uint64_t)SIZE_MAX)
-        return SIZE_MAX; /* RLIM_INFINITY is all ones */
-    return (size_t)limit[0];
+    enum { RLIMIT_DATA_ = 2, RLIMIT_AS_ = 9 };
+    static const int resources[2] = {RLIMIT_AS_, RLIMIT_DATA_};
+    size_t lowest = SIZE_MAX;
+    for (int i = 0; i < 2; i++) {
+        uint64_t limit[2] = {0, 0}; /* current, maximum; RLIM_INFINITY is all ones */
+        if (!sys_failed(sys6(SYS_prlimit64, 0, resources[i], 0, (long)limit, 0, 0)) && limit[0] < lowest)
+            lowest = (size_t)limit[0];
+    }
+    return lowest;
 }
 
 /* ---- pools: large blocks' reservations carved from bigger ones ---------------------------------------

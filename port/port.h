@@ -117,8 +117,9 @@ typedef struct port_capabilities {
      * linux.c). 1: all of the range is on large pages now; 0: not. Without it: small pages stay. */
     int (*collapse_large_pages)(void *addr, size_t size);
 
-    /* The most address space the process may hold, bytes; SIZE_MAX when unlimited. Read for the rare
-     * decisions that depend on it (large blocks' address headroom). Without it: unlimited. */
+    /* The most address space the process may hold, bytes; SIZE_MAX when unlimited (Linux: RLIMIT_AS or
+     * RLIMIT_DATA, the lower). Read for the rare decisions that depend on it (large blocks' address
+     * headroom). Without it: unlimited. */
     size_t (*address_space_limit)(void);
 
     /* Milliseconds from an arbitrary start, monotonic, with a resolution of some 1-16 ms. Without it the

@@ -23,8 +23,8 @@
  * any limit on it count. A block that has moved to grow has shown that it grows, and reserves at least
  * SHARD_LARGE_GROWN_SPAN_MIN (16 MB) from then on: without that, bench/app's buffers (grown from 1 MB
  * by realloc) moved more often and took 21,100 page faults per run instead of 18,000.
- * The headroom holds only while the process's address space is unlimited:
- * under RLIMIT_AS (port_caps.address_space_limit) a block reserves what it needs, rounded to 64 KB, so that
+ * The headroom holds only while the process's address space is unlimited: under RLIMIT_AS or
+ * RLIMIT_DATA (port_caps.address_space_limit) a block reserves what it needs, rounded to 64 KB, so that
  * the limit holds about as many blocks as it holds bytes, and so does any reservation the address
  * space cannot hold with its headroom.
  * Growing within the committed part changes `size`; within the span it commits pages in place; beyond
