@@ -191,7 +191,8 @@ static size_t linux_address_space_limit(void)
  * under heuristic overcommit (vm.overcommit_memory 0, which refuses a single mapping larger than memory
  * and swap together, far above 128 MB on any machine this serves) or none (1), not under strict (2), and
  * not under an address-space limit (RLIMIT_AS), where 1 GB of address space held for nothing would count
- * against it. An impossible size still goes to port_reserve and is refused there. Headroom in a pool
+ * against it, nor while new mappings are locked (mlockall's MCL_FUTURE), which would make the 1 GB
+ * resident. An impossible size still goes to port_reserve and is refused there. Headroom in a pool
  * reads zeros where a reservation of its own would fault: nothing of ours touches it.
  * A move out of a pool (move_release) leaves the range mapped (MREMAP_DONTUNMAP, Linux 5.7; an older
  * kernel refuses the move and the core copies): a hole there would be free for another thread's mmap
@@ -222,6 +223,21 @@ static int pool_of(uintptr_t addr)
     return -1;
 }
 
+/* 1 when a new writable mapping is made resident as it is made: mlockall's MCL_FUTURE (real-time
+ * programs lock their memory so), under which a pool would be 1 GB of resident, locked memory at once
+ * (test_hostile's locked-memory: 1,059 MB for a first 2 MB block). One page mapped, asked about, unmapped:
+ * at each pool's making, for a process may lock its memory at any time. */
+static int new_mappings_locked(void)
+{
+    long page = sys6(SYS_mmap, 0, PORT_PAGE, PROT_RW_, MAP_PRIVATE_ | MAP_ANONYMOUS_, -1, 0);
+    if (sys_failed(page))
+        return 1;
+    unsigned char resident = 0;
+    long r = sys3(SYS_mincore, page, PORT_PAGE, (long)&resident);
+    sys3(SYS_munmap, page, PORT_PAGE, 0);
+    return !sys_failed(r) && (resident & 1) != 0;
+}
+
 static int pools_allowed(void)
 {
     int state = __atomic_load_n(&pools.state, __ATOMIC_RELAXED);
@@ -237,7 +253,7 @@ static int pools_allowed(void)
         state = mode == '0' || mode == '1' ? 1 : -1;
         __atomic_store_n(&pools.state, state, __ATOMIC_RELAXED);
     }
-    return state > 0 && linux_address_space_limit() == SIZE_MAX;
+    return state > 0 && linux_address_space_limit() == SIZE_MAX && !new_mappings_locked();
 }
 
 /* A new pool (its index), or -1: none may be made now. While another thread makes one this one waits

@@ -1077,6 +1077,42 @@ static void blocks_under_a_limit(int resource)
 static void scenario_address_space_limit(void) { blocks_under_a_limit(RLIMIT_AS); }
 static void scenario_data_limit(void) { blocks_under_a_limit(RLIMIT_DATA); }
 
+/* A process that locks its memory (mlockall with MCL_FUTURE, as real-time audio programs do, with the
+ * privilege or a large enough RLIMIT_MEMLOCK): every new writable mapping is made resident and locked
+ * whole when it is made. The allocator's 1 GB pools (port/linux.c) then took 1 GB of resident memory
+ * for a first 2 MB block. A 2 MB block must cost about 2 MB; the allocator works. Where the process may
+ * not lock its memory (mlockall refused), there is nothing to test. */
+static size_t status_kb(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0, n = strlen(field);
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, field, n) == 0 && line[n] == ':')
+            kb = strtoul(line + n + 1, NULL, 10);
+    if (f != NULL)
+        fclose(f);
+    return kb;
+}
+
+static void scenario_locked_memory(void)
+{
+    bind_allocator();
+    if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) {
+        fprintf(stderr, "mlockall refused (%s): not tested\n", strerror(errno));
+        return;
+    }
+    size_t before = status_kb("VmRSS");
+    unsigned char *p = filled(2 * MB, 50, "a 2 MB block");
+    size_t after = status_kb("VmRSS");
+    fprintf(stderr, "resident before a 2 MB block %zu KB, after %zu KB\n", before, after);
+    EXPECT(after < before + 16 * 1024, "a 2 MB block under mlockall: resident %zu KB to %zu KB", before, after);
+    release(p, 2 * MB, 50, "a 2 MB block");
+    exercise(850, "main thread, memory locked");
+    run_threads(2, exercise_thread, 860);
+    munlockall();
+}
+
 /* ---- scenarios: aligned allocation ---------------------------------------------------------------- */
 
 static void scenario_aligned_large(void)
@@ -1153,6 +1189,7 @@ static const struct {
     {"closed-while-threads-run", scenario_closed_while_threads_run},
     {"address-space-limit", scenario_address_space_limit},
     {"data-limit", scenario_data_limit},
+    {"locked-memory", scenario_locked_memory},
     {"aligned-large", scenario_aligned_large},
 };
 
@@ -1252,4 +1289,5 @@ TEST(idle_heaps_return_their_memory_on_collect) { run_scenario("idle-heaps-colle
 TEST(library_closed_while_its_threads_run) { run_scenario("closed-while-threads-run"); }
 TEST(address_space_limit) { run_scenario("address-space-limit"); }
 TEST(data_limit) { run_scenario("data-limit"); }
+TEST(memory_locked_by_mlockall) { run_scenario("locked-memory"); }
 TEST(aligned_above_2mb_as_glibc) { run_scenario("aligned-large"); }
