@@ -18,10 +18,10 @@
  * threads' first allocations wait for the thread that reads the options and asks for the hook; so does a
  * fork (its prepare hook), whose child would otherwise wait for a thread it does not have. That thread
  * itself does not wait: a pthread_key_create that another library wraps may allocate, and the options
- * are read by then (its heap then has no exit hook: found as an exited thread's, below). Without an exit hook
- * (every pthread key of the process taken) the slot still works; the heaps of exited threads are then
- * found as those below. A platform with no hook at all (port_caps) leaves the end of a thread's use of
- * its heap to shard_thread_done.
+ * are read by then (its heap then has no exit hook: found as an exited thread's, below). Without an
+ * exit hook (every pthread key of the process taken) the slot still works; the heaps of exited threads
+ * are then found as those below. A platform with no hook at all (port_caps) leaves the end of a
+ * thread's use of its heap to shard_thread_done.
  *
  * Thread exit (the port's hook, or shard_thread_done) retires the heap: the blocks other threads freed
  * into it are taken in, the only page a class keeps while its thread runs is retired if empty, its
