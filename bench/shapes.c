@@ -37,6 +37,10 @@
  *                 the replaced blocks go to the next thread (a ring of 1024 per thread), which frees them.
  *   malloc-large  mimalloc-bench's malloc-large: 8 slots of blocks of 5-25 MB (uniform), random slots
  *                 replaced; every page of a block written.
+ *   turnover      buffers turned over among smaller blocks: 8 slots per thread, random slots replaced, a
+ *                 quarter of the new blocks 1-2 MB and the rest 16 B - 100 KB (uniform), every byte of
+ *                 each written (memset) as a buffer is filled: which freed memory a block gets decides
+ *                 whether its writes hit the processor's caches.
  *   ring          a ring of threads: each makes blocks of 16 B - 256 KB (97 % 16 B - 16 KB, 3 % 16-256 KB,
  *                 log-uniform) and hands them to the next through a lock-free ring of 1024; the receiver
  *                 resizes an eighth of them by realloc first, then frees every one. On one thread the ring
@@ -844,6 +848,36 @@ static double scenario_malloc_large(double scale, long *errors)
     return run_team(malloc_large_thread);
 }
 
+/* ---- turnover ---- */
+
+#define TURNOVER_STEPS 32000L      /* replacements in all, at scale 1 */
+#define TURNOVER_SLOTS 8
+
+static void turnover_thread(struct worker *w)
+{
+    struct block slots[TURNOVER_SLOTS] = {{0}};
+    for (long i = 0; i < w->share; i++) {
+        struct block *b = &slots[rng_below(&w->rng, TURNOVER_SLOTS)];
+        if (b->p != NULL)
+            w->errors += release(b);
+        size_t size = rng_below(&w->rng, 4) == 0 ? rng_between(&w->rng, 1u << 20, 2u << 20)
+                                                 : rng_between(&w->rng, 16, 100000);
+        b->p = alloc_block(size);
+        memset(b->p, (int)i, size); /* the buffer filled, then marked for the check */
+        b->size = (uint32_t)size;
+        b->cookie = (uint32_t)rng_next(&w->rng);
+        fill(b->p, size, b->cookie);
+    }
+    w->errors += release_slots(slots, TURNOVER_SLOTS);
+}
+
+static double scenario_turnover(double scale, long *errors)
+{
+    (void)errors;
+    share_out(TURNOVER_STEPS, scale);
+    return run_team(turnover_thread);
+}
+
 /* ---- ring ---- */
 
 #define RING_BLOCKS 2000000L       /* blocks in all, at scale 1 */
@@ -1120,6 +1154,7 @@ static const struct scenario scenarios[] = {
     {"glibc-thread", scenario_glibc_thread, 2},
     {"rptest", scenario_rptest, 2},
     {"malloc-large", scenario_malloc_large, 1},
+    {"turnover", scenario_turnover, 1},
     {"ring", scenario_ring, 2},
     {"mixed", scenario_mixed, 1},
     {"strings", scenario_strings, 1},
