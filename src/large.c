@@ -61,9 +61,12 @@
  * threads do without the cache: fresh reservations, frees straight back to the OS. A block is shared by
  * the process because large buffers are often allocated by one thread and freed by another.
  * - Choice: among the blocks whose span fits the request, the smallest of those committed enough; else
- *   the one with the most committed memory, which commits the rest in place. Memory committed beyond
- *   the request stays with the block for growth unless it is both more than four times the request
- *   and more than 16 MB.
+ *   the one with the most committed memory, which commits the rest in place. Of equals, one the
+ *   calling thread freed, and of those the one freed last: its memory is the likeliest to be in the
+ *   caches of the thread's core. The oldest was taken before, and bench/shapes.c's turnover (1-2 MB
+ *   buffers among smaller blocks, each written whole) took 1.3-1.6 times as long on 1-8 threads
+ *   (bench/results/2026-12-05-cache-recent.md). Memory committed beyond the request stays with
+ *   the block for growth unless it is both more than four times the request and more than 16 MB.
  * - Split and join, where the port releases a reservation in parts (PORT_RELEASE_PARTS: Linux): a block
  *   taken for much less, committed at least twice the 4 MB granules the request takes and a granule more,
  *   keeps those granules (committed to commit_end, the rest given back) and the rest of its span becomes a
@@ -371,6 +374,7 @@ typedef struct cached {
     large_header *h;
     size_t committed, span;
     uint64_t freed_at;
+    uintptr_t freer; /* os_thread_tag() of the thread that freed it */
 } cached;
 
 static struct {
@@ -546,6 +550,7 @@ static large_header *cache_take(size_t need, size_t *committed)
         return NULL; /* a fork holds the cache: a fresh block instead */
     unsigned n = take_expired(victims);
     unsigned best = cache.count;
+    uintptr_t me = os_thread_tag();
     for (unsigned i = 0; i < cache.count; i++) {
         const cached *c = &cache.entry[i];
         if (c->span < need)
@@ -556,8 +561,18 @@ static large_header *cache_take(size_t need, size_t *committed)
         }
         const cached *b = &cache.entry[best];
         int c_enough = c->committed >= need, b_enough = b->committed >= need;
-        if (c_enough != b_enough ? c_enough : c_enough ? c->committed < b->committed : c->committed > b->committed)
-            best = i;
+        if (c_enough != b_enough) {
+            if (c_enough)
+                best = i;
+            continue;
+        }
+        if (c->committed != b->committed) {
+            if (c_enough ? c->committed < b->committed : c->committed > b->committed)
+                best = i;
+            continue;
+        }
+        if ((c->freer == me) >= (b->freer == me))
+            best = i; /* of equals the caller's own, then the later (freed last): likelier in its caches */
     }
     if (best < cache.count) {
         h = cache.entry[best].h;
@@ -639,7 +654,7 @@ static void cache_put(large_header *h)
     uint64_t now = os_clock_ms();
     /* Room for one more entry and its bytes: the expired and then the oldest go. */
     unsigned n = take_oldest(leaving_for(expired_count(now), SHARD_LARGE_CACHE_BLOCKS - 1, limit - committed), victims);
-    cache.entry[cache.count++] = (cached){h, committed, span_of(h), now};
+    cache.entry[cache.count++] = (cached){h, committed, span_of(h), now, os_thread_tag()};
     cache.bytes += committed;
     publish_oldest();
     spin_unlock(&cache.lock);

@@ -1670,6 +1670,121 @@ TEST(malloc_takes_the_smallest_cached_block_committed_enough_else_the_most_commi
 #endif
 }
 
+/* Of cached blocks that fit a request equally well (the same committed memory), malloc takes the one freed
+ * last: its memory is the likeliest to be in the processor's caches still. The oldest was taken before, and
+ * a program that turns its large buffers over among smaller blocks wrote to cold memory: bench/shapes.c's
+ * turnover took 1.3-1.6 times as long on 1-8 threads (bench/results/2026-12-05-cache-recent.md). */
+TEST(of_cached_blocks_that_fit_equally_malloc_takes_the_one_freed_last)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    enum { N = 3 };
+    const size_t n = 3 * MB - 32;
+    unsigned char *blocks[N];
+    drained d;
+    cache_drain(&d);
+    int ok = 1;
+    for (int i = 0; i < N; i++) {
+        blocks[i] = shard_malloc(n);
+        CHECK(blocks[i] != NULL);
+        ok &= blocks[i] != NULL;
+        if (blocks[i])
+            fill_edges(blocks[i], n, 0x5200 + (uint64_t)i);
+    }
+    if (!ok) {
+        for (int i = 0; i < N; i++)
+            shard_free(blocks[i]);
+        cache_undrain(&d);
+        return;
+    }
+    for (int i = 0; i < N; i++)
+        shard_free(blocks[i]);
+    shard_stats s = stats_now();
+    CHECK_EQ(s.large_cached, (size_t)N);
+    for (int i = N; i-- > 0;) {
+        unsigned char *p = shard_malloc(n);
+        CHECKF(p == blocks[i], "malloc %d after the frees: %p, expected block %d (%p), freed %s", N - i, (void *)p, i,
+               (void *)blocks[i], i == N - 1 ? "last" : "before the ones taken");
+        blocks[i] = p;
+        if (p)
+            fill_edges(p, n, 0x5300 + (uint64_t)i);
+    }
+    for (int i = 0; i < N; i++) {
+        if (blocks[i])
+            CHECK_EDGES(blocks[i], n, 0x5300 + (uint64_t)i, "block %d taken again", i);
+        shard_free(blocks[i]);
+    }
+    cache_undrain(&d);
+    check_allocator("after the cache's choice among equals");
+#endif
+}
+
+/* Of cached blocks that fit equally well, a thread takes one it freed itself before one another thread
+ * freed later: its own is likelier in its core's caches. The main thread frees A, another thread then
+ * frees B; the main thread's malloc takes A, the other thread's B. With the freed-last rule alone both
+ * took B first, and bench/shapes.c's turnover took 1.2 and 1.1 times as long on 2 and 8 threads
+ * (bench/results/2026-12-05-cache-recent.md). */
+static unsigned char *own_block, *own_taken;
+
+static void *free_then_take(void *arg)
+{
+    (void)arg;
+    shard_free(own_block);
+    return NULL;
+}
+
+static void *take_one(void *arg)
+{
+    own_taken = shard_malloc((size_t)(uintptr_t)arg);
+    return NULL;
+}
+
+TEST(of_cached_blocks_that_fit_equally_a_thread_takes_one_it_freed_itself)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    const size_t n = 3 * MB - 32;
+    drained d;
+    cache_drain(&d);
+    unsigned char *a = shard_malloc(n), *b = shard_malloc(n);
+    CHECK(a != NULL && b != NULL);
+    if (a == NULL || b == NULL) {
+        shard_free(a);
+        shard_free(b);
+        cache_undrain(&d);
+        return;
+    }
+    fill_edges(a, n, 0x5400);
+    fill_edges(b, n, 0x5401);
+    shard_free(a);
+    own_block = b;
+    thread_t t;
+    CHECK(thread_start(&t, free_then_take, NULL) == 0);
+    thread_join(t);
+    CHECK_EQ(stats_now().large_cached, (size_t)2);
+    unsigned char *mine = shard_malloc(n);
+    CHECKF(mine == a, "the main thread took %p: expected %p (freed by it), not %p (freed later by another thread)",
+           (void *)mine, (void *)a, (void *)b);
+    CHECK(thread_start(&t, take_one, (void *)(uintptr_t)n) == 0);
+    thread_join(t);
+    CHECKF(own_taken == b, "the other thread took %p: expected %p", (void *)own_taken, (void *)b);
+    if (mine != NULL)
+        fill_edges(mine, n, 0x5402);
+    if (own_taken != NULL)
+        fill_edges(own_taken, n, 0x5403);
+    if (mine != NULL)
+        CHECK_EDGES(mine, n, 0x5402, "the main thread's block");
+    if (own_taken != NULL)
+        CHECK_EDGES(own_taken, n, 0x5403, "the other thread's block");
+    shard_free(mine);
+    shard_free(own_taken);
+    cache_undrain(&d);
+    check_allocator("after the cache's choice by thread");
+#endif
+}
+
 /* A cached block taken for a smaller size gives back its committed memory beyond need when that excess is
  * both above 4 need and above 16 MB, and keeps it otherwise: 80 MB for need 16 MB (an excess of exactly
  * 4 need) is kept and growing back into it commits nothing, for a page less it is trimmed, down to
