@@ -151,9 +151,11 @@ typedef struct port_capabilities {
     int (*thread_alive)(uint32_t id);
 
     /* Functions the platform calls around fork(): prepare in the parent before it, parent in the parent
-     * after it, child in the child. Registered once per process; 0 or -1. With them, thread_tag: a
-     * value that differs between live threads and is the same for a thread and, after fork, for the
-     * child's one thread (who runs the fork handlers, for the locks they hold). */
+     * after it, child in the child. Registered once per process; 0 or -1. With them, thread_tag, which
+     * is then the same for a thread and, after fork, for the child's one thread (who runs the fork
+     * handlers, for the locks they hold). thread_tag: a value, read without a call to the OS, that
+     * differs between live threads (also the start-up's thread and a cached large block's freer: heap.c,
+     * large.c). Without it every thread has the same tag (1), and nothing is told apart by it. */
     int (*fork_hooks)(void (*prepare)(void), void (*parent)(void), void (*child)(void));
     uintptr_t (*thread_tag)(void);
 

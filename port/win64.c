@@ -195,6 +195,14 @@ static int win_thread_exit_arm(void *heap)
 
 static uint32_t win_thread_id(void) { return (uint32_t)GetCurrentThreadId(); /* multiples of 4, never 0 */ }
 
+/* The TEB's own address (NT_TIB.Self, gs:[0x30]): one per live thread, read without a call. */
+static uintptr_t win_thread_tag(void)
+{
+    uintptr_t teb;
+    __asm__("movq %%gs:0x30, %0" : "=r"(teb));
+    return teb;
+}
+
 static int win_thread_alive(uint32_t id)
 {
     /* A thread that has exited is signalled, and an id that no thread has any more cannot be opened. Ids
@@ -329,6 +337,7 @@ port_capabilities port_caps = {
     .thread_exit_hook = win_thread_exit_hook,
     .thread_exit_arm = win_thread_exit_arm,
     .thread_id = win_thread_id,
+    .thread_tag = win_thread_tag,
     .thread_alive = win_thread_alive,
     .out_of_memory = win_out_of_memory,
     .invalid_argument = win_invalid_argument,

@@ -263,7 +263,7 @@ size_t os_address_space_limit(void);               /* SIZE_MAX */
 uint64_t os_clock_ms(void);                        /* a count of the calls, from 1 */
 uint32_t os_thread_id(void);                       /* 1, for every thread */
 int os_thread_alive(uint32_t id);                  /* 1 */
-uintptr_t os_thread_tag(void);                     /* 1 (no fork hooks without a tag) */
+uintptr_t os_thread_tag(void);                     /* 1 for every thread (no fork hooks then) */
 void os_out_of_memory(void);                       /* nothing */
 void os_invalid_argument(void);                    /* nothing */
 
