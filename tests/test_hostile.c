@@ -1082,19 +1082,6 @@ static void scenario_data_limit(void) { blocks_under_a_limit(RLIMIT_DATA); }
  * whole when it is made. The allocator's 1 GB pools (port/linux.c) then took 1 GB of resident memory
  * for a first 2 MB block. A 2 MB block must cost about 2 MB; the allocator works. Where the process may
  * not lock its memory (mlockall refused), there is nothing to test. */
-static size_t status_kb(const char *field)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    size_t kb = 0, n = strlen(field);
-    while (f != NULL && fgets(line, sizeof line, f) != NULL)
-        if (strncmp(line, field, n) == 0 && line[n] == ':')
-            kb = strtoul(line + n + 1, NULL, 10);
-    if (f != NULL)
-        fclose(f);
-    return kb;
-}
-
 static void scenario_locked_memory(void)
 {
     bind_allocator();
@@ -1102,11 +1089,12 @@ static void scenario_locked_memory(void)
         fprintf(stderr, "mlockall refused (%s): not tested\n", strerror(errno));
         return;
     }
-    size_t before = status_kb("VmRSS");
+    size_t before = rss_now();
     unsigned char *p = filled(2 * MB, 50, "a 2 MB block");
-    size_t after = status_kb("VmRSS");
-    fprintf(stderr, "resident before a 2 MB block %zu KB, after %zu KB\n", before, after);
-    EXPECT(after < before + 16 * 1024, "a 2 MB block under mlockall: resident %zu KB to %zu KB", before, after);
+    size_t after = rss_now();
+    fprintf(stderr, "resident before a 2 MB block %zu KB, after %zu KB\n", before >> 10, after >> 10);
+    EXPECT(after < before + 16 * MB, "a 2 MB block under mlockall: resident %zu KB to %zu KB", before >> 10,
+           after >> 10);
     release(p, 2 * MB, 50, "a 2 MB block");
     exercise(850, "main thread, memory locked");
     run_threads(2, exercise_thread, 860);
