@@ -15,8 +15,8 @@
  * registered goes on without them), the exit hook is asked for with a call that does not allocate
  * (glibc's pthread_key_create), and a new thread's heap is complete and in the slot before the port arms
  * the exit hook for it: an allocation made from inside the arming finds the heap and uses it. Other
- * threads' first allocations wait for the thread that reads the options and asks for the hook; so does a
- * fork (its prepare hook), whose child would otherwise wait for a thread it does not have. That thread
+ * threads' first allocations wait for the thread that reads the options and asks for the hook; a fork's
+ * child, which does not have that thread, does the start-up again instead (fork_child). That thread
  * itself does not wait: a pthread_key_create that another library wraps may allocate, and the options
  * are read by then (its heap then has no exit hook: found as an exited thread's, below). Without an
  * exit hook (every pthread key of the process taken) the slot still works; the heaps of exited threads
@@ -574,11 +574,6 @@ static int starting_here(void)
 
 static void fork_prepare(void)
 {
-    /* A start-up under way (heap_start) on another thread first: a child would wait for it for ever.
-     * It ends without the fork: none of the locks below is taken yet, and an allocation from inside it
-     * (a wrapped pthread_key_create) takes them as any other. */
-    for (unsigned i = 0; load_acquire(&exit_hook_state) == 1 && !starting_here(); i++)
-        pause_or_yield(i);
 #if SHARD_FULL_DEBUG
     debugmode_lock_for_fork(1); /* never held around a call of the core's */
 #endif
@@ -622,6 +617,13 @@ static void fork_child(void)
             set_owner(h, PORT_THREAD_NONE);
     }
     segment_after_fork();
+    /* A start-up another thread had under way (heap_start; it takes no lock, so a fork may come at any
+     * point of it) would be waited for for ever: the child does it again (reading the options and asking
+     * for the exit hook twice is harmless: a second pthread key at most). */
+    if (load_acquire(&exit_hook_state) == 1 && !starting_here()) {
+        store_relaxed(&start_maker, (uintptr_t)0);
+        store_release(&exit_hook_state, 0u);
+    }
 #if SHARD_FULL_DEBUG
     debugmode_fork_child();
 #endif
