@@ -41,6 +41,9 @@
  *                 quarter of the new blocks 1-2 MB and the rest 16 B - 100 KB (uniform), every byte of
  *                 each written (memset) as a buffer is filled: which freed memory a block gets decides
  *                 whether its writes hit the processor's caches.
+ *   requests      request buffers: 2 slots per thread, random slots replaced by blocks of 1-2 MB (uniform)
+ *                 of which a request uses 1-64 KB (written and checked), as a buffer sized for the largest
+ *                 message serves mostly small ones: what a large block costs beyond its pages.
  *   ring          a ring of threads: each makes blocks of 16 B - 256 KB (97 % 16 B - 16 KB, 3 % 16-256 KB,
  *                 log-uniform) and hands them to the next through a lock-free ring of 1024; the receiver
  *                 resizes an eighth of them by realloc first, then frees every one. On one thread the ring
@@ -1137,6 +1140,33 @@ static long peak_rss_kb(void)
     return strtol(peak + 6, NULL, 10);
 }
 
+/* ---- requests ---- */
+
+#define REQUESTS_STEPS 200000L /* replacements in all, at scale 1 */
+#define REQUESTS_SLOTS 2
+
+static void requests_thread(struct worker *w)
+{
+    struct block slots[REQUESTS_SLOTS] = {{0}};
+    for (long i = 0; i < w->share; i++) {
+        struct block *b = &slots[rng_below(&w->rng, REQUESTS_SLOTS)];
+        if (b->p != NULL)
+            w->errors += release(b);
+        b->p = alloc_block(rng_between(&w->rng, (1u << 20) + 1, 2u << 20));
+        b->size = (uint32_t)rng_between(&w->rng, 1024, 65536); /* the part the request uses */
+        b->cookie = (uint32_t)rng_next(&w->rng);
+        fill(b->p, b->size, b->cookie);
+    }
+    w->errors += release_slots(slots, REQUESTS_SLOTS);
+}
+
+static double scenario_requests(double scale, long *errors)
+{
+    (void)errors;
+    share_out(REQUESTS_STEPS, scale);
+    return run_team(requests_thread);
+}
+
 struct scenario {
     const char *name;
     double (*run)(double scale, long *errors); /* the ms of its work; adds errors of its own to *errors */
@@ -1155,6 +1185,7 @@ static const struct scenario scenarios[] = {
     {"rptest", scenario_rptest, 2},
     {"malloc-large", scenario_malloc_large, 1},
     {"turnover", scenario_turnover, 1},
+    {"requests", scenario_requests, 1},
     {"ring", scenario_ring, 2},
     {"mixed", scenario_mixed, 1},
     {"strings", scenario_strings, 1},
