@@ -81,10 +81,18 @@ static inline void *or_out_of_memory(void *p) { return likely(p != NULL) ? p : o
 /* Whether p's kind in the map is a large block's. */
 static inline int kind_large(unsigned kind) { return kind == SEG_LARGE || kind == SEG_LARGE_FAR; }
 
-/* Large blocks need no heap, but the process's start-up (the fork hooks) comes first all the same. */
+/* Large blocks need no heap, but the process's start-up (the fork hooks) comes first all the same, and
+ * a thread's first allocation makes its heap, which keeps its spare (large.c). Without one (no memory
+ * for it, or a thread past its exit hook, whose heap is only lent) the block comes from the cache. */
 static void *large_any(size_t size, size_t align, int zero)
 {
     heap_started();
+    if (unlikely(heap_mine() == NULL)) {
+        int lent = 0;
+        heap *h = heap_get_or_create(&lent);
+        if (h != NULL && lent)
+            heap_retire(h);
+    }
     return large_alloc_aligned(size, align, zero);
 }
 

@@ -390,6 +390,7 @@ void heap_foreign_queued(heap *h)
  * A trim is armed when h keeps memory or frees of other threads wait in its queues. */
 static void retire(heap *h)
 {
+    large_spare_drain(h); /* into the cache, where any thread finds it */
     /* First its empty segments and arenas become spare ones, committed, for whichever heap needs one
      * next (segment.h); what stays is in segments that still hold live blocks. */
     trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* the queues taken in, the class pages kept retired */

@@ -85,6 +85,14 @@ typedef struct heap {
      * frees of its own lately, SHARD_LOOSE_SKIP for each, SHARD_LOOSE_SKIP_MAX at most (small.h). Reset
      * when a thread takes the heap. */
     uint32_t loose_skip;
+    /* The large block its thread freed last, kept for its next large allocation (large.c: the spare):
+     * the header's address | its committed bytes / PORT_PAGE, 0 when none. An atomic word: other threads
+     * take it too (a trim, memory pressure, the heap's retirement). */
+    uintptr_t large_spare;
+    uintptr_t spare_seen;    /* large_spare at the last look for spares that waited (large.c) */
+    /* What its thread's spare took off the large blocks' live counts less what it gave back (large.c),
+     * two's complement; written by that thread alone, summed by large_live_counts. */
+    size_t spare_blocks, spare_bytes;
     /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own,
      * with the owner word, which those frees read (heap.c: generation << 32 | the thread's number,
      * 0 while no thread has the heap, PORT_THREAD_NONE for a parent's thread's heap in a fork child). */

@@ -111,9 +111,30 @@
  *   at once, without entering (with a limit of 0, every block); all of them when memory runs out
  *   (heap_relieve). The age is checked on every cache access and, through large_cache_expire (one load
  *   when the cache is empty), when a small page becomes free and when a thread exits.
+ * - The threads' spares (SHARDMM_LARGE_SPARES, on by default): the block a thread freed last, if it
+ *   keeps at most SHARD_LARGE_SPARE_MAX (4 MB) committed and is no part of a split reservation (those
+ *   go to the cache, where they join), waits in its heap's `large_spare` word instead of the cache, and
+ *   the thread's next large allocation takes it when the cache would choose it (spare_take); a spare
+ *   that does not fit goes to the cache first, where the choice weighs it with the rest. A thread that
+ *   frees and allocates large blocks in turn then takes no lock and changes no shared counter: the cache's
+ *   one lock and the live counts' atomics were most of such a call, and they were shared by every
+ *   thread (1-2 MB buffers of which a request uses 64 KB at most, bench/shapes.c's requests: 2 and 8
+ *   threads took 4.6 and 6.8 times as long as with spares, 1 thread twice as long;
+ *   bench/results/2026-12-05-large-spares.md). A spare holds a pointer whose 4 MB alignment leaves room
+ *   for its committed pages: one word, which its thread writes and any thread may take (exchange to
+ *   0). Its block stays counted live, committed bytes and all, until it leaves the spare other than by
+ *   its thread's allocation; the heap's spare_blocks and spare_bytes keep what its thread's spares took
+ *   off the live counts, and large_live_counts and large_cache_counts show spares as cached. It goes
+ *   to the cache when its thread frees another block, exits (heap retire) or allocates one it does not
+ *   fit; to the OS at shard_collect or memory pressure, and once it has been there at two looks, which
+ *   come at most once per delay from any cache call and from the expiry checks of a thread with a
+ *   spare (spares_expire: a thread that stopped allocating looks at none, and no clock is read where a
+ *   spare is put), so between one and two delays after its free.
  *
  * Depends on: segment.h (OS calls with accounting, the map), medium.h (SHARD_MEDIUM_MAX), sync.h,
- * config.h, libc.h, options.h (the cache's delay and byte limit), port.h (its page and reservation sizes).
+ * config.h, libc.h, options.h (the cache's delay and byte limit, the spares), port.h (its page and
+ * reservation sizes), heap.h (the calling thread's heap, which keeps its spare; every heap, for the
+ * spares' looks and counts).
  */
 #include "large.h"
 
@@ -139,7 +160,7 @@ typedef struct large_header {
     size_t committed;  /* bytes committed from the header on, a multiple of PORT_PAGE */
     size_t layout;     /* span (bytes from the header to the reservation's end, a multiple of PORT_PAGE)
                         * | log2(block offset) | LAYOUT_FAR | log2(align) << LAYOUT_ALIGN_SHIFT (far)
-                        * | LAYOUT_PIECE | LAYOUT_GROWN (near) */
+                        * | LAYOUT_PIECE | LAYOUT_GROWN | LAYOUT_SPLIT (near) */
 } large_header;
 _Static_assert(sizeof(large_header) == LARGE_HEADER, "the block follows a 32-byte header");
 
@@ -158,7 +179,8 @@ static inline uint64_t mark_freed(const large_header *h) { (void)h; return LARGE
 #define LAYOUT_ALIGN_SHIFT 6
 #define LAYOUT_PIECE ((size_t)64)  /* a near block cut from the one below it (split_off): they may join again */
 #define LAYOUT_GROWN ((size_t)128) /* a near block that grew by realloc: not split when taken again */
-_Static_assert(LAYOUT_ALIGN_SHIFT + 6 <= 12, "the layout's flags fit below the page-sized span");
+#define LAYOUT_SPLIT ((size_t)256) /* a near block a piece was cut from (split_off): no spare, it may join */
+_Static_assert(LAYOUT_ALIGN_SHIFT + 6 <= 12 && LAYOUT_SPLIT < 4096, "the layout's flags fit below the page-sized span");
 
 static size_t span_of(const large_header *h) { return h->layout & ~(PORT_PAGE - 1); }
 static int is_far(const large_header *h) { return (h->layout & LAYOUT_FAR) != 0; }
@@ -180,7 +202,10 @@ static unsigned kind_of(const large_header *h) { return is_far(h) ? SEG_LARGE_FA
 static size_t layout_of(size_t span, size_t offset) { return span | (size_t)__builtin_ctzll(offset); }
 static size_t piece_of(const large_header *h) { return is_far(h) ? 0 : h->layout & LAYOUT_PIECE; }
 /* The near block's flags, which its layout keeps through reuse, growth and joins. */
-static size_t flags_of(const large_header *h) { return is_far(h) ? 0 : h->layout & (LAYOUT_PIECE | LAYOUT_GROWN); }
+static size_t flags_of(const large_header *h)
+{
+    return is_far(h) ? 0 : h->layout & (LAYOUT_PIECE | LAYOUT_GROWN | LAYOUT_SPLIT);
+}
 
 /* A block of a created heap (shard_heap_create) starts at least 64 bytes in: the 32 bytes after the
  * header name its heap, whose limit counts the block's committed memory and whose destroy releases it.
@@ -491,8 +516,14 @@ static void release_all(large_header **victims, unsigned n)
         release_block(victims[i]);
 }
 
+static void spares_expire(void);
+static void spares_release(void);
+
 void large_cache_expire(void)
 {
+    heap *me = heap_mine();
+    if (me != NULL && load_relaxed(&me->large_spare) != 0)
+        spares_expire(); /* a thread whose large blocks come from its spare makes no other pass */
     uint64_t oldest = load_relaxed(&cache.oldest_at);
     if (oldest == UINT64_MAX || !expired(oldest, os_clock_ms()))
         return;
@@ -529,6 +560,7 @@ void large_cache_shed(size_t bytes) { shed(bytes, 0); }
 
 void large_cache_release_all(void)
 {
+    spares_release();
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS];
     if (!spin_lock_unless_fork(&cache.lock))
         return;
@@ -543,6 +575,7 @@ void large_cache_release_all(void)
  * blocks go back to the OS on the way. */
 static large_header *cache_take(size_t need, size_t *committed)
 {
+    spares_expire();
     if (load_relaxed(&cache.oldest_at) == UINT64_MAX)
         return NULL; /* an empty cache costs one load */
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS], *h = NULL;
@@ -596,8 +629,9 @@ static int take_above(large_header *lo, large_header *hi)
         return -1;
     map_clear((uintptr_t)hi);
     lo->committed = lo_span + hi->committed;
-    size_t grown = flags_of(hi) & LAYOUT_GROWN; /* hi's growth is the whole block's */
-    store_relaxed(&lo->layout, layout_of(lo_span + span_of(hi), offset_of(lo)) | flags_of(lo) | grown);
+    /* hi's growth is the whole block's, and so is a piece cut from hi (lo's own piece is hi, gone). */
+    size_t upper = flags_of(hi) & (LAYOUT_GROWN | LAYOUT_SPLIT);
+    store_relaxed(&lo->layout, layout_of(lo_span + span_of(hi), offset_of(lo)) | (flags_of(lo) & ~LAYOUT_SPLIT) | upper);
     store_relaxed(&hi->mark, 0);
     return 0;
 }
@@ -631,6 +665,7 @@ static large_header *join(large_header *h)
 /* Put a freed block (mark FREED) into the cache, or give it back to the OS. */
 static void cache_put(large_header *h)
 {
+    spares_expire();
     size_t committed = h->committed, limit = cache_limit();
     if (committed > limit) {
         release_block(h);
@@ -659,6 +694,106 @@ static void cache_put(large_header *h)
     publish_oldest();
     spin_unlock(&cache.lock);
     release_all(victims, n);
+}
+
+/* ---- the threads' spares --------------------------------------------------------------------------- */
+
+/* A heap's spare word (heap.h): a near block's header starts a 4 MB granule, so the block's committed
+ * pages fit in the bits below its address. */
+static uintptr_t spare_word(large_header *h, size_t committed) { return (uintptr_t)h | committed / PORT_PAGE; }
+static large_header *spare_block(uintptr_t w) { return (large_header *)(w & ~(uintptr_t)SEGMENT_MASK); }
+static size_t spare_committed(uintptr_t w) { return (w & SEGMENT_MASK) * PORT_PAGE; }
+
+/* A block taken out of a spare other than by its thread's allocation: its committed memory, counted
+ * live while it waited there, leaves the count, and the block goes to the cache, or (release) to the OS. */
+static void spare_leave(uintptr_t w, int release)
+{
+    count_live(0, 0, -spare_committed(w));
+    if (release)
+        release_block(spare_block(w));
+    else
+        cache_put(spare_block(w));
+}
+
+/* Freed block h (marked FREED, still counted live) becomes the spare of `me`, the calling thread's heap,
+ * and the spare it had goes to the cache; -1 when h may not be one (the caller caches it). */
+static int spare_put(heap *me, large_header *h)
+{
+    size_t committed = h->committed;
+    if (!options_values.large_spares || options_values.large_cache_delay_ms == 0 ||
+        (h->layout & (LAYOUT_PIECE | LAYOUT_SPLIT)) != 0 ||
+        committed > SHARD_LARGE_SPARE_MAX || committed > options_values.large_cache_bytes ||
+        committed / PORT_PAGE > SEGMENT_MASK)
+        return -1; /* no spares, no wait for freed blocks, a part that may join, or no cache for it */
+    store_relaxed(&me->spare_blocks, me->spare_blocks + 1);
+    store_relaxed(&me->spare_bytes, me->spare_bytes + h->size);
+    /* Other threads only take a spare (to 0): one found empty stays so for a plain store. */
+    uintptr_t old = load_relaxed(&me->large_spare);
+    if (old == 0)
+        store_release(&me->large_spare, spare_word(h, committed));
+    else if ((old = exchange_acq_rel(&me->large_spare, spare_word(h, committed))) != 0)
+        spare_leave(old, 0);
+    return 0;
+}
+
+/* The spare of `me`, the calling thread's heap, for `need` bytes (header included), if the cache would
+ * choose it: committed enough, and either no more than a fresh block would be (commit_end: the
+ * smallest that is enough, and of equals the thread's own, freed last) or with no cached block to weigh
+ * it against (one load). *committed: what it holds. A spare that does not fit so goes to the cache,
+ * which weighs it with the rest: NULL. */
+static large_header *spare_take(heap *me, size_t need, int exact, size_t *committed)
+{
+    uintptr_t w = load_relaxed(&me->large_spare);
+    if (w == 0)
+        return NULL;
+    size_t c = spare_committed(w);
+    int fits = c >= need && (c <= commit_end(need, SIZE_MAX, exact) || load_relaxed(&cache.oldest_at) == UINT64_MAX);
+    /* Only this thread puts a spare: the exchange finds w, or 0 when another thread took it meanwhile. */
+    if ((w = exchange_acq_rel(&me->large_spare, (uintptr_t)0)) == 0)
+        return NULL;
+    if (!fits) {
+        spare_leave(w, 0);
+        return NULL;
+    }
+    *committed = c;
+    return spare_block(w);
+}
+
+static uint64_t spares_due; /* os_clock_ms() from which the next look at the spares may come */
+
+/* A spare that every heap held at the last look and holds still goes back to the OS: it has waited at
+ * least the delay (and at most twice that). No clock is read where a spare is put; the looks come at
+ * most once per delay, from the cache's passes and from the expiry checks of a thread with a spare
+ * (large_cache_expire), and take in every heap's: a thread that no longer allocates looks at none. */
+static void spares_expire(void)
+{
+    uint64_t now = os_clock_ms(), due = load_relaxed(&spares_due);
+    if ((int64_t)(now - due) < 0 || !cas_acq_rel(&spares_due, &due, now + options_values.large_cache_delay_ms))
+        return;
+    for (heap *h = heap_all(); h != NULL; h = h->next_all) {
+        uintptr_t w = load_relaxed(&h->large_spare), seen = load_relaxed(&h->spare_seen);
+        store_relaxed(&h->spare_seen, w);
+        /* The same block freed again since the last look goes too: a lost reuse, no more. */
+        if (w != 0 && w == seen && exchange_acq_rel(&h->large_spare, (uintptr_t)0) != 0)
+            spare_leave(w, 1);
+    }
+}
+
+/* Every heap's spare back to the OS (large_cache_release_all). */
+static void spares_release(void)
+{
+    for (heap *h = heap_all(); h != NULL; h = h->next_all) {
+        uintptr_t w = load_relaxed(&h->large_spare);
+        if (w != 0 && (w = exchange_acq_rel(&h->large_spare, (uintptr_t)0)) != 0)
+            spare_leave(w, 1);
+    }
+}
+
+void large_spare_drain(heap *h)
+{
+    uintptr_t w = load_relaxed(&h->large_spare);
+    if (w != 0 && (w = exchange_acq_rel(&h->large_spare, (uintptr_t)0)) != 0)
+        spare_leave(w, 0);
 }
 
 void large_lock_for_fork(int take)
@@ -752,6 +887,11 @@ void large_cache_counts(size_t *blocks, size_t *bytes)
     *blocks = cache.count;
     *bytes = cache.bytes;
     spin_unlock(&cache.lock);
+    for (heap *h = heap_all(); h != NULL; h = h->next_all) {
+        uintptr_t w = load_relaxed(&h->large_spare);
+        *blocks += w != 0;
+        *bytes += spare_committed(w);
+    }
 }
 
 /* ---- blocks ---------------------------------------------------------------------------------------- */
@@ -796,7 +936,7 @@ static void split_off(large_header *h, size_t need, size_t *committed, int exact
     r->layout = layout_of(span - keep, LARGE_HEADER) | LAYOUT_PIECE;
     store_relaxed(&r->mark, mark_freed(r));
     segmap_set((uintptr_t)r, SEGMENT_SIZE, SEG_LARGE, SEG_LARGE);
-    store_relaxed(&h->layout, layout_of(keep, offset_of(h)) | flags_of(h));
+    store_relaxed(&h->layout, layout_of(keep, offset_of(h)) | flags_of(h) | LAYOUT_SPLIT);
     h->committed = keep;
     *committed = keep;
     size_t end = commit_end(need, keep, exact);
@@ -807,9 +947,10 @@ static void split_off(large_header *h, size_t need, size_t *committed, int exact
 
 void *large_alloc(size_t size, int zero) { return large_alloc_aligned(size, LARGE_HEADER, zero); }
 
-/* A block aligned to 4 MB or more (see the file comment); fresh memory, so zero. */
-/* The end of every allocation: the block's heap (if it has room for the field), the counts, LIVE. */
-static void *go_live(large_header *h, heap *owner)
+/* The end of every allocation: the block's heap (if it has room for the field), the counts, LIVE. A
+ * block from the spare of heap `spare` was counted live there with `counted` bytes committed: that
+ * heap's own counts take it back, and what it commits now differs by a split or a commit at most. */
+static void *go_live(large_header *h, heap *owner, heap *spare, size_t counted)
 {
     if (offset_of(h) >= LARGE_HEAP_OFFSET)
         store_relaxed(&((large_ext *)(h + 1))->owner, owner); /* a walk may read it (owner_of) */
@@ -817,11 +958,19 @@ static void *go_live(large_header *h, heap *owner)
         fetch_add_relaxed(&owner->large_count, 1);
         fetch_add_relaxed(&owner->large_bytes, h->size);
     }
-    count_live(1, h->size, h->committed);
+    if (spare != NULL) {
+        store_relaxed(&spare->spare_blocks, spare->spare_blocks - 1);
+        store_relaxed(&spare->spare_bytes, spare->spare_bytes - h->size);
+        if (h->committed != counted)
+            count_live(0, 0, h->committed - counted);
+    } else {
+        count_live(1, h->size, h->committed);
+    }
     store_release(&h->mark, mark_live(h));
     return block_of(h);
 }
 
+/* A block aligned to 4 MB or more (see the file comment); fresh memory, so zero. */
 static void *far_alloc(size_t size, size_t align, heap *owner)
 {
     if (size > LARGE_SIZE_MAX || align > LARGE_SIZE_MAX)
@@ -851,10 +1000,20 @@ static void *far_alloc(size_t size, size_t align, heap *owner)
     h->size = need - PORT_PAGE;
     h->committed = need;
     h->layout = layout_of(PORT_PAGE + body, PORT_PAGE) | LAYOUT_FAR | (size_t)__builtin_ctzll(align) << LAYOUT_ALIGN_SHIFT;
-    return go_live(h, owner);
+    return go_live(h, owner, NULL, 0);
 }
 
-/* A block whose header is at its reservation's start: from the cache, else a fresh reservation. */
+/* A block taken from a spare or the cache that cannot serve after all goes to the cache; one from a
+ * spare (counted: its committed bytes then) leaves the live count first. */
+static void untake(large_header *h, size_t counted)
+{
+    if (counted != 0)
+        count_live(0, 0, -counted);
+    cache_put(h);
+}
+
+/* A block whose header is at its reservation's start: the calling thread's spare or the cache, else a
+ * fresh reservation. */
 static void *near_alloc(size_t size, size_t offset, int zero, enum headroom headroom, heap *owner)
 {
     if (owner != NULL && offset < LARGE_HEAP_OFFSET)
@@ -862,11 +1021,17 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
     size_t need = need_of(size, offset), committed = 0;
     if (owner != NULL && heap_charge(owner, need) != 0)
         return NULL;
-    large_header *h = cache_take(need, &committed);
+    heap *me = heap_mine(), *spare = NULL;
+    large_header *h = me != NULL ? spare_take(me, need, owner != NULL, &committed) : NULL;
+    size_t counted = 0;
+    if (h != NULL)
+        spare = me, counted = committed;
+    else
+        h = cache_take(need, &committed);
     if (h != NULL) {
         split_off(h, need, &committed, owner != NULL);
         if (fit_commit(h, committed, need, owner != NULL) != 0) {
-            cache_put(h); /* out of memory: the block waits for a smaller request */
+            untake(h, counted); /* out of memory: the block waits for a smaller request */
             if (owner != NULL)
                 heap_uncharge(owner, need);
             return NULL;
@@ -878,7 +1043,7 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
             if (os_decommit((uint8_t *)h + need, h->committed - need) == 0) {
                 h->committed = need;
             } else {
-                cache_put(h);
+                untake(h, counted);
                 heap_uncharge(owner, need);
                 return NULL;
             }
@@ -896,7 +1061,7 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
             return NULL;
         }
     }
-    return go_live(h, owner);
+    return go_live(h, owner, spare, counted);
 }
 
 void *large_alloc_aligned(size_t size, size_t align, int zero) { return large_alloc_in(NULL, size, align, zero); }
@@ -940,17 +1105,22 @@ int large_free(void *p)
     uint64_t live = mark_live(h);
     if (h == NULL || !cas_acq_rel(&h->mark, &live, mark_freed(h)))
         return -1;
-    count_live((size_t)-1, -h->size, -h->committed);
     heap *owner = owner_of(h);
     if (owner != NULL) {
         fetch_add_relaxed(&owner->large_count, (size_t)-1);
         fetch_add_relaxed(&owner->large_bytes, -h->size);
         heap_uncharge(owner, h->committed);
     }
-    if (is_far(h))
+    if (is_far(h)) {
+        count_live((size_t)-1, -h->size, -h->committed);
         release_block(h); /* never cached (see the file comment) */
-    else
+        return 0;
+    }
+    heap *me = heap_mine();
+    if (me == NULL || spare_put(me, h) != 0) {
+        count_live((size_t)-1, -h->size, -h->committed);
         cache_put(h);
+    }
     return 0;
 }
 
@@ -1074,9 +1244,15 @@ void *large_move(void *p, size_t size)
 
 void large_live_counts(size_t *blocks, size_t *bytes, size_t *committed)
 {
-    *blocks = load_relaxed(&live_blocks);
-    *bytes = load_relaxed(&live_bytes);
-    *committed = load_relaxed(&live_committed);
+    size_t n = load_relaxed(&live_blocks), b = load_relaxed(&live_bytes), c = load_relaxed(&live_committed);
+    for (heap *h = heap_all(); h != NULL; h = h->next_all) { /* the spares' part (the file comment) */
+        n -= load_relaxed(&h->spare_blocks);
+        b -= load_relaxed(&h->spare_bytes);
+        c -= spare_committed(load_relaxed(&h->large_spare));
+    }
+    *blocks = n;
+    *bytes = b;
+    *committed = c;
 }
 
 int large_check(void)
@@ -1104,5 +1280,13 @@ int large_check(void)
     problems += insist(cache.oldest_at == (cache.count ? cache.entry[0].freed_at : UINT64_MAX),
                        "large: the cache's published oldest time differs from its first entry's:", cache.oldest_at);
     spin_unlock(&cache.lock);
+    heap *me = heap_mine(); /* the caller's own spare: no other thread takes it meanwhile but a trim */
+    uintptr_t w = me != NULL ? load_relaxed(&me->large_spare) : 0;
+    if (w != 0) {
+        large_header *h = spare_block(w);
+        problems += insist(h->mark == mark_freed(h) && h->committed == spare_committed(w) && !is_far(h) &&
+                               segmap_kind((uintptr_t)h) == SEG_LARGE,
+                           "large: the thread's spare does not match its block (mark, committed, map):", h);
+    }
     return problems;
 }

@@ -34,7 +34,9 @@ void large_cache_expire(void);
 /* A reservation of `bytes` is about to be made (a segment, an arena): the cache gives back as much of
  * what it holds over its 128 MB (large.c's file comment). */
 void large_cache_shed(size_t bytes);
-/* Give every cached block back to the OS now (shard_collect). */
+/* A retiring heap's spare (large.c) goes to the cache. */
+void large_spare_drain(struct heap *h);
+/* Give every cached block, the spares' too, back to the OS now (shard_collect). */
 void large_cache_release_all(void);
 /* The live blocks, their usable bytes and the memory they keep committed (headers included). */
 void large_live_counts(size_t *blocks, size_t *bytes, size_t *committed);

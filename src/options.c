@@ -27,6 +27,7 @@ options options_values = {
     .reserve_delay_ms = SHARD_RESERVE_DELAY_MS,
     .large_cache_delay_ms = SHARD_LARGE_CACHE_DELAY_MS,
     .large_cache_bytes = SHARD_LARGE_CACHE_BYTES,
+    .large_spares = 1,
     .huge_pages = SHARD_HUGE_PAGES,
     .quarantine_bytes = SHARD_QUARANTINE_BYTES,
 };
@@ -48,6 +49,7 @@ static void set_large_cache(uint64_t v)
     options_values.large_cache_bytes = (size_t)v << MB_SHIFT;
     options_values.large_cache_fixed = 1;
 }
+static void set_large_spares(uint64_t v) { options_values.large_spares = (uint32_t)v; }
 static void set_quarantine(uint64_t v) { options_values.quarantine_bytes = (size_t)v << MB_SHIFT; }
 static void set_huge_pages(uint64_t v) { options_values.huge_pages = (uint32_t)v; }
 
@@ -63,6 +65,7 @@ static const struct spec {
     {"VERBOSE", 1, set_verbose, "0 or 1"},
     {"DELAY_MS", UINT32_MAX, set_delay, "a decimal number of milliseconds up to 4294967295"},
     {"LARGE_CACHE_MB", LARGE_CACHE_MB_MAX, set_large_cache, "a decimal number of megabytes up to 67108864"},
+    {"LARGE_SPARES", 1, set_large_spares, "0 or 1"},
     {"QUARANTINE_MB", LARGE_CACHE_MB_MAX, set_quarantine, "a decimal number of megabytes up to 67108864"},
     {"HUGE_PAGES", SHARD_HUGE_PAGES_ALL, set_huge_pages, "0, 1 or 2"},
 };

@@ -43,6 +43,10 @@
  *   join when both are free, and a split block grown past G takes its cached rest back (take_splits).
  * - A cached block expires 1 s after its free, released on the next large malloc/free/realloc, when a
  *   small page becomes free, or at a thread's exit; shard_get_stats alone releases nothing.
+ * - With SHARDMM_LARGE_SPARES=0, as above. By default a thread keeps the block it freed last (C <= 4 MB,
+ *   no part of a split) as its spare, counted as cached, for its own next malloc that the cache would
+ *   give it; the rest goes to the cache. tests/run runs the tests above with SHARDMM_LARGE_SPARES=0 and
+ *   those of the spares (the end of this file) without it.
  * - calloc of a large size is zero over the whole usable size, also on a dirty cached block.
  * - A double free, an interior pointer, realloc and usable_size of them reach the error hook and change
  *   nothing; a double-freed block comes back from the cache once. Impossible sizes give NULL and leave
@@ -3001,4 +3005,183 @@ TEST(threads_trading_large_blocks_keep_their_contents_and_the_cache_within_its_l
            (size_t)CACHE_MAX_BLOCKS, bytes_max);
 #endif
     check_allocator("after the trade");
+}
+
+/* ---- the threads' spares ---- */
+
+/* A thread's spare (README.md, SHARDMM_LARGE_SPARES): the large block it freed last waits for its own
+ * next large malloc, counted as cached, out of the other threads' reach until it leaves for the cache (the
+ * thread frees another, or exits, or its malloc does not fit it) or for the OS (a trim, or the delay
+ * passed: at the first look of any thread's cache call between one and two delays after the free). The
+ * tests of the process's cache above run with SHARDMM_LARGE_SPARES=0 (tests/run), these only without. */
+__attribute__((unused)) static int spares_on(void)
+{
+    const char *v = getenv("SHARDMM_LARGE_SPARES"), *d = getenv("SHARDMM_DELAY_MS");
+    return SHARD_RULES && !(v != NULL && strcmp(v, "0") == 0) && !(d != NULL && strcmp(d, "0") == 0);
+}
+
+/* SHARDMM_DELAY_MS as the test reads it: the spares' delay, ms. */
+__attribute__((unused)) static long spare_delay_ms(void)
+{
+    const char *d = getenv("SHARDMM_DELAY_MS");
+    return d != NULL && *d != 0 ? atol(d) : CACHE_DELAY_MS;
+}
+
+__attribute__((unused)) static uint64_t spare_now_ms(void)
+{
+#ifdef _WIN32
+    return (uint64_t)GetTickCount64();
+#else
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+#endif
+}
+
+enum { SPARE_SIZE = 3 * MB };
+
+struct spare_run {
+    int step; /* 1: the thread freed its first block; 2: go on; 3: it freed its second; 4: exit */
+    unsigned char *first, *second;
+};
+
+__attribute__((unused)) static void spare_wait(int *step, int value)
+{
+    while (__atomic_load_n(step, __ATOMIC_ACQUIRE) < value)
+        sleep_ms(1);
+}
+
+__attribute__((unused)) static void *spare_thread(void *arg)
+{
+    struct spare_run *r = arg;
+    r->first = shard_malloc(SPARE_SIZE);
+    CHECK(r->first != NULL);
+    if (r->first) {
+        fill64(r->first, SPARE_SIZE, 0xb100);
+        CHECK_BLOCK(r->first, SPARE_SIZE, 0xb100, "the thread's first block");
+    }
+    shard_free(r->first);
+    __atomic_store_n(&r->step, 1, __ATOMIC_RELEASE);
+    spare_wait(&r->step, 2);
+    r->second = shard_malloc(SPARE_SIZE);
+    CHECK(r->second != NULL);
+    if (r->second) {
+        fill64(r->second, SPARE_SIZE, 0xb101);
+        CHECK_BLOCK(r->second, SPARE_SIZE, 0xb101, "the thread's second block");
+    }
+    shard_free(r->second);
+    __atomic_store_n(&r->step, 3, __ATOMIC_RELEASE);
+    spare_wait(&r->step, 4);
+    return NULL;
+}
+
+TEST(spare_a_thread_takes_back_the_block_it_freed_last_and_others_get_it_once_the_thread_exits)
+{
+    if (!spares_on())
+        SKIP_TEST();
+#if SHARD_RULES
+    shard_collect(); /* no spare of this thread's, no cached block */
+    shard_stats s0 = stats_now();
+    struct spare_run r = { 0, NULL, NULL };
+    thread_t t;
+    int started = thread_start(&t, spare_thread, &r) == 0;
+    CHECK(started);
+    if (!started)
+        return;
+    spare_wait(&r.step, 1);
+    shard_stats s1 = stats_now();
+    CHECKF(s1.live_large == s0.live_large && s1.live_large_bytes == s0.live_large_bytes &&
+               s1.live_large_committed == s0.live_large_committed,
+           "after the thread's free: live_large %zu -> %zu (%zu -> %zu bytes, %zu -> %zu committed)", s0.live_large,
+           s1.live_large, s0.live_large_bytes, s1.live_large_bytes, s0.live_large_committed, s1.live_large_committed);
+    CHECK_CACHE(s1, s0.large_cached + 1, s0.large_cached_bytes + fresh_commit(SPARE_SIZE),
+                "the thread's freed block, its spare");
+    unsigned char *mine = shard_malloc(SPARE_SIZE);
+    CHECK(mine != NULL);
+    CHECKF(mine != r.first, "malloc(3 MB) here took the block another thread freed last (%p): its spare",
+           (void *)r.first);
+    if (mine)
+        fill64(mine, SPARE_SIZE, 0xb102);
+    __atomic_store_n(&r.step, 2, __ATOMIC_RELEASE);
+    spare_wait(&r.step, 3);
+    CHECKF(r.second == r.first, "the thread's malloc(3 MB) got %p, not the block it freed last, %p", (void *)r.second,
+           (void *)r.first);
+    __atomic_store_n(&r.step, 4, __ATOMIC_RELEASE);
+    thread_join(t);
+    unsigned char *after = shard_malloc(SPARE_SIZE);
+    CHECK(after != NULL);
+    CHECKF(after == r.second, "after the thread exited, malloc(3 MB) got %p, not its spare %p from the cache",
+           (void *)after, (void *)r.second);
+    if (after) {
+        fill64(after, SPARE_SIZE, 0xb103);
+        CHECK_BLOCK(after, SPARE_SIZE, 0xb103, "the exited thread's spare, taken here");
+    }
+    if (mine)
+        CHECK_BLOCK(mine, SPARE_SIZE, 0xb102, "this thread's block");
+    shard_free(mine);
+    shard_free(after);
+    shard_collect();
+    check_allocator("after a thread's spare");
+#endif
+}
+
+/* The thread's block waits in its spare while this thread's cache calls look (two sizes that take turns,
+ * so that its own spare goes to the cache each time: 2 MB and 9 MB, which commit 4 and 10 MB and never
+ * take each other's block), and goes back to the OS between one and two delays after its free; then a
+ * second one goes at shard_collect. */
+TEST(spare_goes_back_to_the_os_after_waiting_the_delay_and_at_shard_collect)
+{
+    if (!spares_on())
+        SKIP_TEST();
+#if SHARD_RULES
+    shard_collect();
+    shard_stats s0 = stats_now();
+    const long delay = spare_delay_ms(), step_ms = delay / 10 > 0 ? delay / 10 : 1;
+    static const size_t turns[2] = { 2 * MB, 9 * MB };
+    const size_t spare = fresh_commit(SPARE_SIZE);
+    struct spare_run r = { 0, NULL, NULL };
+    thread_t t;
+    int started = thread_start(&t, spare_thread, &r) == 0;
+    CHECK(started);
+    if (!started)
+        return;
+    spare_wait(&r.step, 1);
+    uint64_t freed_ms = spare_now_ms();
+    long gone_ms = -1;
+    for (unsigned i = 0; gone_ms < 0 && spare_now_ms() - freed_ms < (uint64_t)(2 * delay + 20 * step_ms); i++) {
+        uint64_t before = spare_now_ms();
+        unsigned char *m = shard_malloc(turns[i % 2]);
+        CHECK(m != NULL);
+        if (m) {
+            fill64(m, turns[i % 2], 0xb200 + i);
+            CHECK_BLOCK(m, turns[i % 2], 0xb200 + i, "this thread's block of turn %u", i);
+        }
+        shard_free(m);
+        /* This thread's blocks: the one just freed (its spare) and, from the second turn on, the other. */
+        size_t mine = 1 + (i > 0), mine_bytes = fresh_commit(turns[i % 2]) + (i > 0 ? fresh_commit(turns[1 - i % 2]) : 0);
+        shard_stats s = stats_now();
+        if (s.large_cached == s0.large_cached + mine && s.large_cached_bytes == s0.large_cached_bytes + mine_bytes)
+            gone_ms = (long)(before - freed_ms); /* it was there at the last look, at least */
+        else
+            CHECK_CACHE(s, s0.large_cached + mine + 1, s0.large_cached_bytes + mine_bytes + spare,
+                        "turn %u, %llu ms after the thread's free", i, (unsigned long long)(spare_now_ms() - freed_ms));
+        sleep_ms(step_ms);
+    }
+    CHECKF(gone_ms >= delay - step_ms && gone_ms < 2 * delay + 20 * step_ms,
+           "the thread's spare went %ld ms after its free, the delay is %ld ms", gone_ms, delay);
+    shard_collect();
+    __atomic_store_n(&r.step, 2, __ATOMIC_RELEASE);
+    spare_wait(&r.step, 3);
+    shard_stats s1 = stats_now();
+    CHECK_CACHE(s1, s0.large_cached + 1, s0.large_cached_bytes + spare, "the thread's second block freed");
+    shard_collect();
+    shard_stats s2 = stats_now();
+    CHECK_CACHE(s2, 0, 0, "after shard_collect");
+    CHECKF(s2.live_large == s0.live_large && s2.live_large_committed == s0.live_large_committed,
+           "shard_collect changed live_large %zu -> %zu, committed %zu -> %zu", s0.live_large, s2.live_large,
+           s0.live_large_committed, s2.live_large_committed);
+    __atomic_store_n(&r.step, 4, __ATOMIC_RELEASE);
+    thread_join(t);
+    check_allocator("after the spares went back");
+#endif
 }

@@ -174,6 +174,57 @@ static void scenario_cache_size(void)
     fprintf(stderr, "child: cached %zu %zu\n", after_8, cached_blocks());
 }
 
+/* A thread frees a 3 MB block; then this thread's malloc(3 MB): the same block (from the cache) or
+ * another (the block waits in the thread's spare while it lives). */
+static void *spare_free(void *arg)
+{
+    void **p = arg;
+    *p = shard_malloc(3 * MB);
+    memset(*p, 1, 3 * MB);
+    shard_free(*p);
+    return NULL;
+}
+#ifdef _WIN32
+static DWORD WINAPI spare_free_win(LPVOID arg)
+{
+    spare_free(arg);
+    Sleep(300); /* alive while the other thread allocates: the spare is still its */
+    return 0;
+}
+#else
+static void *spare_free_wait(void *arg)
+{
+    spare_free(((void **)arg)[0]);
+    while (!__atomic_load_n((int *)((void **)arg)[1], __ATOMIC_ACQUIRE))
+        usleep(1000);
+    return NULL;
+}
+#endif
+
+static void scenario_spare(void)
+{
+    void *freed = NULL;
+#ifdef _WIN32
+    HANDLE t = CreateThread(NULL, 0, spare_free_win, &freed, 0, NULL);
+    while (__atomic_load_n(&freed, __ATOMIC_ACQUIRE) == NULL || cached_blocks() == 0)
+        Sleep(1);
+    void *mine = shard_malloc(3 * MB);
+    WaitForSingleObject(t, INFINITE);
+#else
+    int done = 0;
+    void *args[2] = {&freed, &done};
+    pthread_t t;
+    pthread_create(&t, NULL, spare_free_wait, args);
+    while (__atomic_load_n(&freed, __ATOMIC_ACQUIRE) == NULL || cached_blocks() == 0)
+        usleep(1000);
+    void *mine = shard_malloc(3 * MB);
+    __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+    pthread_join(t, NULL);
+#endif
+    fprintf(stderr, "child: spare %s\n", mine == freed ? "same" : "other");
+    shard_free(mine);
+}
+
 #ifndef _WIN32
 /* A counter of /proc/vmstat (the whole system's), 0 if it is not there. */
 static unsigned long vmstat(const char *name)
@@ -542,6 +593,7 @@ static const struct {
     {"invalid-free", scenario_invalid_free},
     {"cache-delay", scenario_cache_delay},
     {"cache-size", scenario_cache_size},
+    {"spare", scenario_spare},
 #ifndef _WIN32
     {"environ-cleared", scenario_environ_cleared},
     {"huge-pages", scenario_huge_pages},
@@ -930,6 +982,19 @@ TEST(large_cache_mb_invalid_keeps_the_default)
     CHECK_SAYS(c, "shardmm: SHARDMM_LARGE_CACHE_MB=none: expected a decimal number of megabytes");
     cached_counts(run("cache-size", VARS("SHARDMM_LARGE_CACHE_MB=99999999999")), &a, &b);
     CHECKF(a == 1 && b == 1, "a limit too large for the address space keeps the default: %d, %d", a, b);
+}
+
+TEST(large_spares_0_leaves_a_threads_freed_block_to_the_cache)
+{
+    child *c = run("spare", NO_VARS);
+    CHECK_SAYS(c, "child: spare other"); /* by default it waits in the freeing thread's spare */
+    c = run("spare", VARS("SHARDMM_LARGE_SPARES=0"));
+    CHECK_SAYS(c, "child: spare same");
+    c = run("spare", VARS("SHARDMM_DELAY_MS=0")); /* no wait for freed blocks: no spare either */
+    CHECK_SAYS(c, "child: spare same");
+    c = run("spare", VARS("SHARDMM_LARGE_SPARES=2", "SHARDMM_VERBOSE=1"));
+    CHECK_SAYS(c, "shardmm: SHARDMM_LARGE_SPARES=2: expected 0 or 1");
+    CHECK_SAYS(c, "child: spare other");
 }
 
 #ifndef _WIN32
