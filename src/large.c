@@ -119,7 +119,7 @@
  *   frees and allocates large blocks in turn then takes no lock and changes no shared counter: the cache's
  *   one lock and the live counts' atomics were most of such a call, and they were shared by every
  *   thread (1-2 MB buffers of which a request uses 64 KB at most, bench/shapes.c's requests: 2 and 8
- *   threads took 4.6 and 6.8 times as long as with spares, 1 thread twice as long;
+ *   threads took 5.6 and 8 times as long as with spares, 1 thread 1.8 times;
  *   bench/results/2026-12-05-large-spares.md). A spare holds a pointer whose 4 MB alignment leaves room
  *   for its committed pages: one word, which its thread writes and any thread may take (exchange to
  *   0). Its block stays counted live, committed bytes and all, until it leaves the spare other than by
