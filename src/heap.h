@@ -87,7 +87,7 @@ typedef struct heap {
     uint32_t loose_skip;
     /* The large block its thread freed last, kept for its next large allocation (large.c: the spare):
      * the header's address | its committed bytes / PORT_PAGE, 0 when none. An atomic word: other threads
-     * take it too (a trim, memory pressure, the heap's retirement). */
+     * take it too (a trim, memory pressure, the heap's retirement, a look that finds it waited). */
     uintptr_t large_spare;
     uintptr_t spare_seen;    /* large_spare at the last look for spares that waited (large.c) */
     /* What its thread's spare took off the large blocks' live counts less what it gave back (large.c),

@@ -3051,28 +3051,38 @@ __attribute__((unused)) static void spare_wait(int *step, int value)
         sleep_ms(1);
 }
 
+/* A block of SPARE_SIZE allocated, filled, checked and freed; its address in *p. */
+__attribute__((unused)) static void spare_round(unsigned char **p, uint64_t seed, const char *what)
+{
+    *p = shard_malloc(SPARE_SIZE);
+    CHECK(*p != NULL);
+    if (*p) {
+        fill64(*p, SPARE_SIZE, seed);
+        CHECK_BLOCK(*p, SPARE_SIZE, seed, "%s", what);
+    }
+    shard_free(*p);
+}
+
 __attribute__((unused)) static void *spare_thread(void *arg)
 {
     struct spare_run *r = arg;
-    r->first = shard_malloc(SPARE_SIZE);
-    CHECK(r->first != NULL);
-    if (r->first) {
-        fill64(r->first, SPARE_SIZE, 0xb100);
-        CHECK_BLOCK(r->first, SPARE_SIZE, 0xb100, "the thread's first block");
-    }
-    shard_free(r->first);
+    spare_round(&r->first, 0xb100, "the thread's first block");
     __atomic_store_n(&r->step, 1, __ATOMIC_RELEASE);
     spare_wait(&r->step, 2);
-    r->second = shard_malloc(SPARE_SIZE);
-    CHECK(r->second != NULL);
-    if (r->second) {
-        fill64(r->second, SPARE_SIZE, 0xb101);
-        CHECK_BLOCK(r->second, SPARE_SIZE, 0xb101, "the thread's second block");
-    }
-    shard_free(r->second);
+    spare_round(&r->second, 0xb101, "the thread's second block");
     __atomic_store_n(&r->step, 3, __ATOMIC_RELEASE);
     spare_wait(&r->step, 4);
     return NULL;
+}
+
+/* The thread of r started, and its first block freed; 0 when it did not start. */
+__attribute__((unused)) static int spare_start(struct spare_run *r, thread_t *t)
+{
+    int started = thread_start(t, spare_thread, r) == 0;
+    CHECK(started);
+    if (started)
+        spare_wait(&r->step, 1);
+    return started;
 }
 
 TEST(spare_a_thread_takes_back_the_block_it_freed_last_and_others_get_it_once_the_thread_exits)
@@ -3084,11 +3094,8 @@ TEST(spare_a_thread_takes_back_the_block_it_freed_last_and_others_get_it_once_th
     shard_stats s0 = stats_now();
     struct spare_run r = { 0, NULL, NULL };
     thread_t t;
-    int started = thread_start(&t, spare_thread, &r) == 0;
-    CHECK(started);
-    if (!started)
+    if (!spare_start(&r, &t))
         return;
-    spare_wait(&r.step, 1);
     shard_stats s1 = stats_now();
     CHECKF(s1.live_large == s0.live_large && s1.live_large_bytes == s0.live_large_bytes &&
                s1.live_large_committed == s0.live_large_committed,
@@ -3141,11 +3148,8 @@ TEST(spare_goes_back_to_the_os_after_waiting_the_delay_and_at_shard_collect)
     const size_t spare = fresh_commit(SPARE_SIZE);
     struct spare_run r = { 0, NULL, NULL };
     thread_t t;
-    int started = thread_start(&t, spare_thread, &r) == 0;
-    CHECK(started);
-    if (!started)
+    if (!spare_start(&r, &t))
         return;
-    spare_wait(&r.step, 1);
     uint64_t freed_ms = spare_now_ms();
     long gone_ms = -1;
     for (unsigned i = 0; gone_ms < 0 && spare_now_ms() - freed_ms < (uint64_t)(2 * delay + 20 * step_ms); i++) {
