@@ -575,9 +575,9 @@ void large_cache_release_all(void)
  * blocks go back to the OS on the way. */
 static large_header *cache_take(size_t need, size_t *committed)
 {
-    spares_expire();
+    spares_expire(); /* a clock read, and once per delay a look */
     if (load_relaxed(&cache.oldest_at) == UINT64_MAX)
-        return NULL; /* an empty cache costs one load */
+        return NULL; /* an empty cache costs one load more */
     large_header *victims[SHARD_LARGE_CACHE_BLOCKS], *h = NULL;
     if (!spin_lock_unless_fork(&cache.lock))
         return NULL; /* a fork holds the cache: a fresh block instead */
@@ -759,6 +759,12 @@ static large_header *spare_take(heap *me, size_t need, int exact, size_t *commit
     return spare_block(w);
 }
 
+/* Takes h's spare (another thread's, or a retiring heap's): the word taken, 0 when there was none. */
+static uintptr_t spare_steal(heap *h)
+{
+    return load_relaxed(&h->large_spare) != 0 ? exchange_acq_rel(&h->large_spare, (uintptr_t)0) : 0;
+}
+
 static uint64_t spares_due; /* os_clock_ms() from which the next look at the spares may come */
 
 /* A spare that every heap held at the last look and holds still goes back to the OS: it has waited at
@@ -773,8 +779,9 @@ static void spares_expire(void)
     for (heap *h = heap_all(); h != NULL; h = h->next_all) {
         uintptr_t w = load_relaxed(&h->large_spare), seen = load_relaxed(&h->spare_seen);
         store_relaxed(&h->spare_seen, w);
-        /* The same block freed again since the last look goes too: a lost reuse, no more. */
-        if (w != 0 && w == seen && exchange_acq_rel(&h->large_spare, (uintptr_t)0) != 0)
+        /* The same block freed again since the last look goes too: a lost reuse, no more; and so does one
+         * its thread put after the load (the exchange's, not w: its thread sent w to the cache). */
+        if (w != 0 && w == seen && (w = spare_steal(h)) != 0)
             spare_leave(w, 1);
     }
 }
@@ -783,16 +790,16 @@ static void spares_expire(void)
 static void spares_release(void)
 {
     for (heap *h = heap_all(); h != NULL; h = h->next_all) {
-        uintptr_t w = load_relaxed(&h->large_spare);
-        if (w != 0 && (w = exchange_acq_rel(&h->large_spare, (uintptr_t)0)) != 0)
+        uintptr_t w = spare_steal(h);
+        if (w != 0)
             spare_leave(w, 1);
     }
 }
 
 void large_spare_drain(heap *h)
 {
-    uintptr_t w = load_relaxed(&h->large_spare);
-    if (w != 0 && (w = exchange_acq_rel(&h->large_spare, (uintptr_t)0)) != 0)
+    uintptr_t w = spare_steal(h);
+    if (w != 0)
         spare_leave(w, 0);
 }
 
