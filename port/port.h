@@ -117,6 +117,12 @@ typedef struct port_capabilities {
      * linux.c). 1: all of the range is on large pages now; 0: not. Without it: small pages stay. */
     int (*collapse_large_pages)(void *addr, size_t size);
 
+    /* Make the committed [addr, addr+size) resident now, as the writes about to come would page by page
+     * (Linux: MADV_POPULATE_WRITE, one system call instead of a fault a page). A hint: it may do nothing,
+     * and the contents stay what they were. The core's carving asks it for pages on small pages
+     * (src/small.c: carve_reach). Without it: the writes fault the pages in. */
+    void (*populate)(void *addr, size_t size);
+
     /* The most address space the process may hold, bytes; SIZE_MAX when unlimited (Linux: RLIMIT_AS or
      * RLIMIT_DATA, the lower). Read for the rare decisions that depend on it (large blocks' address
      * headroom). Without it: unlimited. */

@@ -374,6 +374,15 @@ int segment_spared_commit(segment *seg, unsigned kind, size_t from, size_t to)
     return filled;
 }
 
+int segment_populate(segment *seg, void *p, size_t size)
+{
+    if (port_caps.populate == NULL || !spared_counting(seg, (uintptr_t)p - (uintptr_t)seg >= SEGMENT_LARGE_UNIT))
+        return 0;
+    count_call();
+    port_caps.populate(p, size);
+    return 1;
+}
+
 int segment_spared_touch(segment *seg, size_t at, size_t pages)
 {
     unsigned u = at >= SEGMENT_LARGE_UNIT;

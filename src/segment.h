@@ -143,6 +143,10 @@ size_t segment_large_from(int first, uint32_t created);
  * filled. */
 int segment_spared_commit(segment *seg, unsigned kind, size_t from, size_t to);
 int segment_spared_touch(segment *seg, size_t at, size_t pages);
+/* [p, p+size) of seg, committed and about to be written, made resident at once
+ * (port_caps.populate) if it lies in a spared unit still on small pages (neither gone nor waiting for its
+ * hint): 1 when asked. */
+int segment_populate(segment *seg, void *p, size_t size);
 static inline int segment_spared(const segment *seg)
 {
     return (seg->spared_left[0] | seg->spared_left[1]) != 0;

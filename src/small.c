@@ -257,6 +257,35 @@ static void page_clear_full(page *pg)
     segment_of(pg)->full_pages -= page_span(pg);
 }
 
+/* A carve in spared segment s (on small pages until its heap fills the unit: segment.h) is about to write
+ * the links of items of `size` bytes in page `bound`, the last one `last` bytes from the page's start.
+ * The OS pages its items reach for the first time since the commit count towards the unit's large pages.
+ * Where the unit is still on small pages, the pages the links reach are made resident first, in one call
+ * (port_caps.populate) rather than a fault each, with as many again as the page had touched, up to its
+ * end: a page that fills takes calls at 1, 2, 3, 5 and 9 of its 16 OS pages and no fault, and a page used
+ * for a few items holds at most twice what they reach. Only fewer calls than pages pay: on this
+ * project's AMD guest a call costs about what a fault does (docs/design.md, huge pages for small and
+ * medium memory, has the numbers). Items of an OS page or more are left to their faults: between their
+ * links lie bodies only the program touches. */
+static void carve_reach(heap *h, segment *s, page *bound, size_t last, size_t size)
+{
+    enum { OS_PAGES = PAGE_SIZE / PORT_PAGE };
+    size_t reach = (last + size + PORT_PAGE - 1) / PORT_PAGE, had = bound->touched;
+    if (reach > OS_PAGES)
+        reach = OS_PAGES;
+    if (reach <= had)
+        return;
+    size_t links = size < PORT_PAGE ? (last + sizeof(block) + PORT_PAGE - 1) / PORT_PAGE : 0;
+    if (links > had) {
+        size_t to = 2 * had > links ? (2 * had < OS_PAGES ? 2 * had : OS_PAGES) : links;
+        if (segment_populate(s, page_start(bound) + had * PORT_PAGE, (to - had) * PORT_PAGE) && to > reach)
+            reach = to;
+    }
+    bound->touched = (uint8_t)reach;
+    if (segment_spared_touch(s, (size_t)(page_start(bound) - (uint8_t *)s), reach - had))
+        medium_spared_grown(h);
+}
+
 /* Link up to SHARD_CARVE_BATCH untouched items into `free`, in ascending address order, and no more
  * than touch SHARD_CARVE_BYTES, but SHARD_CARVE_MIN at least (config.h). The loop keeps the cursor, the size and
  * the end in registers. */
@@ -282,6 +311,9 @@ static void page_carve(heap *h, page *pg)
         bound = pg + had / per;
     }
     first = page_start(bound) + (size_t)in * size;
+    segment *s = segment_of(pg);
+    if (unlikely(segment_spared(s)))
+        carve_reach(h, s, bound, (size_t)(in + n - 1) * size, size);
     uint8_t *last = first + (size_t)(n - 1) * size;
     for (uint8_t *p = first; p < last; p += size)
         link_set((block *)p, (block *)(p + size));
@@ -289,18 +321,6 @@ static void page_carve(heap *h, page *pg)
     pg->free = (block *)first;
     pg->carved = (uint16_t)(had + n);
     store_relaxed(&bound->item_bound, (in + n) * page_item_step(pg));
-    segment *s = segment_of(pg);
-    if (unlikely(segment_spared(s))) { /* the OS pages reached for the first time since the commit */
-        size_t reach = ((size_t)(in + n) * size + PORT_PAGE - 1) / PORT_PAGE;
-        if (reach > PAGE_SIZE / PORT_PAGE)
-            reach = PAGE_SIZE / PORT_PAGE;
-        if (reach > bound->touched) {
-            size_t fresh = reach - bound->touched;
-            bound->touched = (uint8_t)reach;
-            if (segment_spared_touch(s, (size_t)(page_start(bound) - (uint8_t *)s), fresh))
-                medium_spared_grown(h);
-        }
-    }
 }
 
 /* Decommit the oldest free pages beyond `keep`: those free for the delay, or all of them with `now`

@@ -180,7 +180,7 @@ typedef struct page {
     uint32_t full_seq;         /* its heap's `fulls` when it last went full (heap.h's full_ring) */
     uint8_t shared_back;       /* `back`, for a foreign free (line 1 only) */
     uint8_t touched;           /* while its segment is spared: the OS pages from its start that carving has
-                                * reached since its commit (segment_spared_touch); the owner's */
+                                * reached or populated since its commit (small.c: carve_reach); the owner's */
     uint8_t pad2[2];
 } page;
 _Static_assert(sizeof(page) == PAGE_DESC_SIZE, "page descriptors are two cache lines");

@@ -580,6 +580,48 @@ static void scenario_environ_cleared(void)
     clearenv();
     scenario_cache_size();
 }
+
+/* The OS pages of the 64 KB page at `page` that are resident (mincore); -1 when it cannot tell. */
+static long resident_in_page(uintptr_t page)
+{
+    unsigned char present[65536 / 4096];
+    if (mincore((void *)page, 65536, present) != 0)
+        return -1;
+    long n = 0;
+    for (size_t i = 0; i < sizeof present; i++)
+        n += present[i] & 1;
+    return n;
+}
+
+/* 1 KB blocks, one at a time, each written whole, from the first page of their class in the process's
+ * first segment (spared: on 4 KB pages): the OS pages of that page resident when the first block in
+ * its third OS page is handed out, and when the first in its ninth is; then every block checked. */
+static void scenario_carve_resident(void)
+{
+    enum { SIZE = 1024, MOST = 256 };
+    static unsigned char *blocks[MOST];
+    size_t n = 0, bad = 0;
+    uintptr_t page = 0;
+    long third = -1, ninth = -1;
+    while (n < MOST && ninth < 0) {
+        unsigned char *p = shard_malloc(SIZE);
+        memset(p, (int)(n * 7 + 1) & 0xff, SIZE);
+        blocks[n++] = p;
+        if (page == 0 && ((uintptr_t)p & 0xffff) == 0)
+            page = (uintptr_t)p; /* a fresh page's first item */
+        if (page != 0 && (uintptr_t)p - page == 2 * 4096)
+            third = resident_in_page(page);
+        if (page != 0 && (uintptr_t)p - page == 8 * 4096)
+            ninth = resident_in_page(page);
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < SIZE; k++)
+            bad += blocks[i][k] != ((i * 7 + 1) & 0xff);
+    fprintf(stderr, "child: resident %ld at the third OS page, %ld at the ninth, %zu bad bytes\n", third, ninth,
+            bad);
+    for (size_t i = 0; i < n; i++)
+        shard_free(blocks[i]);
+}
 #endif
 
 static const struct {
@@ -605,6 +647,7 @@ static const struct {
     {"huge-pages-sparse", scenario_huge_pages_sparse},
     {"huge-pages-recarved", scenario_huge_pages_recarved},
     {"huge-pages-outgrown", scenario_huge_pages_outgrown},
+    {"carve-resident", scenario_carve_resident},
 #endif
 };
 
@@ -1206,6 +1249,27 @@ TEST(a_heap_that_makes_a_second_segment_puts_its_sparse_first_on_huge_pages)
     CHECKF(parsed && bad == 0 && second, "the blocks of a heap of two segments kept their patterns: %s", c->err);
     CHECKF(hinted, "a first segment committed whole with half of it touched has the huge-page hint once its heap "
            "makes a second (%d)", hinted);
+}
+
+/* A page filling up in a spared unit (on 4 KB pages: segment.h) has its OS pages made resident ahead of
+ * the carve's links, a few calls a page rather than a fault each OS page (small.c: carve_reach), and
+ * no more than twice what its items reach: 4 of its 16 when its items reach 3, all of them when they
+ * reach 9. On the old code each page became resident at its fault: 3 and 9. Not under THP "always",
+ * where the kernel puts a huge page under the first touch of the segment, which is committed whole. */
+TEST(a_page_filling_in_a_spared_unit_is_made_resident_ahead_of_its_items)
+{
+    if (strcmp(thp_mode(), "always") == 0)
+        SKIP_TEST();
+    child *c = run("carve-resident", NO_VARS);
+    long third = 0, ninth = 0;
+    size_t bad = 1;
+    const char *line = strstr(c->err, "child: resident ");
+    int parsed = line != NULL && sscanf(line, "child: resident %ld at the third OS page, %ld at the ninth, %zu bad "
+                                              "bytes", &third, &ninth, &bad) == 3;
+    CHECKF(parsed && bad == 0, "the 1 KB blocks of a fresh page kept their contents: %s", c->err);
+    CHECKF(third >= 4 && third <= 6, "OS pages resident when the items reach 3 of them: %ld (4 expected: 3 and "
+           "ahead, at most twice)", third);
+    CHECKF(ninth == 16, "OS pages resident when the items reach 9 of them: %ld (all 16 expected)", ninth);
 }
 
 TEST(a_heap_that_fills_its_spared_first_2_mb_gets_huge_pages_there_with_its_blocks_intact)

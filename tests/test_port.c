@@ -105,7 +105,7 @@ static int slot_set(void *value) { return port_caps.thread_exit_arm(value); }
 #endif
 
 /* Each OS port offers what it claims: Linux everything, Windows all but moving pages, large pages, an
- * address-space quota and fork. */
+ * address-space quota, fork and populating pages. */
 TEST(the_capabilities_are_those_of_the_os)
 {
     CHECK(port_caps.clock_ms != NULL && port_caps.yield != NULL && port_caps.thread_exit_hook != NULL &&
@@ -115,13 +115,13 @@ TEST(the_capabilities_are_those_of_the_os)
     CHECK_EQ(port_caps.flags, PORT_DECOMMIT_FAULTS);
     CHECK(port_caps.move_release == NULL && port_caps.hint_large_pages == NULL && port_caps.fork_hooks == NULL &&
           port_caps.address_space_limit == NULL && port_caps.reserve_large_pages == NULL &&
-          port_caps.collapse_large_pages == NULL && port_caps.reserve_pooled == NULL);
+          port_caps.collapse_large_pages == NULL && port_caps.reserve_pooled == NULL && port_caps.populate == NULL);
 #else
     CHECK_EQ(port_caps.flags, PORT_DECOMMIT_KEEPS_CHARGE | PORT_LARGE_RESERVE_COMMITTED | PORT_RELEASE_PARTS);
     CHECK(port_caps.move_release != NULL && port_caps.hint_large_pages != NULL && port_caps.fork_hooks != NULL &&
           port_caps.address_space_limit != NULL &&
           port_caps.reserve_large_pages != NULL && port_caps.collapse_large_pages != NULL &&
-          port_caps.reserve_pooled != NULL);
+          port_caps.reserve_pooled != NULL && port_caps.populate != NULL);
     errno = 0;
     port_caps.out_of_memory();
     CHECK_EQ(errno, ENOMEM);
@@ -466,6 +466,38 @@ TEST(a_large_page_reservation_comes_with_its_first_page_faulted_in_and_little_mo
         if (from == size && huge_kb_over((uintptr_t)r, (uintptr_t)r + size, NULL) == 0)
             CHECKF(n <= 2, "a reservation with no unit hinted: %ld pages resident (2 at most expected)", n);
         CHECK_EQ(bytes_not_equal(r, size, 0), size);
+        CHECK_EQ(port_release(r, size), 0);
+    }
+}
+
+/* populate makes a committed range resident and changes nothing in it: what was written stays, the rest
+ * reads zeros; a range it was never asked for stays as it was. In a plain reservation and in a
+ * large-page one's spared part (where the core asks for it). */
+TEST(populate_makes_a_committed_range_resident_with_its_contents)
+{
+    const size_t size = (size_t)4 << 20, piece = (size_t)64 << 10;
+    if (!kernel_populates())
+        SKIP_TEST();
+    CHECK(port_caps.populate != NULL);
+    if (port_caps.populate == NULL)
+        return;
+    for (int large = 0; large <= 1; large++) {
+        unsigned char *r = large ? port_caps.reserve_large_pages(size, size, size) : port_reserve(size, size);
+        CHECK(r != NULL);
+        if (r == NULL)
+            return;
+        unsigned char *at = r + 4 * piece;
+        CHECK_EQ(port_commit(at, 2 * piece), 0);
+        fill(at, PORT_PAGE, 61);
+        port_caps.populate(at, piece);
+        int first = 0;
+        CHECKF(resident_pages(at, piece, &first) == (long)(piece / PORT_PAGE), "%s: %ld of %zu pages resident "
+               "after populate", large ? "large-page reservation" : "reservation", resident_pages(at, piece, &first),
+               piece / PORT_PAGE);
+        CHECKF(resident_pages(at + piece, piece, &first) == 0, "%s: pages resident beyond the range populated",
+               large ? "large-page reservation" : "reservation");
+        CHECK(check_pattern(at, PORT_PAGE, 61));
+        CHECK_EQ(bytes_not_equal(at + PORT_PAGE, 2 * piece - PORT_PAGE, 0), 2 * piece - PORT_PAGE);
         CHECK_EQ(port_release(r, size), 0);
     }
 }
