@@ -759,10 +759,13 @@ static large_header *spare_take(heap *me, size_t need, int exact, size_t *commit
     return spare_block(w);
 }
 
-/* Takes h's spare (another thread's, or a retiring heap's): the word taken, 0 when there was none. */
-static uintptr_t spare_steal(heap *h)
+/* h's spare (another thread's, or a retiring heap's), if it has one, to the cache, or (release) to the
+ * OS: the word the exchange takes, whatever was loaded before. */
+static void spare_drain(heap *h, int release)
 {
-    return load_relaxed(&h->large_spare) != 0 ? exchange_acq_rel(&h->large_spare, (uintptr_t)0) : 0;
+    uintptr_t w = load_relaxed(&h->large_spare) != 0 ? exchange_acq_rel(&h->large_spare, (uintptr_t)0) : 0;
+    if (w != 0)
+        spare_leave(w, release);
 }
 
 static uint64_t spares_due; /* os_clock_ms() from which the next look at the spares may come */
@@ -781,27 +784,19 @@ static void spares_expire(void)
         store_relaxed(&h->spare_seen, w);
         /* The same block freed again since the last look goes too: a lost reuse, no more; and so does one
          * its thread put after the load (the exchange's, not w: its thread sent w to the cache). */
-        if (w != 0 && w == seen && (w = spare_steal(h)) != 0)
-            spare_leave(w, 1);
+        if (w != 0 && w == seen)
+            spare_drain(h, 1);
     }
 }
 
 /* Every heap's spare back to the OS (large_cache_release_all). */
 static void spares_release(void)
 {
-    for (heap *h = heap_all(); h != NULL; h = h->next_all) {
-        uintptr_t w = spare_steal(h);
-        if (w != 0)
-            spare_leave(w, 1);
-    }
+    for (heap *h = heap_all(); h != NULL; h = h->next_all)
+        spare_drain(h, 1);
 }
 
-void large_spare_drain(heap *h)
-{
-    uintptr_t w = spare_steal(h);
-    if (w != 0)
-        spare_leave(w, 0);
-}
+void large_spare_drain(heap *h) { spare_drain(h, 0); }
 
 void large_lock_for_fork(int take)
 {
@@ -1118,16 +1113,14 @@ int large_free(void *p)
         fetch_add_relaxed(&owner->large_bytes, -h->size);
         heap_uncharge(owner, h->committed);
     }
-    if (is_far(h)) {
-        count_live((size_t)-1, -h->size, -h->committed);
+    heap *me = is_far(h) ? NULL : heap_mine();
+    if (me != NULL && spare_put(me, h) == 0)
+        return 0; /* still counted live: the spare's */
+    count_live((size_t)-1, -h->size, -h->committed);
+    if (is_far(h))
         release_block(h); /* never cached (see the file comment) */
-        return 0;
-    }
-    heap *me = heap_mine();
-    if (me == NULL || spare_put(me, h) != 0) {
-        count_live((size_t)-1, -h->size, -h->committed);
+    else
         cache_put(h);
-    }
     return 0;
 }
 

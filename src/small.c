@@ -277,7 +277,9 @@ static void carve_reach(heap *h, segment *s, page *bound, size_t last, size_t si
         return;
     size_t links = size < PORT_PAGE ? (last + sizeof(block) + PORT_PAGE - 1) / PORT_PAGE : 0;
     if (links > had) {
-        size_t to = 2 * had > links ? (2 * had < OS_PAGES ? 2 * had : OS_PAGES) : links;
+        size_t to = 2 * had < OS_PAGES ? 2 * had : OS_PAGES;
+        if (to < links)
+            to = links;
         if (segment_populate(s, page_start(bound) + had * PORT_PAGE, (to - had) * PORT_PAGE) && to > reach)
             reach = to;
     }

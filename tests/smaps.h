@@ -1,6 +1,6 @@
 /* smaps.h - what the kernel says of a process's huge pages (Linux), for the tests of the huge-page
  * rules: the huge pages in the mappings over a range, and whether one of them has the hint; whether the
- * kernel makes them on request. */
+ * kernel makes them on request; which 4 KB pages of a range are resident. */
 #ifndef TEST_SMAPS_H
 #define TEST_SMAPS_H
 
@@ -8,6 +8,21 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+
+/* The resident 4 KB pages of [r, r + size) (4 MB at most), from mincore; -1 when it cannot tell. *first:
+ * whether the first is. */
+static long resident_pages(unsigned char *r, size_t size, int *first)
+{
+    static unsigned char present[((size_t)4 << 20) / 4096];
+    size_t pages = size / 4096;
+    if (pages > sizeof present || mincore(r, size, present) != 0)
+        return -1;
+    long n = 0;
+    for (size_t i = 0; i < pages; i++)
+        n += present[i] & 1;
+    *first = present[0] & 1;
+    return n;
+}
 
 /* The AnonHugePages of the mappings that overlap [from, to), summed over /proc/self/smaps; *hinted (when
  * not NULL): whether one of them has the huge-page hint (VmFlags "hg"). */

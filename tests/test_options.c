@@ -581,18 +581,6 @@ static void scenario_environ_cleared(void)
     scenario_cache_size();
 }
 
-/* The OS pages of the 64 KB page at `page` that are resident (mincore); -1 when it cannot tell. */
-static long resident_in_page(uintptr_t page)
-{
-    unsigned char present[65536 / 4096];
-    if (mincore((void *)page, 65536, present) != 0)
-        return -1;
-    long n = 0;
-    for (size_t i = 0; i < sizeof present; i++)
-        n += present[i] & 1;
-    return n;
-}
-
 /* 1 KB blocks, one at a time, each written whole, from the first page of their class in the process's
  * first segment (spared: on 4 KB pages): the OS pages of that page resident when the first block in
  * its third OS page is handed out, and when the first in its ninth is; then every block checked. */
@@ -603,6 +591,7 @@ static void scenario_carve_resident(void)
     size_t n = 0, bad = 0;
     uintptr_t page = 0;
     long third = -1, ninth = -1;
+    int first; /* of the page's OS pages, resident: not asked */
     while (n < MOST && ninth < 0) {
         unsigned char *p = shard_malloc(SIZE);
         memset(p, (int)(n * 7 + 1) & 0xff, SIZE);
@@ -610,9 +599,9 @@ static void scenario_carve_resident(void)
         if (page == 0 && ((uintptr_t)p & 0xffff) == 0)
             page = (uintptr_t)p; /* a fresh page's first item */
         if (page != 0 && (uintptr_t)p - page == 2 * 4096)
-            third = resident_in_page(page);
+            third = resident_pages((unsigned char *)page, 65536, &first);
         if (page != 0 && (uintptr_t)p - page == 8 * 4096)
-            ninth = resident_in_page(page);
+            ninth = resident_pages((unsigned char *)page, 65536, &first);
     }
     for (size_t i = 0; i < n; i++)
         for (size_t k = 0; k < SIZE; k++)

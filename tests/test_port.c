@@ -430,20 +430,6 @@ static int kernel_populates(void)
     return ok;
 }
 
-/* The resident pages of [r, r + size), from mincore; -1 when it cannot tell. *first: whether the first is. */
-static long resident_pages(unsigned char *r, size_t size, int *first)
-{
-    static unsigned char present[((size_t)4 << 20) / PORT_PAGE];
-    size_t pages = size / PORT_PAGE;
-    if (pages > sizeof present || mincore(r, size, present) != 0)
-        return -1;
-    long n = 0;
-    for (size_t i = 0; i < pages; i++)
-        n += present[i] & 1;
-    *first = present[0] & 1;
-    return n;
-}
-
 /* The Linux port faults a large-page reservation's first page in when it makes it, timed (linux.c weighs
  * the huge-page hint by what huge pages and 4 KB pages cost): the page the core writes at once, a
  * segment's or an arena's header. With no unit hinted, nothing else becomes resident but the second page
