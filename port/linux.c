@@ -61,8 +61,8 @@
  *   once by reading /proc/self/auxv for the vDSO's address and its ELF symbol table for
  *   __vdso_clock_gettime; without it, the clock_gettime system call. It is read when a page is freed
  *   while a heap holds more than its 16 free pages: often enough in producer/consumer code to be worth
- *   it (bench/results/2026-11-30-quoted-in-code.md). The collapse's weighing reads CLOCK_MONOTONIC the
- *   same way.
+ *   it (bench/results/2026-11-30-quoted-in-code.md). The weighings of huge pages read CLOCK_MONOTONIC
+ *   the same way, and the collapse's its thread's CPU clock (the vDSO makes that a system call).
  * - symbolizing (the full-debug build's reports): dladdr, which glibc 2.34 and later keep in the C
  *   library itself (no libdl to link) and which allocates nothing: the module's path, and the nearest
  *   symbol of its dynamic symbol table (a program's own functions are there when it is linked with
@@ -82,7 +82,7 @@ enum {
 enum { PROT_NONE_ = 0, PROT_RW_ = 3 };
 enum { MAP_PRIVATE_ = 0x02, MAP_ANONYMOUS_ = 0x20, MADV_DONTNEED_ = 4, MADV_HUGEPAGE_ = 14, MADV_POPULATE_WRITE_ = 23 };
 #define LARGE_PAGE_ ((uintptr_t)2 << 20)
-enum { CLOCK_MONOTONIC_ = 1, CLOCK_MONOTONIC_COARSE_ = 6, SIGABRT_ = 6, SIG_UNBLOCK_ = 1 };
+enum { CLOCK_MONOTONIC_ = 1, CLOCK_THREAD_CPUTIME_ID_ = 3, CLOCK_MONOTONIC_COARSE_ = 6, SIGABRT_ = 6, SIG_UNBLOCK_ = 1 };
 
 static long sys6(long n, long a, long b, long c, long d, long e, long f)
 {
@@ -474,8 +474,16 @@ static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_of
  * collapse goes ahead when those faults would cost at least what collapses have been taking
  * (collapse_cost, the last one timed). Before any was timed, it goes ahead. A unit passed over lowers
  * the estimate (passed_over): after a few, the next collapse is timed again. The hint stays either way
- * (khugepaged's to do, later). */
-static uint64_t collapse_cost; /* ns the last timed collapse took; 0: none yet */
+ * (khugepaged's to do, later).
+ *
+ * A collapse is timed by the calling thread's CPU clock, as the faults it saves cost their thread's
+ * processor: its wall time also holds its waits for the mapping lock and for every other processor to
+ * drain its page lists, during which those processors run other threads. Under load the waits were most
+ * of it (alloc-test at 8 threads on the AMD host's 2 vCPUs: 5-28 ms a collapse against 3.5-4.5 ms of
+ * CPU), and the weighing passed over nearly every unit after the first, whose 4 KB faults and TLB misses
+ * the heap then kept (bench/results/2026-12-06-collapse-cpu.md). */
+static uint64_t collapse_cost; /* ns of CPU the last timed collapse took; 0: none yet */
+static uint64_t linux_cpu_ns(void);
 
 static int collapse_unit(uint8_t *unit)
 {
@@ -500,9 +508,9 @@ static int collapse_unit(uint8_t *unit)
             return 0;
         }
     }
-    uint64_t t = linux_clock_ns();
+    uint64_t t = linux_cpu_ns();
     long r = sys3(SYS_madvise, (long)unit, LARGE_PAGE_, MADV_COLLAPSE_);
-    uint64_t took = linux_clock_ns() - t;
+    uint64_t took = linux_cpu_ns() - t;
     __atomic_store_n(&collapse_cost, took != 0 ? took : 1, __ATOMIC_RELAXED);
     return !sys_failed(r);
 }
@@ -730,6 +738,13 @@ static uint64_t linux_clock_ms(void)
 static uint64_t linux_clock_ns(void)
 {
     timespec_ ts = clock_read(CLOCK_MONOTONIC_);
+    return (uint64_t)ts.sec * 1000000000u + (uint64_t)ts.nsec;
+}
+
+/* The calling thread's CPU time in nanoseconds, for the collapse's weighing. */
+static uint64_t linux_cpu_ns(void)
+{
+    timespec_ ts = clock_read(CLOCK_THREAD_CPUTIME_ID_);
     return (uint64_t)ts.sec * 1000000000u + (uint64_t)ts.nsec;
 }
 
