@@ -61,8 +61,9 @@
  *   once by reading /proc/self/auxv for the vDSO's address and its ELF symbol table for
  *   __vdso_clock_gettime; without it, the clock_gettime system call. It is read when a page is freed
  *   while a heap holds more than its 16 free pages: often enough in producer/consumer code to be worth
- *   it (bench/results/2026-11-30-quoted-in-code.md). The weighings of huge pages read CLOCK_MONOTONIC
- *   the same way, and the collapse's its thread's CPU clock (the vDSO makes that a system call).
+ *   it (bench/results/2026-11-30-quoted-in-code.md). The weighings of huge pages time faults by
+ *   CLOCK_MONOTONIC the same way, and a collapse by its thread's CPU clock (a system call: the vDSO
+ *   serves no CPU clock).
  * - symbolizing (the full-debug build's reports): dladdr, which glibc 2.34 and later keep in the C
  *   library itself (no libdl to link) and which allocates nothing: the module's path, and the nearest
  *   symbol of its dynamic symbol table (a program's own functions are there when it is linked with
