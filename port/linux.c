@@ -388,7 +388,7 @@ static void linux_hint_large_pages(void *addr, size_t size)
 #define HUGE_FAULT_WORTH 2
 static uint64_t huge_fault_cost;  /* ns the last timed first fault of a hinted 2 MB took; 0: none yet */
 static uint64_t small_fault_cost; /* ns the last timed fault of a 4 KB page took; 0: none yet */
-static uint64_t linux_clock_ns(void);
+static uint64_t clock_ns(int clock);
 
 /* A weighing (the hint's, the collapse's) that went against huge pages leaves its estimate `was` of
  * their cost a quarter lower, so that a slow phase of the host is not taken for its nature. */
@@ -401,10 +401,10 @@ static void passed_over(uint64_t *estimate, uint64_t was)
  * call's entry, which errs towards the hint: ns, at least 1; 0 when the kernel cannot. */
 static uint64_t timed_fault(void *p)
 {
-    uint64_t t = linux_clock_ns();
+    uint64_t t = clock_ns(CLOCK_MONOTONIC_);
     if (sys_failed(sys3(SYS_madvise, (long)p, PORT_PAGE, MADV_POPULATE_WRITE_)))
         return 0;
-    uint64_t took = linux_clock_ns() - t;
+    uint64_t took = clock_ns(CLOCK_MONOTONIC_) - t;
     return took != 0 ? took : 1;
 }
 
@@ -484,7 +484,6 @@ static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_of
  * CPU), and the weighing passed over nearly every unit after the first, whose 4 KB faults and TLB misses
  * the heap then kept (bench/results/2026-12-06-collapse-cpu.md). */
 static uint64_t collapse_cost; /* ns of CPU the last timed collapse took; 0: none yet */
-static uint64_t linux_cpu_ns(void);
 
 static int collapse_unit(uint8_t *unit)
 {
@@ -509,9 +508,9 @@ static int collapse_unit(uint8_t *unit)
             return 0;
         }
     }
-    uint64_t t = linux_cpu_ns();
+    uint64_t t = clock_ns(CLOCK_THREAD_CPUTIME_ID_);
     long r = sys3(SYS_madvise, (long)unit, LARGE_PAGE_, MADV_COLLAPSE_);
-    uint64_t took = linux_cpu_ns() - t;
+    uint64_t took = clock_ns(CLOCK_THREAD_CPUTIME_ID_) - t;
     __atomic_store_n(&collapse_cost, took != 0 ? took : 1, __ATOMIC_RELAXED);
     return !sys_failed(r);
 }
@@ -735,17 +734,11 @@ static uint64_t linux_clock_ms(void)
     return (uint64_t)ts.sec * 1000u + (uint64_t)ts.nsec / 1000000u;
 }
 
-/* The fine clock in nanoseconds, for the collapse's weighing (CLOCK_MONOTONIC, also through the vDSO). */
-static uint64_t linux_clock_ns(void)
+/* A fine clock in nanoseconds, for the weighings of huge pages: CLOCK_MONOTONIC (also through the vDSO)
+ * for faults, CLOCK_THREAD_CPUTIME_ID for a collapse. */
+static uint64_t clock_ns(int clock)
 {
-    timespec_ ts = clock_read(CLOCK_MONOTONIC_);
-    return (uint64_t)ts.sec * 1000000000u + (uint64_t)ts.nsec;
-}
-
-/* The calling thread's CPU time in nanoseconds, for the collapse's weighing. */
-static uint64_t linux_cpu_ns(void)
-{
-    timespec_ ts = clock_read(CLOCK_THREAD_CPUTIME_ID_);
+    timespec_ ts = clock_read(clock);
     return (uint64_t)ts.sec * 1000000000u + (uint64_t)ts.nsec;
 }
 
