@@ -3,7 +3,7 @@
 allocators preloaded in turn: the check a report cites after a sweep, when one cell is looked at closely
 (a shape, a scenario, a real program) or a scratch build of shardmm is weighed against main.
 
-    bench/compare.py [--runs N] [--metric wall|ms|shapes] [--cpu CPU] [--raw]
+    bench/compare.py [--runs N] [--metric wall|ms|shapes] [--cpu CPU] [--settle SECONDS] [--raw]
                      [--env NAME:VAR=VALUE ...] NAME=LIBRARY [NAME=LIBRARY ...] -- COMMAND [ARG ...]
 
 Each NAME=LIBRARY is a column: COMMAND under LD_PRELOAD=LIBRARY (`-` for none: glibc's malloc). The
@@ -21,7 +21,12 @@ won and, from 6 runs, the 95 % interval of that median (runner.median_interval),
 slower where the interval lies wholly on one side of 1, else tie; said of the base), and the median
 peak. --env sets a variable for one column only (say NAME:SHARDMM_HUGE_PAGES=0 with the base's
 library), --cpu pins every process to one CPU (as taskset would), --raw prints every run's figures
-too. A process that exits with a status other than 0 stops the run.
+too. --settle waits that long before every process: on a virtual machine whose hypervisor takes back
+the memory its guest frees (virtio-balloon's free page reporting, 2 s after the free), a process started
+at once is served the last one's memory, still backed, and one started after the wait is served memory
+the host backs again at its first touch, 2 MB huge pages most of all
+(bench/results/2026-12-06-settled-runs.md). A process that exits with a status other than 0 stops the
+run.
 
 Standard library only, with runner.py beside it.
 """
@@ -99,6 +104,8 @@ def main():
     parser.add_argument("--cpu", type=int, help="pin every process to this CPU")
     parser.add_argument("--env", action="append", default=[], metavar="NAME:VAR=VALUE",
                         help="an environment variable for column NAME only; repeatable")
+    parser.add_argument("--settle", type=float, default=0, metavar="SECONDS",
+                        help="wait this long before every process (default: 0; see the opening comment)")
     parser.add_argument("--raw", action="store_true", help="print every run's figures too")
     parser.add_argument("columns", nargs="+", metavar="NAME=LIBRARY")
     argv = sys.argv[1:]
@@ -112,6 +119,8 @@ def main():
         parser.error("no command after --")
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.settle < 0:
+        parser.error("--settle must not be negative")
     if len(args.columns) < 2:
         parser.error("two columns at least: the base and one to compare with it")
     columns = parse_columns(parser, args.columns, args.env)
@@ -136,6 +145,7 @@ def main():
                     env["LD_PRELOAD"] = library
                 shown = " ".join([f"{k}={shlex.quote(v)}" for k, v in variables.items()]
                                  + ([f"LD_PRELOAD={library}"] if library else []) + [shlex.join(command)])
+                time.sleep(args.settle)
                 t, p = run_once(command, env, args.metric, shown, work)
                 ms[name].append(t)
                 peak[name].append(p)
@@ -154,7 +164,8 @@ def main():
     lines = [f"`{runner.command_line()}`", "",
              *runner.markdown_table(["column", "median ms", f"column/{base}", f"{base} is", "peak MB"], rows), "",
              f"column/{base}: the median of the run-by-run ratios (> 1: {base} faster), the runs {base} "
-             f"won and, from 6 runs, the 95 % interval of that median; {args.runs} runs, metric {args.metric}."]
+             f"won and, from 6 runs, the 95 % interval of that median; {args.runs} runs, metric {args.metric}"
+             + (f", {args.settle:g} s settled before each process." if args.settle else ".")]
     if args.raw:
         lines += ["", "Runs (ms, in run order):", ""]
         lines += [f"- {name}: " + " ".join(f"{t:.1f}" for t in ms[name]) for name in names]
