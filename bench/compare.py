@@ -22,11 +22,11 @@ slower where the interval lies wholly on one side of 1, else tie; said of the ba
 peak. --env sets a variable for one column only (say NAME:SHARDMM_HUGE_PAGES=0 with the base's
 library), --cpu pins every process to one CPU (as taskset would), --raw prints every run's figures
 too. --settle waits that long before every process: on a virtual machine whose hypervisor takes back
-the memory its guest frees (virtio-balloon's free page reporting, 2 s after the free), a process started
-at once is served the last one's memory, still backed, and one started after the wait is served memory
-the host backs again at its first touch, 2 MB huge pages most of all
-(bench/results/2026-12-06-settled-runs.md). A process that exits with a status other than 0 stops the
-run.
+the memory its guest frees (virtio-balloon's free page reporting, 1-3 s after the free), a process
+started at once is served the last one's memory, still backed, and one started after the wait is
+served memory the host backs again at its first touch, 2 MB huge pages most of all
+(bench/results/2026-12-06-settled-runs.md). A process that exits with a status other than 0 stops
+the run.
 
 Standard library only, with runner.py beside it.
 """
