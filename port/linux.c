@@ -481,8 +481,8 @@ static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_of
  * processor: its wall time also holds its waits for the mapping lock and for every other processor to
  * drain its page lists, during which those processors run other threads. Under load the waits were most
  * of it (alloc-test at 8 threads on the AMD host's 2 vCPUs: 5-28 ms a collapse against 3.5-4.5 ms of
- * CPU), and the weighing passed over nearly every unit after the first, whose 4 KB faults and TLB misses
- * the heap then kept (bench/results/2026-12-06-collapse-cpu.md). */
+ * CPU), and the weighing passed over nearly every unit after the first three, whose 4 KB faults and TLB
+ * misses the heap then kept (bench/results/2026-12-06-collapse-cpu.md). */
 static uint64_t collapse_cost; /* ns of CPU the last timed collapse took; 0: none yet */
 
 static int collapse_unit(uint8_t *unit)
