@@ -144,18 +144,18 @@
 #endif
 
 /* Items carved from a page's untouched part at a time: a batch, not the whole page, so a page used
- * for a few items never links all of its memory (and touches no more of it than needed). At most
- * SHARD_CARVE_BATCH items, and no more than SHARD_CARVE_BYTES of memory touched but always
- * SHARD_CARVE_MIN items (or what is left):
+ * for a few items never links all of its memory (and touches no more of it than needed). A page's first
+ * carve touches SHARD_CARVE_BYTES of memory, each later one as much again as the page's carves so far
+ * (4, 4, 8, 16 and 32 KB of a 64 KB page), but always SHARD_CARVE_MIN items (or what is left):
  * carving writes a link at the start of every item, which makes the OS page under it resident: n items
  * touch n * size bytes, or n OS pages when items are larger than an OS page. A program that uses a few
  * blocks of each of many classes (strings growing through the classes) would otherwise hold 64 KB per
- * class of 1 KB and up for a few live items. With 4 items at least, a page of 16 KB items is carved at
+ * class of 1 KB and up for a few live items; growing batches hold at most twice what a page's items
+ * reach, and a page that fills takes the slow path 5 times instead of 16 (until 2026-12-06 every carve
+ * took 4 KB and 64 items at most: glibc-simple at 8 threads ran in 0.91 of the time,
+ * bench/results/2026-12-06-carve-growth.md). With 4 items at least, a page of 16 KB items is carved at
  * once. (The slow path carves; a class whose items the owner frees and takes again stays on the fast
  * path, which takes the page's local_free list when its free list is dry.) */
-#ifndef SHARD_CARVE_BATCH
-#define SHARD_CARVE_BATCH 64
-#endif
 #ifndef SHARD_CARVE_BYTES
 #define SHARD_CARVE_BYTES 4096
 #endif
@@ -255,7 +255,7 @@
 #error "SHARD_GIVE_FULL_PAGES counts pages of a segment's 63"
 #endif
 #if SHARD_RESERVE_HEAPS < 0 || SHARD_SPARE_SEGMENTS < 0 || SHARD_ORPHAN_PAGES < 0 || SHARD_RECLAIM_MIN < 1 || \
-    SHARD_CARVE_BATCH < 1 || SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || SHARD_CARVE_MIN > SHARD_CARVE_BATCH || \
+    SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || \
     SHARD_KEEP_FREE_PAGES < 0 || SHARD_SWEEP_PAGES < 1
 #error "invalid shardmm configuration"
 #endif

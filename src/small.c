@@ -4,8 +4,9 @@
  * owner's frees back onto it; everything else happens here:
  * - A class list holds the pages of a class that may have free items. When its first page has no
  *   `free` item, the slow path takes the page's `local_free`, else what other threads freed into it,
- *   else carves up to 64 more items from the untouched part in ascending address order, else takes the
- *   page out of the list as full (and biases `used`, see small.h) and looks at the next page. With no page left it takes a page: the most
+ *   else carves more items from the untouched part in ascending address order (4 KB of them, or as many
+ *   again as the page has carved), else takes the page out of the list as full (and biases `used`, see
+ *   small.h) and looks at the next page. With no page left it takes a page: the most
  *   recently freed committed one, else an orphan segment's (small.h), else a cold one (committing it),
  *   else a new segment. A segment whose every page went out of its list as full goes to the orphans,
  *   and comes back at its heap's first free into it.
@@ -288,19 +289,20 @@ static void carve_reach(heap *h, segment *s, page *bound, size_t last, size_t si
         medium_spared_grown(h);
 }
 
-/* Link up to SHARD_CARVE_BATCH untouched items into `free`, in ascending address order, and no more
- * than touch SHARD_CARVE_BYTES, but SHARD_CARVE_MIN at least (config.h). The loop keeps the cursor, the size and
- * the end in registers. */
+/* Link untouched items into `free`, in ascending address order: as many as touch SHARD_CARVE_BYTES, or
+ * as much as the page's carves touched so far when that is more, but SHARD_CARVE_MIN at least (config.h).
+ * The loop keeps the cursor, the size and the end in registers. */
 static void page_carve(heap *h, page *pg)
 {
     size_t size = pg->block_size;
     size_t touched = size < PORT_PAGE ? size : PORT_PAGE; /* by the link written into each item */
     unsigned n = (unsigned)pg->capacity - pg->carved;
-    unsigned most = (unsigned)(SHARD_CARVE_BYTES / touched);
+    size_t bytes = (size_t)pg->carved * touched;
+    if (bytes < SHARD_CARVE_BYTES)
+        bytes = SHARD_CARVE_BYTES;
+    unsigned most = (unsigned)(bytes / touched);
     if (most < SHARD_CARVE_MIN)
         most = SHARD_CARVE_MIN;
-    if (most > SHARD_CARVE_BATCH)
-        most = SHARD_CARVE_BATCH;
     if (n > most)
         n = most;
     uint8_t *first;

@@ -611,6 +611,38 @@ static void scenario_carve_resident(void)
     for (size_t i = 0; i < n; i++)
         shard_free(blocks[i]);
 }
+
+/* 1 KB blocks, one at a time, each written whole, from the first page of their class (run with
+ * SHARDMM_HUGE_PAGES=0: no segment hinted, no page made resident ahead, so an OS page is resident once
+ * a block or a carve's link is written in it): the page's resident OS pages when the first block in its
+ * OS page 1, 2, 3, 5 and 9 (counting from 1) is handed out; then every block checked. */
+static void scenario_carve_batches(void)
+{
+    enum { SIZE = 1024, MOST = 256, MARKS = 5 };
+    static const unsigned os_page[MARKS] = {0, 1, 2, 4, 8}; /* from 0 */
+    static unsigned char *blocks[MOST];
+    long resident[MARKS] = {-1, -1, -1, -1, -1};
+    size_t n = 0, bad = 0;
+    uintptr_t page = 0;
+    int first;
+    while (n < MOST && resident[MARKS - 1] < 0) {
+        unsigned char *p = shard_malloc(SIZE);
+        memset(p, (int)(n * 7 + 1) & 0xff, SIZE);
+        blocks[n++] = p;
+        if (page == 0 && ((uintptr_t)p & 0xffff) == 0)
+            page = (uintptr_t)p; /* a fresh page's first item */
+        for (unsigned m = 0; m < MARKS && page != 0; m++)
+            if ((uintptr_t)p - page == os_page[m] * 4096)
+                resident[m] = resident_pages((unsigned char *)page, 65536, &first);
+    }
+    for (size_t i = 0; i < n; i++)
+        for (size_t k = 0; k < SIZE; k++)
+            bad += blocks[i][k] != ((i * 7 + 1) & 0xff);
+    fprintf(stderr, "child: resident %ld %ld %ld %ld %ld, %zu bad bytes\n", resident[0], resident[1],
+            resident[2], resident[3], resident[4], bad);
+    for (size_t i = 0; i < n; i++)
+        shard_free(blocks[i]);
+}
 #endif
 
 static const struct {
@@ -637,6 +669,7 @@ static const struct {
     {"huge-pages-recarved", scenario_huge_pages_recarved},
     {"huge-pages-outgrown", scenario_huge_pages_outgrown},
     {"carve-resident", scenario_carve_resident},
+    {"carve-batches", scenario_carve_batches},
 #endif
 };
 
@@ -1259,6 +1292,28 @@ TEST(a_page_filling_in_a_spared_unit_is_made_resident_ahead_of_its_items)
     CHECKF(third >= 4 && third <= 6, "OS pages resident when the items reach 3 of them: %ld (4 expected: 3 and "
            "ahead, at most twice)", third);
     CHECKF(ninth == 16, "OS pages resident when the items reach 9 of them: %ld (all 16 expected)", ninth);
+}
+
+/* A page's carves grow with it: the first links 4 KB of items (4 of 1 KB), each later one as many items
+ * again as the page has carved (small.c: page_carve). So a page used for a few items holds at most
+ * twice what they reach, and one that fills takes its slow path 5 times, not 16: with 1 KB items its
+ * OS pages resident when its items reach 1, 2, 3, 5 and 9 of them are 1, 2, 4, 8 and 16. On the old code
+ * (4 KB a carve) they were 1, 2, 3, 5 and 9. Not under THP "always", where the kernel may put a huge
+ * page under the segment's first touch. */
+TEST(a_page_carves_as_many_items_again_as_it_has_carved)
+{
+    if (strcmp(thp_mode(), "always") == 0)
+        SKIP_TEST();
+    child *c = run("carve-batches", VARS("SHARDMM_HUGE_PAGES=0"));
+    long r[5] = {0, 0, 0, 0, 0};
+    size_t bad = 1;
+    const char *line = strstr(c->err, "child: resident ");
+    int parsed = line != NULL && sscanf(line, "child: resident %ld %ld %ld %ld %ld, %zu bad bytes", &r[0], &r[1],
+                                        &r[2], &r[3], &r[4], &bad) == 6;
+    CHECKF(parsed && bad == 0, "the 1 KB blocks of a fresh page kept their contents: %s", c->err);
+    CHECKF(r[0] == 1 && r[1] == 2 && r[2] == 4 && r[3] == 8 && r[4] == 16,
+           "OS pages resident when the items reach 1, 2, 3, 5, 9 of them: %ld %ld %ld %ld %ld (1 2 4 8 16 "
+           "expected)", r[0], r[1], r[2], r[3], r[4]);
 }
 
 TEST(a_heap_that_fills_its_spared_first_2_mb_gets_huge_pages_there_with_its_blocks_intact)
