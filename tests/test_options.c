@@ -581,67 +581,54 @@ static void scenario_environ_cleared(void)
     scenario_cache_size();
 }
 
-/* 1 KB blocks, one at a time, each written whole, from the first page of their class in the process's
- * first segment (spared: on 4 KB pages): the OS pages of that page resident when the first block in
- * its third OS page is handed out, and when the first in its ninth is; then every block checked. */
-static void scenario_carve_resident(void)
+/* 1 KB blocks, one at a time, each written whole, from the first page of their class: into resident[m]
+ * the page's resident OS pages when the first block in its OS page os_page[m] (from 0, ascending) is
+ * handed out; then every block checked and freed. Returns the bytes that had changed. */
+static size_t carve_marks(const unsigned *os_page, long *resident, unsigned marks)
 {
     enum { SIZE = 1024, MOST = 256 };
     static unsigned char *blocks[MOST];
     size_t n = 0, bad = 0;
     uintptr_t page = 0;
-    long third = -1, ninth = -1;
     int first; /* of the page's OS pages, resident: not asked */
-    while (n < MOST && ninth < 0) {
+    for (unsigned m = 0; m < marks; m++)
+        resident[m] = -1;
+    while (n < MOST && resident[marks - 1] < 0) {
         unsigned char *p = shard_malloc(SIZE);
         memset(p, (int)(n * 7 + 1) & 0xff, SIZE);
         blocks[n++] = p;
         if (page == 0 && ((uintptr_t)p & 0xffff) == 0)
             page = (uintptr_t)p; /* a fresh page's first item */
-        if (page != 0 && (uintptr_t)p - page == 2 * 4096)
-            third = resident_pages((unsigned char *)page, 65536, &first);
-        if (page != 0 && (uintptr_t)p - page == 8 * 4096)
-            ninth = resident_pages((unsigned char *)page, 65536, &first);
-    }
-    for (size_t i = 0; i < n; i++)
-        for (size_t k = 0; k < SIZE; k++)
-            bad += blocks[i][k] != ((i * 7 + 1) & 0xff);
-    fprintf(stderr, "child: resident %ld at the third OS page, %ld at the ninth, %zu bad bytes\n", third, ninth,
-            bad);
-    for (size_t i = 0; i < n; i++)
-        shard_free(blocks[i]);
-}
-
-/* 1 KB blocks, one at a time, each written whole, from the first page of their class (run with
- * SHARDMM_HUGE_PAGES=0: no segment hinted, no page made resident ahead, so an OS page is resident once
- * a block or a carve's link is written in it): the page's resident OS pages when the first block in its
- * OS page 1, 2, 3, 5 and 9 (counting from 1) is handed out; then every block checked. */
-static void scenario_carve_batches(void)
-{
-    enum { SIZE = 1024, MOST = 256, MARKS = 5 };
-    static const unsigned os_page[MARKS] = {0, 1, 2, 4, 8}; /* from 0 */
-    static unsigned char *blocks[MOST];
-    long resident[MARKS] = {-1, -1, -1, -1, -1};
-    size_t n = 0, bad = 0;
-    uintptr_t page = 0;
-    int first;
-    while (n < MOST && resident[MARKS - 1] < 0) {
-        unsigned char *p = shard_malloc(SIZE);
-        memset(p, (int)(n * 7 + 1) & 0xff, SIZE);
-        blocks[n++] = p;
-        if (page == 0 && ((uintptr_t)p & 0xffff) == 0)
-            page = (uintptr_t)p; /* a fresh page's first item */
-        for (unsigned m = 0; m < MARKS && page != 0; m++)
+        for (unsigned m = 0; m < marks && page != 0; m++)
             if ((uintptr_t)p - page == os_page[m] * 4096)
                 resident[m] = resident_pages((unsigned char *)page, 65536, &first);
     }
     for (size_t i = 0; i < n; i++)
         for (size_t k = 0; k < SIZE; k++)
             bad += blocks[i][k] != ((i * 7 + 1) & 0xff);
-    fprintf(stderr, "child: resident %ld %ld %ld %ld %ld, %zu bad bytes\n", resident[0], resident[1],
-            resident[2], resident[3], resident[4], bad);
     for (size_t i = 0; i < n; i++)
         shard_free(blocks[i]);
+    return bad;
+}
+
+/* The process's first segment is spared (on 4 KB pages): its third OS page and its ninth. */
+static void scenario_carve_resident(void)
+{
+    static const unsigned os_page[2] = {2, 8};
+    long r[2];
+    size_t bad = carve_marks(os_page, r, 2);
+    fprintf(stderr, "child: resident %ld at the third OS page, %ld at the ninth, %zu bad bytes\n", r[0], r[1],
+            bad);
+}
+
+/* Run with SHARDMM_HUGE_PAGES=0: no segment hinted, no page made resident ahead, so an OS page is
+ * resident once a block or a carve's link is written in it. Its OS pages 1, 2, 3, 5 and 9 (from 1). */
+static void scenario_carve_batches(void)
+{
+    static const unsigned os_page[5] = {0, 1, 2, 4, 8};
+    long r[5];
+    size_t bad = carve_marks(os_page, r, 5);
+    fprintf(stderr, "child: resident %ld %ld %ld %ld %ld, %zu bad bytes\n", r[0], r[1], r[2], r[3], r[4], bad);
 }
 #endif
 
