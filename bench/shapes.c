@@ -37,6 +37,9 @@
  *                 the replaced blocks go to the next thread (a ring of 1024 per thread), which frees them.
  *   malloc-large  mimalloc-bench's malloc-large: 8 slots of blocks of 5-25 MB (uniform), random slots
  *                 replaced; every page of a block written.
+ *   large-ends    the same sizes in 4 slots, each block written only at its two ends (a header and a
+ *                 trailer, as a buffer sized for the largest message is): what a large block costs
+ *                 beside the pages a program writes, and which of its freed pages a block gets again.
  *   turnover      buffers turned over among smaller blocks: 8 slots per thread, random slots replaced, a
  *                 quarter of the new blocks 1-2 MB and the rest 16 B - 100 KB (uniform), every byte of
  *                 each written (memset) as a buffer is filled: which freed memory a block gets decides
@@ -851,6 +854,57 @@ static double scenario_malloc_large(double scale, long *errors)
     return run_team(malloc_large_thread);
 }
 
+/* ---- large-ends ---- */
+
+#define LARGE_ENDS_STEPS 100000L   /* replacements in all, at scale 1 */
+#define LARGE_ENDS_SLOTS 4
+
+/* The pattern in a block's first HEAD_WORDS words and its last word only. */
+static void fill_ends(uint64_t *w, size_t size, uint32_t cookie)
+{
+    size_t n = size / 8;
+    for (size_t i = 0; i < HEAD_WORDS; i++)
+        w[i] = pattern(cookie, i);
+    w[n - 1] = pattern(cookie, n - 1);
+}
+
+static int check_ends(const uint64_t *w, size_t size, uint32_t cookie)
+{
+    size_t n = size / 8;
+    uint64_t bad = w[n - 1] ^ pattern(cookie, n - 1);
+    for (size_t i = 0; i < HEAD_WORDS; i++)
+        bad |= w[i] ^ pattern(cookie, i);
+    return bad != 0;
+}
+
+static void large_ends_thread(struct worker *w)
+{
+    struct block slots[LARGE_ENDS_SLOTS] = {{0}};
+    for (long i = 0; i < w->share; i++) {
+        struct block *b = &slots[rng_below(&w->rng, LARGE_ENDS_SLOTS)];
+        if (b->p != NULL) {
+            w->errors += check_ends(b->p, b->size, b->cookie);
+            bench_free(b->p);
+        }
+        b->size = (uint32_t)rng_between(&w->rng, LARGE_MIN, LARGE_MAX);
+        b->p = alloc_block(b->size);
+        b->cookie = (uint32_t)rng_next(&w->rng);
+        fill_ends(b->p, b->size, b->cookie);
+    }
+    for (size_t k = 0; k < LARGE_ENDS_SLOTS; k++)
+        if (slots[k].p != NULL) {
+            w->errors += check_ends(slots[k].p, slots[k].size, slots[k].cookie);
+            bench_free(slots[k].p);
+        }
+}
+
+static double scenario_large_ends(double scale, long *errors)
+{
+    (void)errors;
+    share_out(LARGE_ENDS_STEPS, scale);
+    return run_team(large_ends_thread);
+}
+
 /* ---- turnover ---- */
 
 #define TURNOVER_STEPS 32000L      /* replacements in all, at scale 1 */
@@ -1184,6 +1238,7 @@ static const struct scenario scenarios[] = {
     {"glibc-thread", scenario_glibc_thread, 2},
     {"rptest", scenario_rptest, 2},
     {"malloc-large", scenario_malloc_large, 1},
+    {"large-ends", scenario_large_ends, 1},
     {"turnover", scenario_turnover, 1},
     {"requests", scenario_requests, 1},
     {"ring", scenario_ring, 2},
