@@ -69,9 +69,12 @@
  *   the block for growth unless it is both more than four times the request and more than 16 MB.
  * - Split and join, where the port releases a reservation in parts (PORT_RELEASE_PARTS: Linux): a block
  *   taken for much less, committed at least twice the 4 MB granules the request takes and a granule more,
- *   keeps those granules (committed to commit_end, the rest given back) and the rest of its span becomes a
- *   cached block of its own, its header at the next granule like any block's, marked a piece
- *   (LAYOUT_PIECE; split_off). Committed memory kept by a live block serves no other request, and it
+ *   keeps those granules, committed whole, and the rest of its span becomes a cached block of its own,
+ *   its header at the next granule like any block's, marked a piece (LAYOUT_PIECE; split_off). The part
+ *   of the granules above commit_end (up to 2 MB) was given back once: a block taken again for more then
+ *   took a fault for every page of it, or a huge page cleared, each time, and bench/shapes.c's large-ends
+ *   (5-25 MB blocks written at both ends) took 4-8 times as long (bench/results/2026-12-06-large-sparse.md).
+ *   Committed memory kept by a live block serves no other request, and it
  *   raised the live high and the ceiling with it: the upper quartile of bench/shapes.py's malloc-large@8
  *   peaks (two sets of 75 runs) was 1,174-1,226 MB, split 1,140-1,156 (mimalloc 3.4.3: 1,170-1,182);
  *   bench/large.py's churn peaked at 878-886 MB, split 805-838, in 0.88-0.95 of the time. A block freed
@@ -918,9 +921,9 @@ static int fit_commit(large_header *h, size_t committed, size_t need, int exact)
 }
 
 /* A cached block taken for `need` bytes (not in the cache any more) that holds committed at least twice
- * the granules its need takes, and a granule more, keeps those granules only, committed to commit_end
- * (exact: a created heap's block, as in fit_commit); the rest of its span becomes a block of its own in
- * the cache, with the committed memory it holds (the file comment). Its header is written and marked
+ * the granules its need takes, and a granule more, keeps those granules only, committed whole (exact: a
+ * created heap's block, whose limit counts bytes, to commit_end as in fit_commit); the rest of its span
+ * becomes a block of its own in the cache, with the committed memory it holds (the file comment). Its header is written and marked
  * FREED before the map marks its granule, as a fresh block's is; when the map's table cannot be made
  * the block stays whole. */
 static void split_off(large_header *h, size_t need, size_t *committed, int exact)
@@ -942,7 +945,7 @@ static void split_off(large_header *h, size_t need, size_t *committed, int exact
     h->committed = keep;
     *committed = keep;
     size_t end = commit_end(need, keep, exact);
-    if (end < keep && os_decommit((uint8_t *)h + end, keep - end) == 0)
+    if (exact && end < keep && os_decommit((uint8_t *)h + end, keep - end) == 0)
         *committed = h->committed = end;
     cache_put(r);
 }

@@ -11,7 +11,7 @@
 
 /* The resident 4 KB pages of [r, r + size) (4 MB at most), from mincore; -1 when it cannot tell. *first:
  * whether the first is. */
-static long resident_pages(unsigned char *r, size_t size, int *first)
+__attribute__((unused)) static long resident_pages(unsigned char *r, size_t size, int *first)
 {
     static unsigned char present[((size_t)4 << 20) / 4096];
     size_t pages = size / 4096;
@@ -26,7 +26,7 @@ static long resident_pages(unsigned char *r, size_t size, int *first)
 
 /* The AnonHugePages of the mappings that overlap [from, to), summed over /proc/self/smaps; *hinted (when
  * not NULL): whether one of them has the huge-page hint (VmFlags "hg"). */
-static unsigned long huge_kb_over(uintptr_t from, uintptr_t to, int *hinted)
+__attribute__((unused)) static unsigned long huge_kb_over(uintptr_t from, uintptr_t to, int *hinted)
 {
     FILE *f = fopen("/proc/self/smaps", "r");
     char line[512];
@@ -49,7 +49,7 @@ static unsigned long huge_kb_over(uintptr_t from, uintptr_t to, int *hinted)
 
 /* Whether this kernel makes a huge page of a range on request (MADV_COLLAPSE, Linux 6.1, with one free):
  * a scratch 2 MB, one page of it written. */
-static int kernel_collapses(void)
+__attribute__((unused)) static int kernel_collapses(void)
 {
     const size_t unit = (size_t)2 << 20;
     char *r = mmap(NULL, 2 * unit, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
