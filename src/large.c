@@ -463,6 +463,25 @@ static size_t room_for_cache(size_t more)
     return top > live + more ? top - live - more : 0;
 }
 
+/* Whether the process's address space is unlimited (no RLIMIT_AS or RLIMIT_DATA), as last seen. The
+ * port's look is two system calls, and a free past the cache's 128 MB made it every time (large-ends@8:
+ * half of its time; bench/results/2026-12-06-large-sparse.md); now at most once in LIMIT_LOOK_MS, and
+ * again at once after memory ran out or a collect (large_cache_release_all). A limit set meanwhile lets
+ * the cache hold more than the option's bytes for that long; a reservation refused for it gives the
+ * cache back and is tried again (heap_relieve). */
+enum { LIMIT_LOOK_MS = 100 };
+static uint64_t limit_seen_at = UINT64_MAX; /* os_clock_ms() of the last look; UINT64_MAX: look now */
+static int limit_unset;                     /* what it saw */
+static int address_space_unlimited(void)
+{
+    uint64_t now = os_clock_ms(), then = load_relaxed(&limit_seen_at);
+    if (then == UINT64_MAX || now - then >= LIMIT_LOOK_MS) {
+        store_relaxed(&limit_unset, os_address_space_limit() == SIZE_MAX);
+        store_relaxed(&limit_seen_at, now);
+    }
+    return load_relaxed(&limit_unset);
+}
+
 /* The cache's byte limit now (the file comment): the option's, or the room under the ceiling, if that
  * is more. */
 static size_t cache_limit(void)
@@ -474,8 +493,8 @@ static size_t cache_limit(void)
     if (room <= limit)
         return limit;
     /* Under an address-space limit the cached blocks' reservations count against it: the option's
-     * bytes and no more (a system call, made only here). */
-    return os_address_space_limit() == SIZE_MAX ? room : limit;
+     * bytes and no more. */
+    return address_space_unlimited() ? room : limit;
 }
 
 /* Under the lock, after blocks left for age or all at once: the high becomes what live and cached
@@ -568,6 +587,7 @@ void large_cache_release_all(void)
     if (!spin_lock_unless_fork(&cache.lock))
         return;
     unsigned n = take_oldest(cache.count, victims);
+    store_relaxed(&limit_seen_at, UINT64_MAX); /* memory ran out, maybe for a new limit: look again */
     lower_high();
     publish_oldest();
     spin_unlock(&cache.lock);

@@ -81,6 +81,15 @@
 #ifndef _WIN32
 #include "smaps.h"
 #endif
+#ifdef __linux__
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/ptrace.h>
+#include <sys/syscall.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <time.h>
+#endif
 
 /* ---- the rules, written out independently of the allocator ---- */
 
@@ -2365,6 +2374,129 @@ static void *medium_and_exit(void *arg)
  * but not the next one (0.55 s old): a large malloc (A), the free that empties a small page (B), a
  * thread's exit (C), a large free (D) and a large realloc (E). A large malloc right after a free, and
  * shard_get_stats at any time, release nothing. */
+#if SHARD_RULES && defined __linux__
+/* The system calls numbered nr that work() makes in a child process between its first two calls of
+ * getppid (the marks), counted from this process by ptrace (the child's one thread); -1 when it cannot
+ * tell (ptrace refused, the child failed). */
+static long calls_between_marks(long nr, void (*work)(void))
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        if (ptrace(PTRACE_TRACEME, 0, NULL, NULL) != 0)
+            _exit(3);
+        raise(SIGSTOP);
+        work();
+        _exit(__atomic_load_n(&harness_failures, __ATOMIC_SEQ_CST) == 0 ? 0 : 4);
+    }
+    int status = 0, sig = 0, entering = 1, marks = 0;
+    long count = 0;
+    if (waitpid(pid, &status, 0) != pid || !WIFSTOPPED(status))
+        return -1;
+    ptrace(PTRACE_SETOPTIONS, pid, NULL, (void *)(long)(PTRACE_O_TRACESYSGOOD | PTRACE_O_EXITKILL));
+    for (;;) {
+        if (ptrace(PTRACE_SYSCALL, pid, NULL, (void *)(long)sig) != 0 || waitpid(pid, &status, 0) != pid)
+            return -1;
+        sig = 0;
+        if (WIFEXITED(status))
+            return WEXITSTATUS(status) == 0 && marks >= 2 ? count : -1;
+        if (WIFSIGNALED(status))
+            return -1;
+        if (WSTOPSIG(status) != (SIGTRAP | 0x80)) {
+            sig = WSTOPSIG(status); /* the child's own signal: delivered */
+            continue;
+        }
+        if (entering) {
+            struct user_regs_struct regs;
+            if (ptrace(PTRACE_GETREGS, pid, NULL, &regs) != 0)
+                return -1;
+            if (regs.orig_rax == SYS_getppid)
+                marks++;
+            else if (marks == 1 && regs.orig_rax == (unsigned long long)nr)
+                count++;
+        }
+        entering = !entering;
+    }
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+#define LOOK_BLOCKS 24
+#define LOOK_ROUNDS 400
+static uint64_t *look_ms; /* shared with the child: how long its frees between the marks took */
+
+/* 24 blocks of 16 MB make the live high 384 MB, so the cache's byte limit is the room under the
+ * ceiling, past 128 MB; then 400 rounds of a block freed into the cache and taken back. */
+static void frees_past_128mb(void)
+{
+    static unsigned char *blocks[LOOK_BLOCKS];
+    for (size_t i = 0; i < LOOK_BLOCKS; i++) {
+        blocks[i] = shard_malloc(16 * MB);
+        CHECK(blocks[i] != NULL);
+        if (blocks[i] == NULL)
+            return;
+        fill_edges(blocks[i], 16 * MB, 0x6600 + i);
+    }
+    for (size_t i = 0; i < LOOK_BLOCKS / 2; i++) {
+        shard_free(blocks[i]);
+        blocks[i] = NULL;
+    }
+    uint64_t t0 = now_ms();
+    (void)getppid();
+    for (size_t r = 0; r < LOOK_ROUNDS; r++) {
+        size_t i = LOOK_BLOCKS / 2 + r % (LOOK_BLOCKS / 2);
+        CHECK_EDGES(blocks[i], 16 * MB, 0x6600 + i, "block %zu before its free", i);
+        shard_free(blocks[i]);
+        blocks[i] = shard_malloc(16 * MB);
+        CHECK(blocks[i] != NULL);
+        if (blocks[i] == NULL)
+            return;
+        fill_edges(blocks[i], 16 * MB, 0x6600 + i);
+    }
+    (void)getppid();
+    *look_ms = now_ms() - t0;
+    for (size_t i = 0; i < LOOK_BLOCKS; i++)
+        shard_free(blocks[i]);
+}
+#endif
+
+/* A free past the cache's 128 MB (the byte limit is then the room under the ceiling) asks whether the
+ * address space is limited, for the cached blocks' reservations count against RLIMIT_AS: two system
+ * calls (prlimit64), made at most once in 100 ms. Each free asked once, and large-ends@8 (blocks of
+ * 5-25 MB written at their ends, bench/shapes.c) spent half its time there. Counted by ptrace. */
+TEST(a_free_past_128mb_looks_at_the_address_space_limit_at_most_once_in_100ms)
+{
+#if !SHARD_RULES || !defined __linux__
+    SKIP_TEST();
+#else
+    NEEDS_DEFAULT_LIMIT();
+    look_ms = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(look_ms != MAP_FAILED);
+    if (look_ms == MAP_FAILED)
+        return;
+    *look_ms = 0;
+    shard_collect();
+    long calls = calls_between_marks(SYS_prlimit64, frees_past_128mb);
+    if (calls < 0) {
+        fprintf(stderr, "  ptrace refused or the child failed: not counted\n");
+        munmap(look_ms, 4096);
+        SKIP_TEST();
+    }
+    long most = 2 * (long)(*look_ms / 100 + 2); /* a look at each end, and the coarse clock's tick */
+    fprintf(stderr, "  %d frees past 128 MB in %llu ms: %ld prlimit64 calls (at most %ld)\n", LOOK_ROUNDS,
+            (unsigned long long)*look_ms, calls, most);
+    CHECKF(calls <= most, "%ld prlimit64 calls for %d frees in %llu ms, more than %ld", calls, LOOK_ROUNDS,
+           (unsigned long long)*look_ms, most);
+    munmap(look_ms, 4096);
+#endif
+}
+
 TEST(cached_blocks_expire_a_second_after_their_free_on_a_large_call_a_freed_small_page_or_a_thread_exit)
 {
 #if !SHARD_RULES
