@@ -67,28 +67,28 @@
  *   buffers among smaller blocks, each written whole) took 1.3-1.6 times as long on 1-8 threads
  *   (bench/results/2026-12-05-cache-recent.md). Memory committed beyond the request stays with
  *   the block for growth unless it is both more than four times the request and more than 16 MB.
- * - Split and join, where the port releases a reservation in parts (PORT_RELEASE_PARTS: Linux): a block
- *   taken for much less, committed at least twice the 4 MB granules the request takes and a granule more,
- *   keeps those granules, committed whole, and the rest of its span becomes a cached block of its own,
- *   its header at the next granule like any block's, marked a piece (LAYOUT_PIECE; split_off). The part
- *   of the granules above commit_end (up to 2 MB) was given back once: a block taken again for more then
- *   took a fault for every page of it, or a huge page cleared, each time, and bench/shapes.c's large-ends
- *   (5-25 MB blocks written at both ends) took 4-8 times as long (bench/results/2026-12-06-large-sparse.md).
- *   Committed memory kept by a live block serves no other request, and it
- *   raised the live high and the ceiling with it: the upper quartile of bench/shapes.py's malloc-large@8
- *   peaks (two sets of 75 runs) was 1,174-1,226 MB, split 1,140-1,156 (mimalloc 3.4.3: 1,170-1,182);
- *   bench/large.py's churn peaked at 878-886 MB, split 805-838, in 0.88-0.95 of the time. A block freed
- *   next to a cached part of its own reservation joins it (join; the lower header stays): without that the
- *   parts only got smaller and the next larger request found none (bench/large.py's burst took 1.35-1.44
- *   of the time). A live block that grows past its span takes the cached part above it back, in place
- *   (absorb_above): without that it moved to fresh memory while its old excess waited in the cache, and
+ * - Split and join, where the port releases a reservation in parts (PORT_RELEASE_PARTS: Linux): a block taken
+ *   for much less, committed at least twice the 4 MB granules the request takes and a granule more, keeps
+ *   those granules, committed whole, and the rest of its span becomes a cached block of its own, its header
+ *   at the next granule like any block's, marked a piece (LAYOUT_PIECE; split_off). The part of the granules
+ *   above commit_end (up to 2 MB) was given back once: a block taken again for more then took a fault for
+ *   every page of it, or a huge page cleared, each time, and bench/shapes.c's large-ends (5-25 MB blocks
+ *   written at both ends) took about 10, 2.5 and 1.3 times as long at 1, 2 and 8 threads
+ *   (bench/results/2026-12-06-large-sparse.md). Committed memory kept by a live block serves no other
+ *   request, and it raised the live high and the ceiling with it: the upper quartile of bench/shapes.py's
+ *   malloc-large@8 peaks (two sets of 75 runs) was 1,174-1,226 MB, split 1,140-1,156 (mimalloc 3.4.3:
+ *   1,170-1,182); bench/large.py's churn peaked at 878-886 MB, split 805-838, in 0.88-0.95 of the time. A
+ *   block freed next to a cached part of its own reservation joins it (join; the lower header stays): without
+ *   that the parts only got smaller and the next larger request found none (bench/large.py's burst took
+ *   1.35-1.44 of the time). A live block that grows past its span takes the cached part above it back, in
+ *   place (absorb_above): without that it moved to fresh memory while its old excess waited in the cache, and
  *   Ruby's records.rb (bench/programs.py), whose strings grow by realloc, peaked at 146 MB instead of 119
  *   (mimalloc 3.4.3: 143-154). A block that has grown by realloc (LAYOUT_GROWN) is not split when taken
  *   again, as a block that moved to grow keeps its larger span: buffers grown from 1 MB by two threads
  *   (bench/app.c's buffers@2) peaked at 131.6 MB instead of 95.5 when split, the part above one thread's
  *   buffer taken by the other's and the first moving to fresh memory to grow. Splitting off any granule
- *   beyond the kept ones instead of only at twice made malloc-large@1 1.5 times slower: the parts kept
- *   lose the headroom a larger request would have used (bench/results/2026-12-05-large-split.md).
+ *   beyond the kept ones instead of only at twice made malloc-large@1 1.5 times slower: the parts kept lose
+ *   the headroom a larger request would have used (bench/results/2026-12-05-large-split.md).
  * - The byte limit follows the live blocks' high (cache_limit): by default the cache may hold, beyond
  *   the 128 MB, what brings live and cached blocks together to an eighth above the most the live ones
  *   held (live_high: the ceiling, room_for_cache). A program whose large working set is 1 GB frees and
@@ -943,9 +943,9 @@ static int fit_commit(large_header *h, size_t committed, size_t need, int exact)
 /* A cached block taken for `need` bytes (not in the cache any more) that holds committed at least twice
  * the granules its need takes, and a granule more, keeps those granules only, committed whole (exact: a
  * created heap's block, whose limit counts bytes, to commit_end as in fit_commit); the rest of its span
- * becomes a block of its own in the cache, with the committed memory it holds (the file comment). Its header is written and marked
- * FREED before the map marks its granule, as a fresh block's is; when the map's table cannot be made
- * the block stays whole. */
+ * becomes a block of its own in the cache, with the committed memory it holds (the file comment). Its
+ * header is written and marked FREED before the map marks its granule, as a fresh block's is; when the
+ * map's table cannot be made the block stays whole. */
 static void split_off(large_header *h, size_t need, size_t *committed, int exact)
 {
     if (!os_can_release_part() || (h->layout & LAYOUT_GROWN) != 0)

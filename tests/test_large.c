@@ -2021,7 +2021,7 @@ TEST(a_cached_block_taken_for_much_less_is_split_and_the_parts_join_when_freed)
  * pages of them that its last life wrote are still there for its next one. A 20 MB block written whole
  * and taken for 5 MB keeps its 8 MB resident, [6 MB, 8 MB) above its own 6 MB included. When that part
  * was given back, a block taken again for more took a fault for each of its pages (or cleared its huge
- * page) every time: blocks of 5-25 MB written at both ends took 4 times as long
+ * page) every time: blocks of 5-25 MB written at both ends took up to 10 times as long
  * (bench/results/2026-12-06-large-sparse.md). */
 TEST(a_split_block_keeps_the_pages_of_its_granules)
 {
