@@ -964,9 +964,11 @@ static void split_off(large_header *h, size_t need, size_t *committed, int exact
     store_relaxed(&h->layout, layout_of(keep, offset_of(h)) | flags_of(h) | LAYOUT_SPLIT);
     h->committed = keep;
     *committed = keep;
-    size_t end = commit_end(need, keep, exact);
-    if (exact && end < keep && os_decommit((uint8_t *)h + end, keep - end) == 0)
-        *committed = h->committed = end;
+    if (exact) { /* a created heap's limit counts bytes: the part above commit_end goes back */
+        size_t end = commit_end(need, keep, 1);
+        if (end < keep && os_decommit((uint8_t *)h + end, keep - end) == 0)
+            *committed = h->committed = end;
+    }
     cache_put(r);
 }
 
