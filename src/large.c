@@ -16,7 +16,14 @@
  *
  * The span is the reservation: what the block needs and as much again as headroom (at most 1 GB of
  * it), rounded to 64 KB, or to 2 MB where the platform gives large pages (span_for): a 1.1 MB block
- * reserves 2.25 MB, or 4 MB. A fresh block has no floor under it. The
+ * reserves 2.25 MB, or 4 MB. A fresh block takes its headroom from the largest need asked for lately
+ * if that is more than its own (asked_high: since the high last came down, below; at most 4 times its
+ * own need), so that once freed it can serve the program's largest requests too: a cached block serves
+ * only requests its span holds, and without this blocks made for small requests stayed cached beside
+ * the large ones, each keeping the pages its lives had written. bench/shapes.c's large-ends (blocks of
+ * 5-25 MB written at both ends) peaked at 139.5 MB at one thread, in five blocks of up to 26 MB, against
+ * mimalloc 3.4.3's 122.0; with it, at 97.9 MB in 0.8 of the time, and at 2 threads at 193.8 MB against
+ * 229.6 (bench/results/2026-12-06-standing-intel-9f9994e.md). A fresh block has no floor under it. The
  * seed's 16 MB floor under every block spared a buffer that grows from 1 MB a move on the way to 1 GB
  * (bench/large.py counts them; on Linux a move copies nothing), and made every block below 8 MB hold
  * 16 MB of address space, a 1.1 MB one fourteen times its size, which the process's size (VSZ) and
@@ -239,8 +246,17 @@ static size_t need_of(size_t size, size_t offset) { return round_up(size + offse
 /* How much headroom a new reservation gets (see the file comment). */
 enum headroom { HEADROOM_NONE, HEADROOM_FRESH, HEADROOM_GROWN };
 
-/* The span of a new reservation for `need` bytes. With headroom and large pages it ends on a large
- * page's boundary: a span that ends inside a 2 MB leaves that 2 MB in 4 KB pages for good, and a block
+/* The largest need asked for since lower_high (below); 0 after it. Read by every allocation, written
+ * rarely: a line of its own, away from the live counts that other threads' allocations write, since a
+ * thread served by its spare otherwise touches no shared line. */
+static struct {
+    size_t need __attribute__((aligned(64)));
+    char pad[64 - sizeof(size_t)];
+} asked_high;
+
+/* The span of a new reservation for `need` bytes (a fresh one's headroom from asked_high: the file
+ * comment). With headroom and large pages it ends on a large page's boundary: a span that ends inside
+ * a 2 MB leaves that 2 MB in 4 KB pages for good, and a block
  * that grew in place into it took a fault per 4 KB there (bench/shapes.py's mixed, whose blocks of
  * 1-4 MB grow by half: 400-500 faults in each such 2 MB). It costs address space only. */
 static size_t span_for(size_t need, enum headroom headroom)
@@ -248,7 +264,10 @@ static size_t span_for(size_t need, enum headroom headroom)
     size_t least = round_up(need, PORT_RESERVE_ALIGN);
     if (headroom == HEADROOM_NONE || os_address_space_limit() != SIZE_MAX)
         return least;
-    size_t extra = need < SHARD_LARGE_HEADROOM_MAX ? need : SHARD_LARGE_HEADROOM_MAX;
+    size_t asked = load_relaxed(&asked_high.need), room_for = need;
+    if (headroom == HEADROOM_FRESH && asked > need)
+        room_for = asked < 4 * need ? asked : 4 * need;
+    size_t extra = room_for < SHARD_LARGE_HEADROOM_MAX ? room_for : SHARD_LARGE_HEADROOM_MAX;
     size_t span = need + extra;
     if (headroom == HEADROOM_GROWN && span < SHARD_LARGE_GROWN_SPAN_MIN)
         span = SHARD_LARGE_GROWN_SPAN_MIN;
@@ -498,10 +517,12 @@ static size_t cache_limit(void)
 }
 
 /* Under the lock, after blocks left for age or all at once: the high becomes what live and cached
- * blocks hold now, so that a program past its peak does not keep the room for it. */
+ * blocks hold now, so that a program past its peak does not keep the room for it, and the largest need
+ * asked for is forgotten, so that its spans do not either. */
 static void lower_high(void)
 {
     store_relaxed(&live_high, load_relaxed(&live_committed) + cache.bytes);
+    store_relaxed(&asked_high.need, 0);
 }
 
 /* Under the lock: the expired entries leave (into victims, for the caller to release after unlocking),
@@ -1046,6 +1067,8 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
     if (owner != NULL && offset < LARGE_HEAP_OFFSET)
         offset = LARGE_HEAP_OFFSET;
     size_t need = need_of(size, offset), committed = 0;
+    if (need > load_relaxed(&asked_high.need))
+        store_relaxed(&asked_high.need, need); /* racy by design: a lost raise only makes a span smaller */
     if (owner != NULL && heap_charge(owner, need) != 0)
         return NULL;
     heap *me = heap_mine(), *spare = NULL;
