@@ -256,9 +256,9 @@ static struct {
 
 /* The span of a new reservation for `need` bytes (a fresh one's headroom from asked_high: the file
  * comment). With headroom and large pages it ends on a large page's boundary: a span that ends inside
- * a 2 MB leaves that 2 MB in 4 KB pages for good, and a block
- * that grew in place into it took a fault per 4 KB there (bench/shapes.py's mixed, whose blocks of
- * 1-4 MB grow by half: 400-500 faults in each such 2 MB). It costs address space only. */
+ * a 2 MB leaves that 2 MB in 4 KB pages for good, and a block that grew in place into it took a fault
+ * per 4 KB there (bench/shapes.py's mixed, whose blocks of 1-4 MB grow by half: 400-500 faults in each
+ * such 2 MB). It costs address space only. */
 static size_t span_for(size_t need, enum headroom headroom)
 {
     size_t least = round_up(need, PORT_RESERVE_ALIGN);
