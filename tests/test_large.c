@@ -156,13 +156,18 @@ static size_t commit_end(size_t c, size_t r)
     return e <= r ? e : c;
 }
 
-/* The reservation of a fresh block of n bytes, counted from its header. */
-static size_t reservation(size_t n)
+/* The reservation of a fresh block of n bytes, counted from its header, made when the largest need
+ * asked for since the cache's high last came down was `asked`: its headroom is its own need, or asked
+ * where that is more, up to 4 times its need. */
+static size_t reservation_after(size_t n, size_t asked)
 {
-    size_t c = need(n);
-    return round_up(c + (c < RESERVE_EXTRA_MAX ? c : RESERVE_EXTRA_MAX),
+    size_t c = need(n), room = asked > c ? (asked < 4 * c ? asked : 4 * c) : c;
+    return round_up(c + (room < RESERVE_EXTRA_MAX ? room : RESERVE_EXTRA_MAX),
                     COMMITS_WHOLE_LARGE_PAGES ? HUGE_PAGE : RESERVE_GRANULE);
 }
+
+/* The same with no larger need asked for (forget_needs). */
+static size_t reservation(size_t n) { return reservation_after(n, 0); }
 
 /* Where a block of need c holding `committed` bytes gives back its tail from when it shrinks or a cached
  * block is taken for less: where the platform gives large pages, the next 2 MB boundary from its header
@@ -1340,13 +1345,6 @@ TEST(a_fresh_block_of_1_1mb_reserves_its_size_and_its_headroom_not_16mb)
  * Without it the cache held blocks too small for the large requests beside the large ones, each with
  * the pages its lives had written (bench/shapes.c's large-ends: 139.5 MB at one thread against 97.9).
  * A 2 MB block after a 64 MB one takes room for 4 times its need, not 64 MB. */
-static size_t reservation_after(size_t n, size_t asked)
-{
-    size_t c = need(n), room = asked > c ? (asked < 4 * c ? asked : 4 * c) : c;
-    return round_up(c + (room < RESERVE_EXTRA_MAX ? room : RESERVE_EXTRA_MAX),
-                    COMMITS_WHOLE_LARGE_PAGES ? HUGE_PAGE : RESERVE_GRANULE);
-}
-
 TEST(a_fresh_block_made_after_a_larger_request_takes_headroom_for_it_up_to_4_times_its_need)
 {
 #if !SHARD_RULES
