@@ -46,7 +46,8 @@
  * - With SHARDMM_LARGE_SPARES=0, as above. By default a thread keeps the block it freed last (C <= 4 MB,
  *   no part of a split) as its spare, counted as cached, for its own next malloc that the cache would
  *   give it; the rest goes to the cache. tests/run runs the tests above with SHARDMM_LARGE_SPARES=0 and
- *   those of the spares (the end of this file) without it.
+ *   those of the spares (the end of this file) without it; the two that count the cache's blocks one by
+ *   one skip when spares are on, so that the file run alone passes either way.
  * - calloc of a large size is zero over the whole usable size, also on a dirty cached block.
  * - A double free, an interior pointer, realloc and usable_size of them reach the error hook and change
  *   nothing; a double-freed block comes back from the cache once. Impossible sizes give NULL and leave
@@ -375,6 +376,21 @@ static int cache_limit_fixed(void)
 #define NEEDS_DEFAULT_LIMIT()                                                                            \
     do {                                                                                                 \
         if (getenv(CACHE_FIXED_ENV) != NULL)                                                             \
+            SKIP_TEST();                                                                                 \
+    } while (0)
+
+/* Whether the threads' spares are on (SHARDMM_LARGE_SPARES, and a delay above 0: the end of this file). */
+__attribute__((unused)) static int spares_on(void)
+{
+    const char *v = getenv("SHARDMM_LARGE_SPARES"), *d = getenv("SHARDMM_DELAY_MS");
+    return SHARD_RULES && !(v != NULL && strcmp(v, "0") == 0) && !(d != NULL && strcmp(d, "0") == 0);
+}
+
+/* Ends a test that counts the blocks of the process's cache where the thread's last freed block would
+ * wait in its spare instead (tests/run runs this file with SHARDMM_LARGE_SPARES=0 too). */
+#define NEEDS_NO_SPARES()                                                                                \
+    do {                                                                                                 \
+        if (spares_on())                                                                                 \
             SKIP_TEST();                                                                                 \
     } while (0)
 
@@ -2161,6 +2177,7 @@ TEST(the_cache_keeps_at_most_128_blocks_releasing_the_oldest_first)
     SKIP_TEST();
 #else
     NEEDS_DEFAULT_LIMIT();
+    NEEDS_NO_SPARES();
     enum { N = CACHE_MAX_BLOCKS + 1 };
     unsigned char *blocks[N], *back[N];
     size_t order[N];
@@ -2583,6 +2600,7 @@ TEST(cached_blocks_expire_a_second_after_their_free_on_a_large_call_a_freed_smal
 #if !SHARD_RULES
     SKIP_TEST(); /* only the rules to check; and 3 s of sleeping */
 #else
+    NEEDS_NO_SPARES();
     enum { A, B, C, D, E, GROUPS, PER = 2, N = GROUPS * PER, SMALL = 48, SMALL_SIZE = 4000 }; /* three pages of their own */
     const long step_ms = 550; /* 0.45 s to spare below the delay, 0.1 s above it after two steps */
     /* Committed 2, 3, 5, 6 and 7 MB: reservations of twice that, which a malloc of 17 MB never takes. */
@@ -3270,11 +3288,6 @@ TEST(threads_trading_large_blocks_keep_their_contents_and_the_cache_within_its_l
  * thread frees another, or exits, or its malloc does not fit it) or for the OS (a trim, or the delay
  * passed: at the first look of any thread's cache call between one and two delays after the free). The
  * tests of the process's cache above run with SHARDMM_LARGE_SPARES=0 (tests/run), these only without. */
-__attribute__((unused)) static int spares_on(void)
-{
-    const char *v = getenv("SHARDMM_LARGE_SPARES"), *d = getenv("SHARDMM_DELAY_MS");
-    return SHARD_RULES && !(v != NULL && strcmp(v, "0") == 0) && !(d != NULL && strcmp(d, "0") == 0);
-}
 
 /* SHARDMM_DELAY_MS as the test reads it: the spares' delay, ms. */
 __attribute__((unused)) static long spare_delay_ms(void)
