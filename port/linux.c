@@ -433,9 +433,14 @@ static int huge_faults_pay(void)
 }
 
 /* A reservation committed whole (the kernel charges it here) and hinted for huge pages over its aligned
- * 2 MB units from `from` on while they pay; its first page faulted in, timed. See the top of the file. */
+ * 2 MB units from `from` on while they pay; its first page faulted in, timed. See the top of the file.
+ * None while new mappings are locked (mlockall's MCL_FUTURE): the whole commit would make all of it
+ * resident and locked at once, a segment and an arena, 8 MB, for a thread's first small and medium
+ * blocks (test_hostile's locked-memory), where the core's piecewise commits lock what it commits. */
 static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_offset)
 {
+    if (new_mappings_locked())
+        return NULL;
     void *r = port_reserve(size, align);
     if (r == NULL)
         return NULL;

@@ -96,7 +96,9 @@ typedef struct port_capabilities {
      * neighbours included, so resident memory may exceed what the core committed by up to a large page
      * less a piece for each large page touched; and the uncommitted parts may read zeros rather than
      * fault (the core touches none). With PORT_LARGE_RESERVE_COMMITTED it comes committed whole, and the
-     * core commits nothing inside it. Without it the core takes port_reserve, and no large pages. */
+     * core commits nothing inside it. Without it the core takes port_reserve, and no large pages. NULL:
+     * none now (out of memory, or large pages are not to be had: Linux under mlockall), and the core
+     * takes port_reserve for that reservation. */
     void *(*reserve_large_pages)(size_t size, size_t align, size_t from);
 
     /* port_reserve for a large block (size and align multiples of PORT_RESERVE_ALIGN): the same result,
