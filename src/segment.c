@@ -419,16 +419,11 @@ void segment_spared_upper_early(segment *seg, unsigned kind) { spared_upper_hint
 
 segment *segment_create(struct heap *owner, unsigned kind, size_t commit, size_t large_from)
 {
-    segment *seg = NULL;
-    if (large_from != SEGMENT_LARGE_NONE) {
-        void *r = port_caps.reserve_large_pages(SEGMENT_SIZE, SEGMENT_SIZE, large_from);
-        if (r != NULL)
-            seg = reserve_counted(r, SEGMENT_SIZE);
-        else
-            large_from = SEGMENT_LARGE_NONE; /* none now (port.h): a plain reservation, on small pages */
-    }
-    if (seg == NULL)
-        seg = os_reserve(SEGMENT_SIZE, SEGMENT_SIZE);
+    void *r = large_from != SEGMENT_LARGE_NONE ? port_caps.reserve_large_pages(SEGMENT_SIZE, SEGMENT_SIZE, large_from)
+                                               : NULL;
+    if (r == NULL)
+        large_from = SEGMENT_LARGE_NONE; /* none now (port.h): a plain reservation, on small pages */
+    segment *seg = r != NULL ? reserve_counted(r, SEGMENT_SIZE) : os_reserve(SEGMENT_SIZE, SEGMENT_SIZE);
     if (seg == NULL)
         return NULL;
     int whole = large_from != SEGMENT_LARGE_NONE && (port_caps.flags & PORT_LARGE_RESERVE_COMMITTED) != 0;
