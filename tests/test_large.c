@@ -172,7 +172,10 @@ static size_t reservation(size_t n) { return reservation_after(n, 0); }
 
 /* Whether the reserved bytes grew by `grew` for one block whose reservation is `expected`: by that, or by
  * that and the allocator's metadata reservation, when the block's bookkeeping took a new one. */
-__attribute__((unused)) static int grew_by_block(size_t grew, size_t expected) { return grew == expected || grew == expected + META_RESERVE; }
+__attribute__((unused)) static int grew_by_block(size_t grew, size_t expected)
+{
+    return grew == expected || grew == expected + META_RESERVE;
+}
 
 /* Where a block of need c holding `committed` bytes gives back its tail from when it shrinks or a cached
  * block is taken for less: where the platform gives large pages, the next 2 MB boundary from its header
