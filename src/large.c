@@ -124,8 +124,8 @@
  * - The threads' spares (SHARDMM_LARGE_SPARES, on by default): the block a thread freed last, if it
  *   keeps at most SHARD_LARGE_SPARE_MAX (4 MB) committed and is no part of a split reservation (those
  *   go to the cache, where they join), waits in its heap's `large_spare` word instead of the cache, and
- *   the thread's next large allocation takes it when the cache would choose it (spare_take); a spare
- *   that does not fit goes to the cache first, where the choice weighs it with the rest. A thread that
+ *   the thread's next large allocation takes it when it holds the need (spare_take); a spare that
+ *   does not goes to the cache first, where the choice weighs it with the rest. A thread that
  *   frees and allocates large blocks in turn then takes no lock and changes no shared counter: the cache's
  *   one lock and the live counts' atomics were most of such a call, and they were shared by every
  *   thread (1-2 MB buffers of which a request uses 64 KB at most, bench/shapes.c's requests: 2 and 8
@@ -780,18 +780,20 @@ static int spare_put(heap *me, large_header *h)
     return 0;
 }
 
-/* The spare of `me`, the calling thread's heap, for `need` bytes (header included), if the cache would
- * choose it: committed enough, and either no more than a fresh block would be (commit_end: the
- * smallest that is enough, and of equals the thread's own, freed last) or with no cached block to weigh
- * it against (one load). *committed: what it holds. A spare that does not fit so goes to the cache,
- * which weighs it with the rest: NULL. */
+/* The spare of `me`, the calling thread's heap, for `need` bytes (header included), if it holds them.
+ * A thread's block takes it whatever it commits beyond the need: at most SHARD_LARGE_SPARE_MAX, so at
+ * most one 2 MB large page more than a fresh block would (commit_end), memory the process holds either
+ * way (why not only when the cache would choose it: docs/design.md, Large blocks). A created heap's
+ * block (`exact`: its limit counts committed bytes) takes it only when it commits just the need or no
+ * cached block is there. *committed: what it holds. A spare that does not fit goes to the cache, which
+ * weighs it with the rest: NULL. */
 static large_header *spare_take(heap *me, size_t need, int exact, size_t *committed)
 {
     uintptr_t w = load_relaxed(&me->large_spare);
     if (w == 0)
         return NULL;
     size_t c = spare_committed(w);
-    int fits = c >= need && (c <= commit_end(need, SIZE_MAX, exact) || load_relaxed(&cache.oldest_at) == UINT64_MAX);
+    int fits = c >= need && (!exact || c == need || load_relaxed(&cache.oldest_at) == UINT64_MAX);
     /* Only this thread puts a spare: the exchange finds w, or 0 when another thread took it meanwhile. */
     if ((w = exchange_acq_rel(&me->large_spare, (uintptr_t)0)) == 0)
         return NULL;

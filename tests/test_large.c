@@ -44,8 +44,8 @@
  * - A cached block expires 1 s after its free, released on the next large malloc/free/realloc, when a
  *   small page becomes free, or at a thread's exit; shard_get_stats alone releases nothing.
  * - With SHARDMM_LARGE_SPARES=0, as above. By default a thread keeps the block it freed last (C <= 4 MB,
- *   no part of a split) as its spare, counted as cached, for its own next malloc that the cache would
- *   give it; the rest goes to the cache. tests/run runs the tests above with SHARDMM_LARGE_SPARES=0 and
+ *   no part of a split) as its spare, counted as cached, for its own next malloc that it holds; the rest
+ *   goes to the cache. tests/run runs the tests above with SHARDMM_LARGE_SPARES=0 and
  *   those of the spares (the end of this file) without it; the two that count the cache's blocks one by
  *   one skip when spares are on, so that the file run alone passes either way.
  * - calloc of a large size is zero over the whole usable size, also on a dirty cached block.
@@ -3405,6 +3405,58 @@ TEST(spare_a_thread_takes_back_the_block_it_freed_last_and_others_get_it_once_th
     shard_free(after);
     shard_collect();
     check_allocator("after a thread's spare");
+#endif
+}
+
+/* A spare serves any request it holds, also one smaller than it commits while the cache holds a block
+ * that fits the request more closely: a block of 2 MB (which commits 4 MB where the platform gives large
+ * pages, 2 MB and a page elsewhere) freed last, one of 1.5 MB freed before it and cached, then malloc(1.5
+ * MB) takes the spare back. Before, the spare went to the cache and the cached block came out: the cache
+ * lock twice a call, and blocks of just under 2 MB went round for good (src/large.c, spare_take). */
+TEST(spare_serves_a_smaller_request_than_it_commits_while_the_cache_holds_a_closer_fit)
+{
+    if (!spares_on())
+        SKIP_TEST();
+#if SHARD_RULES
+    shard_collect(); /* no spare of this thread's, no cached block */
+    shard_stats s0 = stats_now();
+    const size_t big = 2 * MB, small = 3 * MB / 2;
+    unsigned char *a = shard_malloc(big), *b = shard_malloc(small);
+    CHECK(a != NULL && b != NULL);
+    if (a == NULL || b == NULL) {
+        shard_free(a);
+        shard_free(b);
+        return;
+    }
+    fill64(a, big, 0xb300);
+    fill64(b, small, 0xb301);
+    shard_free(b); /* this thread's spare */
+    shard_free(a); /* the spare now, b in the cache */
+    CHECK_CACHE_NOW(s0.large_cached + 2, s0.large_cached_bytes + fresh_commit(big) + fresh_commit(small),
+                    "a freed (the spare) and b cached");
+    unsigned char *p = shard_malloc(small);
+    CHECK(p != NULL);
+    CHECKF(p == a, "malloc(1.5 MB) got %p, not the spare %p (the cached block is %p)", (void *)p, (void *)a,
+           (void *)b);
+    if (p) {
+        fill64(p, small, 0xb302);
+        CHECK_BLOCK(p, small, 0xb302, "the spare taken for less than it commits");
+        CHECKF(shard_usable_size(p) >= small, "usable size %zu of malloc(%zu)", shard_usable_size(p), small);
+    }
+    CHECK_CACHE_NOW(s0.large_cached + 1, s0.large_cached_bytes + fresh_commit(small), "b still cached");
+    unsigned char *q = shard_malloc(small);
+    CHECK(q != NULL);
+    CHECKF(q == b, "the next malloc(1.5 MB) got %p, not the cached block %p", (void *)q, (void *)b);
+    if (q) {
+        fill64(q, small, 0xb303);
+        CHECK_BLOCK(q, small, 0xb303, "the cached block taken");
+    }
+    if (p)
+        CHECK_BLOCK(p, small, 0xb302, "the spare's block beside it");
+    shard_free(p);
+    shard_free(q);
+    shard_collect();
+    check_allocator("after a spare taken for less");
 #endif
 }
 
