@@ -3339,6 +3339,20 @@ __attribute__((unused)) static void spare_round(unsigned char **p, uint64_t seed
     shard_free(*p);
 }
 
+/* malloc(n), which must give `expected`: the block filled with seed's pattern and checked. */
+__attribute__((unused)) static unsigned char *spare_expect(size_t n, const void *expected, uint64_t seed,
+                                                           const char *what)
+{
+    unsigned char *p = shard_malloc(n);
+    CHECK(p != NULL);
+    CHECKF(p == expected, "%s: malloc(%zu) got %p, not %p", what, n, (void *)p, expected);
+    if (p) {
+        fill64(p, n, seed);
+        CHECK_BLOCK(p, n, seed, "%s", what);
+    }
+    return p;
+}
+
 __attribute__((unused)) static void *spare_thread(void *arg)
 {
     struct spare_run *r = arg;
@@ -3391,14 +3405,7 @@ TEST(spare_a_thread_takes_back_the_block_it_freed_last_and_others_get_it_once_th
            (void *)r.first);
     __atomic_store_n(&r.step, 4, __ATOMIC_RELEASE);
     thread_join(t);
-    unsigned char *after = shard_malloc(SPARE_SIZE);
-    CHECK(after != NULL);
-    CHECKF(after == r.second, "after the thread exited, malloc(3 MB) got %p, not its spare %p from the cache",
-           (void *)after, (void *)r.second);
-    if (after) {
-        fill64(after, SPARE_SIZE, 0xb103);
-        CHECK_BLOCK(after, SPARE_SIZE, 0xb103, "the exited thread's spare, taken here");
-    }
+    unsigned char *after = spare_expect(SPARE_SIZE, r.second, 0xb103, "the exited thread's spare, from the cache");
     if (mine)
         CHECK_BLOCK(mine, SPARE_SIZE, 0xb102, "this thread's block");
     shard_free(mine);
@@ -3434,23 +3441,11 @@ TEST(spare_serves_a_smaller_request_than_it_commits_while_the_cache_holds_a_clos
     shard_free(a); /* the spare now, b in the cache */
     CHECK_CACHE_NOW(s0.large_cached + 2, s0.large_cached_bytes + fresh_commit(big) + fresh_commit(small),
                     "a freed (the spare) and b cached");
-    unsigned char *p = shard_malloc(small);
-    CHECK(p != NULL);
-    CHECKF(p == a, "malloc(1.5 MB) got %p, not the spare %p (the cached block is %p)", (void *)p, (void *)a,
-           (void *)b);
-    if (p) {
-        fill64(p, small, 0xb302);
-        CHECK_BLOCK(p, small, 0xb302, "the spare taken for less than it commits");
-        CHECKF(shard_usable_size(p) >= small, "usable size %zu of malloc(%zu)", shard_usable_size(p), small);
-    }
+    unsigned char *p = spare_expect(small, a, 0xb302, "the spare (a) taken for less than it commits, b cached");
+    CHECKF(p == NULL || shard_usable_size(p) >= small, "usable size %zu of malloc(%zu)", shard_usable_size(p),
+           small);
     CHECK_CACHE_NOW(s0.large_cached + 1, s0.large_cached_bytes + fresh_commit(small), "b still cached");
-    unsigned char *q = shard_malloc(small);
-    CHECK(q != NULL);
-    CHECKF(q == b, "the next malloc(1.5 MB) got %p, not the cached block %p", (void *)q, (void *)b);
-    if (q) {
-        fill64(q, small, 0xb303);
-        CHECK_BLOCK(q, small, 0xb303, "the cached block taken");
-    }
+    unsigned char *q = spare_expect(small, b, 0xb303, "the cached block (b) taken next");
     if (p)
         CHECK_BLOCK(p, small, 0xb302, "the spare's block beside it");
     shard_free(p);
