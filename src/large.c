@@ -781,12 +781,12 @@ static int spare_put(heap *me, large_header *h)
 }
 
 /* The spare of `me`, the calling thread's heap, for `need` bytes (header included), if it holds them.
- * A thread's block takes it whatever it commits beyond the need: at most SHARD_LARGE_SPARE_MAX, so at
- * most one 2 MB large page more than a fresh block would (commit_end), memory the process holds either
- * way (why not only when the cache would choose it: docs/design.md, Large blocks). A created heap's
- * block (`exact`: its limit counts committed bytes) takes it only when it commits just the need or no
- * cached block is there. *committed: what it holds. A spare that does not fit goes to the cache, which
- * weighs it with the rest: NULL. */
+ * A thread's block takes it whatever it commits beyond the need: at most SHARD_LARGE_SPARE_MAX in all,
+ * so less than 3 MB more than a need of over 1 MB (with large pages, at most one 2 MB page more than a
+ * fresh block's commit_end), memory the process holds either way (why not only when the cache would
+ * choose it: docs/design.md, Large blocks). A created heap's block (`exact`: its limit counts committed
+ * bytes) takes it only when it commits just the need or no cached block is there. *committed: what it
+ * holds. A spare that does not fit goes to the cache, which weighs it with the rest: NULL. */
 static large_header *spare_take(heap *me, size_t need, int exact, size_t *committed)
 {
     uintptr_t w = load_relaxed(&me->large_spare);
