@@ -3437,6 +3437,8 @@ TEST(spare_serves_a_smaller_request_than_it_commits_while_the_cache_holds_a_clos
     }
     fill64(a, big, 0xb300);
     fill64(b, small, 0xb301);
+    CHECK_BLOCK(a, big, 0xb300, "the 2 MB block");
+    CHECK_BLOCK(b, small, 0xb301, "the 1.5 MB block");
     shard_free(b); /* this thread's spare */
     shard_free(a); /* the spare now, b in the cache */
     CHECK_CACHE_NOW(s0.large_cached + 2, s0.large_cached_bytes + fresh_commit(big) + fresh_commit(small),
