@@ -9,9 +9,10 @@
  * pointer is checked against the own-segment table or the segment map before anything is read through
  * it, and a small block against its page before anything is written. What stays unseen: a second free
  * of a small item (as in the seed: an item has no room for a mark; the hardened build sees it from the
- * item's encoded link, small.h), and from another thread an item the page has not carved yet (that test
- * would read the owner's cache line). An allocation that fails for
- * want of memory gives back what waits (heap_relieve) and is tried once more.
+ * item's encoded link, small.h), from another thread an item the page has not carved yet (that test
+ * would read the owner's cache line), and the second of two frees of a thread's large block racing on
+ * two threads (its mark changes with a plain store; the hardened build's CAS sees it, large.c). An
+ * allocation that fails for want of memory gives back what waits (heap_relieve) and is tried once more.
  *
  * Depends on: heap.h (and through it small.h, medium.h, segment.h), large.h, error.h, fast.h, layout.h
  * (generated), libc.h, port.h, include/shardmm.h, debugmode.h (the public names, API).

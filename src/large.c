@@ -57,9 +57,14 @@
  *
  * The header's mark is LIVE while the block is live and FREED while it waits in the cache. A pointer is
  * a live block exactly when it is the block's offset into a SEG_LARGE entry of the map (or at the start
- * of a SEG_LARGE_FAR one) and the mark there is LIVE; free changes the mark with a CAS, so of two frees
- * of one block only one gets past it, and the other (like any address that is not a live block) goes to
- * the error hook without touching the cache.
+ * of a SEG_LARGE_FAR one) and the mark there is LIVE; free makes it FREED, so a second free of the block
+ * (like any address that is not a live block) goes to the error hook without touching the cache. A
+ * thread's block changes its mark with a plain store: a CAS there was a locked instruction a free, which
+ * waits for the program's stores before it (an eighth of the time of 1-2 MB buffers freed and taken
+ * again, bench/shapes.c's requests; bench/results/2026-12-06-plain-spares.md), and only two frees that
+ * race on two threads, a data race in the program, both pass it. The hardened build, and a created
+ * heap's block (its heap's reset or destroy claims it with a CAS, large_release_owned), keep the CAS:
+ * of two frees only one gets past it.
  *
  * The cache: up to SHARD_LARGE_CACHE_BLOCKS blocks and a byte limit of committed memory
  * (SHARDMM_LARGE_CACHE_MB, options.h; SHARD_LARGE_CACHE_BYTES by default), oldest first, under a spin
@@ -1151,13 +1156,25 @@ int large_owner_is(const void *p, heap *owner)
     return h != NULL && owner_of(h) == owner;
 }
 
+/* LIVE (live_header read it) to FREED, for a free of h: 0; -1 when another free or a reset of its
+ * heap changed it first (the file comment: where a plain store does). */
+static int large_claim_for_free(large_header *h, heap *owner)
+{
+    uint64_t live = mark_live(h);
+    if (SHARD_HARDENED || owner != NULL)
+        return cas_acq_rel(&h->mark, &live, mark_freed(h)) ? 0 : -1;
+    store_release(&h->mark, mark_freed(h));
+    return 0;
+}
+
 int large_free(void *p)
 {
     large_header *h = live_header(p);
-    uint64_t live = mark_live(h);
-    if (h == NULL || !cas_acq_rel(&h->mark, &live, mark_freed(h)))
+    if (h == NULL)
         return -1;
     heap *owner = owner_of(h);
+    if (large_claim_for_free(h, owner) != 0)
+        return -1;
     if (owner != NULL) {
         fetch_add_relaxed(&owner->large_count, (size_t)-1);
         fetch_add_relaxed(&owner->large_bytes, -h->size);
