@@ -78,7 +78,8 @@
 enum {
     SYS_read = 0, SYS_write = 1, SYS_close = 3, SYS_mmap = 9, SYS_mprotect = 10, SYS_munmap = 11, SYS_rt_sigprocmask = 14,
     SYS_sched_yield = 24, SYS_mremap = 25, SYS_mincore = 27, SYS_madvise = 28, SYS_getpid = 39, SYS_kill = 62, SYS_gettid = 186,
-    SYS_clock_gettime = 228, SYS_exit_group = 231, SYS_tgkill = 234, SYS_openat = 257, SYS_prlimit64 = 302
+    SYS_clock_gettime = 228, SYS_exit_group = 231, SYS_tgkill = 234, SYS_openat = 257, SYS_prlimit64 = 302,
+    SYS_membarrier = 324
 };
 enum { PROT_NONE_ = 0, PROT_RW_ = 3 };
 enum { MAP_PRIVATE_ = 0x02, MAP_ANONYMOUS_ = 0x20, MADV_DONTNEED_ = 4, MADV_HUGEPAGE_ = 14, MADV_POPULATE_WRITE_ = 23 };
@@ -749,6 +750,19 @@ static uint64_t clock_ns(int clock)
 
 static void linux_yield(void) { sys3(SYS_sched_yield, 0, 0, 0); }
 
+/* membarrier(2) (Linux 4.14): the private expedited command interrupts only the CPUs that run a thread
+ * of this process, and needs the process registered first. A registration is kept across fork and
+ * dropped by exec; one that is missing (EPERM) is made here, once, and the command tried again. A
+ * kernel without it, or a filter that refuses it, gives -1. */
+enum { MEMBARRIER_PRIVATE_EXPEDITED_ = 8, MEMBARRIER_REGISTER_PRIVATE_EXPEDITED_ = 16, EPERM_ = 1 };
+static int linux_fence_all_threads(void)
+{
+    long r = sys3(SYS_membarrier, MEMBARRIER_PRIVATE_EXPEDITED_, 0, 0);
+    if (r == -EPERM_ && sys3(SYS_membarrier, MEMBARRIER_REGISTER_PRIVATE_EXPEDITED_, 0, 0) == 0)
+        r = sys3(SYS_membarrier, MEMBARRIER_PRIVATE_EXPEDITED_, 0, 0);
+    return r == 0 ? 0 : -1;
+}
+
 /* ---- options and the process's end ----------------------------------------------------------- */
 
 extern char **environ;
@@ -915,6 +929,7 @@ port_capabilities port_caps = {
     .address_space_limit = linux_address_space_limit,
     .clock_ms = linux_clock_ms,
     .yield = linux_yield,
+    .fence_all_threads = linux_fence_all_threads,
     .thread_exit_hook = linux_thread_exit_hook,
     .thread_exit_arm = linux_thread_exit_arm,
     .thread_id = linux_thread_id,

@@ -137,6 +137,13 @@ typedef struct port_capabilities {
 
     /* Give the processor to another thread after spinning has not helped. Without it: spin on. */
     void (*yield)(void);
+    /* A full memory fence in every running thread of the process, as if each had run one at some point
+     * during the call (Linux: membarrier's private expedited command; Windows: FlushProcessWriteBuffers):
+     * with it, one side of a handshake that is used rarely pays for both, and the side used often
+     * stores and loads without a fence (src/large.c: the threads' spares). 0 when done; -1 when it
+     * could not be (then nothing is guaranteed). The core calls it once at start-up, and uses it only
+     * if that call returned 0. Without it: both sides use locked instructions. */
+    int (*fence_all_threads)(void);
 
     /* The thread-exit hook. thread_exit_hook registers fn, once per process, before the first heap is
      * armed: 0; -1 when there is no hook to give (every pthread key of the process taken), and then no

@@ -656,6 +656,7 @@ void heap_start(void)
         if (state == 0 && cas_acq_rel(&exit_hook_state, &expected, 1u)) {
             store_relaxed(&start_maker, os_thread_tag());
             options_read(); /* before the first heap or large block; it allocates nothing */
+            large_start();
             if (port_caps.thread_exit_hook != NULL) /* -1: no hook; reclaim_dead finds exited threads' heaps */
                 port_caps.thread_exit_hook(heap_exit_hook);
             store_relaxed(&start_maker, (uintptr_t)0);

@@ -90,6 +90,9 @@ typedef struct heap {
      * take it too (a trim, memory pressure, the heap's retirement, a look that finds it waited). */
     uintptr_t large_spare;
     uintptr_t spare_seen;    /* large_spare at the last look for spares that waited (large.c) */
+    /* The handshake by which its thread empties large_spare without a locked instruction (large.c,
+     * spare_own): 1 while its thread is doing so, and how many other threads are about to take it. */
+    uint32_t spare_busy, spare_claims;
     /* What its thread's spare took off the large blocks' live counts less what it gave back (large.c),
      * two's complement; written by that thread alone, summed by large_live_counts. */
     size_t spare_blocks, spare_bytes;

@@ -136,8 +136,9 @@
  *   thread (1-2 MB buffers of which a request uses 64 KB at most, bench/shapes.c's requests: 2 and 8
  *   threads took 5.6 and 8 times as long as with spares, 1 thread 1.8 times;
  *   bench/results/2026-12-05-large-spares.md). A spare holds a pointer whose 4 MB alignment leaves room
- *   for its committed pages: one word, which its thread writes and any thread may take (exchange to
- *   0). Its block stays counted live, committed bytes and all, until it leaves the spare other than by
+ *   for its committed pages: one word, which its thread writes and any thread may take (to 0: an
+ *   exchange, or its thread's plain stores behind a handshake with the others, spare_own). Its block
+ *   stays counted live, committed bytes and all, until it leaves the spare other than by
  *   its thread's allocation; the heap's spare_blocks and spare_bytes keep what its thread's spares took
  *   off the live counts, and large_live_counts and large_cache_counts show spares as cached. It goes
  *   to the cache when its thread frees another block, exits (heap retire) or allocates one it does not
@@ -785,6 +786,61 @@ static int spare_put(heap *me, large_header *h)
     return 0;
 }
 
+/* Whether a thread empties its own spare word with plain stores (spare_own): the port fenced every
+ * thread at start-up (large_start). Not under ThreadSanitizer, which cannot see that fence. */
+static uint32_t spares_fenced;
+
+void large_start(void)
+{
+    if (!SHARD_TSAN && os_fence_all_threads() == 0)
+        store_release(&spares_fenced, 1u);
+}
+
+/* The spare word of `me`, the calling thread's heap, emptied for that thread: what it held, 0 when
+ * another thread took it first. Only this thread puts a spare, so the word holds what the caller loaded
+ * or 0. The exchange this was is a locked instruction, which waits for every store before it: in
+ * bench/shapes.c's requests, the program's writes into the block just served (bench/results/
+ * 2026-12-06-plain-spares.md). With spares_fenced, a handshake instead: this thread says it is busy,
+ * then looks for a claim; another thread (spare_seize) claims, fences every thread, then looks whether
+ * this one is busy. The fence orders this thread's store before its load, so at least one of the two
+ * sees the other's word: this one then exchanges after all, that one leaves the spare for now; and
+ * when this one sees no claim, the other has either not begun or finished its exchange, which is why
+ * the word is loaded again in between. */
+static uintptr_t spare_own(heap *me)
+{
+    if (load_relaxed(&spares_fenced)) {
+        store_relaxed(&me->spare_busy, 1u);
+        compiler_fence();
+        uintptr_t w = 0;
+        int claimed = load_relaxed(&me->spare_claims) != 0;
+        if (!claimed) {
+            w = load_relaxed(&me->large_spare);
+            store_relaxed(&me->large_spare, (uintptr_t)0);
+        }
+        compiler_fence();
+        store_release(&me->spare_busy, 0u);
+        if (!claimed)
+            return w;
+    }
+    return exchange_acq_rel(&me->large_spare, (uintptr_t)0);
+}
+
+/* h's spare word, emptied for a thread that may not be h's: what it held; 0 when none, or when h's thread
+ * is emptying it itself at this moment (spare_own: the spare stays, and leaves by the next look). */
+static uintptr_t spare_seize(heap *h)
+{
+    if (load_relaxed(&h->large_spare) == 0)
+        return 0;
+    if (!load_relaxed(&spares_fenced) || h == heap_mine())
+        return exchange_acq_rel(&h->large_spare, (uintptr_t)0);
+    uintptr_t w = 0;
+    fetch_add_relaxed(&h->spare_claims, 1u);
+    if (os_fence_all_threads() == 0 && load_acquire(&h->spare_busy) == 0)
+        w = exchange_acq_rel(&h->large_spare, (uintptr_t)0);
+    fetch_sub_release(&h->spare_claims, 1u);
+    return w;
+}
+
 /* The spare of `me`, the calling thread's heap, for `need` bytes (header included), if it holds them.
  * A thread's block takes it whatever it commits beyond the need: at most SHARD_LARGE_SPARE_MAX in all,
  * so less than 3 MB more than a need of over 1 MB (with large pages, at most one 2 MB page more than a
@@ -799,8 +855,7 @@ static large_header *spare_take(heap *me, size_t need, int exact, size_t *commit
         return NULL;
     size_t c = spare_committed(w);
     int fits = c >= need && (!exact || c == need || load_relaxed(&cache.oldest_at) == UINT64_MAX);
-    /* Only this thread puts a spare: the exchange finds w, or 0 when another thread took it meanwhile. */
-    if ((w = exchange_acq_rel(&me->large_spare, (uintptr_t)0)) == 0)
+    if ((w = spare_own(me)) == 0)
         return NULL;
     if (!fits) {
         spare_leave(w, 0);
@@ -811,10 +866,10 @@ static large_header *spare_take(heap *me, size_t need, int exact, size_t *commit
 }
 
 /* h's spare (another thread's, or a retiring heap's), if it has one, to the cache, or (release) to the
- * OS: the word the exchange takes, whatever was loaded before. */
+ * OS: the word spare_seize takes, whatever was loaded before. */
 static void spare_drain(heap *h, int release)
 {
-    uintptr_t w = load_relaxed(&h->large_spare) != 0 ? exchange_acq_rel(&h->large_spare, (uintptr_t)0) : 0;
+    uintptr_t w = spare_seize(h);
     if (w != 0)
         spare_leave(w, release);
 }

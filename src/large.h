@@ -34,6 +34,9 @@ void large_cache_expire(void);
 /* A reservation of `bytes` is about to be made (a segment, an arena): the cache gives back as much of
  * what it holds over its 128 MB (large.c's file comment). */
 void large_cache_shed(size_t bytes);
+/* At start-up, once the options are read (heap_start): whether threads may empty their own spares
+ * without a locked instruction (large.c, spare_own). */
+void large_start(void);
 /* A retiring heap's spare (large.c) goes to the cache. */
 void large_spare_drain(struct heap *h);
 /* Give every cached block, the spares' too, back to the OS now (shard_collect). */

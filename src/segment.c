@@ -159,6 +159,8 @@ int os_thread_alive(uint32_t id) { return port_caps.thread_alive != NULL ? port_
 
 uintptr_t os_thread_tag(void) { return port_caps.thread_tag != NULL ? port_caps.thread_tag() : 1; }
 
+int os_fence_all_threads(void) { return port_caps.fence_all_threads != NULL ? port_caps.fence_all_threads() : -1; }
+
 void os_out_of_memory(void)
 {
     if (port_caps.out_of_memory != NULL)

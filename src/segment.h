@@ -268,6 +268,7 @@ uint64_t os_clock_ms(void);                        /* a count of the calls, from
 uint32_t os_thread_id(void);                       /* 1, for every thread */
 int os_thread_alive(uint32_t id);                  /* 1 */
 uintptr_t os_thread_tag(void);                     /* 1 for every thread (no fork hooks then) */
+int os_fence_all_threads(void);                    /* -1: not done */
 void os_out_of_memory(void);                       /* nothing */
 void os_invalid_argument(void);                    /* nothing */
 

@@ -42,6 +42,12 @@ extern uint64_t sync_atomic_ops, sync_lock_acquisitions;
 #define cas_release(p, expected, desired) \
     counted(__atomic_compare_exchange_n((p), (expected), (desired), false, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
 
+/* Keeps the compiler from moving memory accesses across it; the processor may still (a store past a
+ * later load, on x86-64). For the side of a handshake whose fence another thread runs for it
+ * (port_caps.fence_all_threads). */
+#define compiler_fence() __atomic_signal_fence(__ATOMIC_SEQ_CST)
+#define fetch_sub_release(p, v) counted(__atomic_fetch_sub((p), (v), __ATOMIC_RELEASE))
+
 static inline void cpu_pause(void) { __asm__ volatile("pause" ::: "memory"); }
 
 /* Write intent for the line of p: the next allocation reads the link there and the caller writes.

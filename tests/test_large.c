@@ -3527,6 +3527,66 @@ TEST(spare_serves_a_smaller_request_than_it_commits_while_the_cache_holds_a_clos
  * so that its own spare goes to the cache each time: 2 MB and 9 MB, which commit 4 and 10 MB and never
  * take each other's block), and goes back to the OS between one and two delays after its free; then a
  * second one goes at shard_collect. */
+struct spare_race {
+    int done;
+    long collects;
+};
+
+__attribute__((unused)) static void *spare_race_collector(void *arg)
+{
+    struct spare_race *r = arg;
+    while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
+#if SHARD_RULES
+        shard_collect(); /* takes every heap's spare to the OS: this thread's as the other's (large.c, spare_seize) */
+#endif
+        r->collects++;
+    }
+    return NULL;
+}
+
+/* One thread takes its spare back round after round (without a locked instruction where the port
+ * fences all threads: large.c, spare_own) while another takes every spare to the OS as fast as it can.
+ * Each block is written at every page and read back before its free: a block taken by both would be
+ * unmapped under the writer (a fault) or handed out twice. */
+TEST(spare_its_thread_takes_while_another_thread_collects_goes_to_one_of_them)
+{
+    if (!spares_on())
+        SKIP_TEST();
+    enum { ROUNDS = 40000, PAGE_WORDS = 4096 / 8 };
+    static const size_t sizes[2] = { (3 * MB) / 2, (5 * MB) / 4 };
+    struct spare_race r = { 0, 0 };
+    thread_t t;
+    int started = thread_start(&t, spare_race_collector, &r) == 0;
+    CHECK(started);
+    if (!started)
+        return;
+    long bad = 0, taken_back = 0;
+    uint64_t *last = NULL;
+    for (long i = 0; i < ROUNDS && bad == 0; i++) {
+        size_t n = sizes[i % 2] / 8;
+        uint64_t *p = shard_malloc(n * 8);
+        CHECK(p != NULL);
+        if (p == NULL)
+            break;
+        taken_back += p == last;
+        for (size_t w = 0; w < n; w += PAGE_WORDS)
+            p[w] = (uint64_t)i * 0x9e3779b97f4a7c15u ^ w;
+        p[n - 1] = ~(uint64_t)i;
+        for (size_t w = 0; w < n; w += PAGE_WORDS)
+            bad += p[w] != ((uint64_t)i * 0x9e3779b97f4a7c15u ^ w);
+        bad += p[n - 1] != ~(uint64_t)i;
+        last = p;
+        shard_free(p);
+    }
+    __atomic_store_n(&r.done, 1, __ATOMIC_RELEASE);
+    thread_join(t);
+    CHECKF(bad == 0, "%ld words of this thread's blocks changed under it", bad);
+    /* Both sides must have had their turns: the spare served this thread, and the collector ran. */
+    CHECKF(taken_back > ROUNDS / 100 && r.collects > 100, "%ld of %d blocks were the spare, %ld collects",
+           taken_back, ROUNDS, r.collects);
+    check_allocator("after the spare races");
+}
+
 TEST(spare_goes_back_to_the_os_after_waiting_the_delay_and_at_shard_collect)
 {
     if (!spares_on())
