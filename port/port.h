@@ -138,7 +138,7 @@ typedef struct port_capabilities {
     /* Give the processor to another thread after spinning has not helped. Without it: spin on. */
     void (*yield)(void);
     /* A full memory fence in every running thread of the process, as if each had run one at some point
-     * during the call (Linux: membarrier's private expedited command; Windows: FlushProcessWriteBuffers):
+     * during the call (Linux: membarrier's private expedited command; Windows has none, see win64.c):
      * with it, one side of a handshake that is used rarely pays for both, and the side used often
      * stores and loads without a fence (src/large.c: the threads' spares). 0 when done; -1 when it
      * could not be (then nothing is guaranteed). The core calls it once at start-up, and uses it only

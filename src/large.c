@@ -825,8 +825,10 @@ static uintptr_t spare_own(heap *me)
     return exchange_acq_rel(&me->large_spare, (uintptr_t)0);
 }
 
-/* h's spare word, emptied for a thread that may not be h's: what it held; 0 when none, or when h's thread
- * is emptying it itself at this moment (spare_own: the spare stays, and leaves by the next look). */
+/* h's spare word, emptied for a thread that may not be h's: what it held; 0 when none, when h's thread
+ * is emptying it itself at this moment (spare_own: the spare stays, and leaves by the next look), or
+ * when the fence that worked at start-up fails now (a filter installed since: the spare stays until its
+ * thread frees, allocates or exits). */
 static uintptr_t spare_seize(heap *h)
 {
     if (load_relaxed(&h->large_spare) == 0)
