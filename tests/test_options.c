@@ -199,6 +199,14 @@ static void *spare_free_wait(void *arg)
         usleep(1000);
     return NULL;
 }
+
+/* Thread t runs spare_free_wait on args = {freed, done}; back once its block is freed and counted. */
+static void spare_free_started(pthread_t *t, void **args)
+{
+    pthread_create(t, NULL, spare_free_wait, args);
+    while (__atomic_load_n((void **)args[0], __ATOMIC_ACQUIRE) == NULL || cached_blocks() == 0)
+        usleep(1000);
+}
 #endif
 
 static void scenario_spare(void)
@@ -214,9 +222,7 @@ static void scenario_spare(void)
     int done = 0;
     void *args[2] = {&freed, &done};
     pthread_t t;
-    pthread_create(&t, NULL, spare_free_wait, args);
-    while (__atomic_load_n(&freed, __ATOMIC_ACQUIRE) == NULL || cached_blocks() == 0)
-        usleep(1000);
+    spare_free_started(&t, args);
     void *mine = shard_malloc(3 * MB);
     __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
     pthread_join(t, NULL);
@@ -410,9 +416,7 @@ static void scenario_spare_unfenced(void)
     int done = 0;
     void *args[2] = {&freed, &done};
     pthread_t t;
-    pthread_create(&t, NULL, spare_free_wait, args);
-    while (__atomic_load_n(&freed, __ATOMIC_ACQUIRE) == NULL || cached_blocks() == 0)
-        usleep(1000);
+    spare_free_started(&t, args);
     size_t before = cached_blocks();
     shard_collect();
     size_t after = cached_blocks();
