@@ -1179,7 +1179,7 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
 }
 
 /* A thread's allocation that its spare serves as it stands, which is most of them where a thread frees
- * and allocates large blocks in turn: near_alloc's result in fewer steps (66 instructions of some 350
+ * and allocates large blocks in turn: near_alloc's result in fewer steps (86 instructions of some 360
  * a pair of calls, bench/results/2026-12-06-plain-spares.md). The spare is one near_alloc would take
  * (spare_take: a thread's block takes any spare that holds the need), and the steps skipped would do
  * nothing for it: it commits the need already, not four times more (fit_commit would give that back),

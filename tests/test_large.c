@@ -3527,6 +3527,29 @@ TEST(spare_serves_a_smaller_request_than_it_commits_while_the_cache_holds_a_clos
  * so that its own spare goes to the cache each time: 2 MB and 9 MB, which commit 4 and 10 MB and never
  * take each other's block), and goes back to the OS between one and two delays after its free; then a
  * second one goes at shard_collect. */
+/* calloc served by the thread's spare (large.c: spare_alloc, the spare's short path) is zero over its
+ * usable size, though the block was freed dirty; and malloc from it keeps nothing of calloc's. */
+TEST(spare_calloc_takes_the_dirty_spare_and_zeroes_it)
+{
+    if (!spares_on())
+        SKIP_TEST();
+    const size_t dirty = 3 * MB / 2, asked = 5 * MB / 4;
+    unsigned char *p = shard_malloc(dirty);
+    CHECK(p != NULL);
+    if (p == NULL)
+        return;
+    memset(p, 0xA5, shard_usable_size(p));
+    shard_free(p);
+    unsigned char *q = shard_calloc(1, asked);
+    CHECKF(q == p, "calloc(%zu) got %p, not the spare %p", asked, (void *)q, (void *)p);
+    if (q == NULL)
+        return;
+    CHECK(shard_usable_size(q) >= asked);
+    CHECK_ZERO(q, shard_usable_size(q), "calloc(%zu) from a spare freed full of 0xA5", asked);
+    shard_free(q);
+    check_allocator("after calloc from the spare");
+}
+
 struct spare_race {
     int done;
     long collects;
