@@ -2846,12 +2846,6 @@ TEST(a_double_free_of_a_large_block_reaches_the_error_hook_and_the_block_comes_b
 #endif
 }
 
-/* Pointers into a live 8 MB block (committed 8 MB + 4 KB of 16 MB + 64 KB reserved) - p + 16, + 4 KB,
- * + 1 MB, the start of its second 4 MB and 32 bytes into it (where a block of its own would be), its
- * last 16 bytes, 32 bytes into its third 4 MB (reserved, not committed: nothing may read there), and
- * p - 16, p - 32 (its header) - in a block full of a pattern and one full of zeros, given to free,
- * realloc and usable_size by its thread and by another, reach the error hook; so do pointers into the
- * block once cached. The blocks keep their contents and usable sizes, and the cached one comes back. */
 struct free_race {
     void *p;
     int round, freed; /* the round whose block p is, the last round the other thread freed */
@@ -2918,6 +2912,12 @@ TEST(racing_frees_of_a_large_block_reach_the_hook_once_each_in_the_hardened_buil
 #endif
 }
 
+/* Pointers into a live 8 MB block (committed 8 MB + 4 KB of 16 MB + 64 KB reserved) - p + 16, + 4 KB,
+ * + 1 MB, the start of its second 4 MB and 32 bytes into it (where a block of its own would be), its
+ * last 16 bytes, 32 bytes into its third 4 MB (reserved, not committed: nothing may read there), and
+ * p - 16, p - 32 (its header) - in a block full of a pattern and one full of zeros, given to free,
+ * realloc and usable_size by its thread and by another, reach the error hook; so do pointers into the
+ * block once cached. The blocks keep their contents and usable sizes, and the cached one comes back. */
 TEST(interior_pointers_of_live_and_cached_large_blocks_reach_the_error_hook_and_change_nothing)
 {
 #if !SHARD_RULES
@@ -3523,12 +3523,8 @@ TEST(spare_serves_a_smaller_request_than_it_commits_while_the_cache_holds_a_clos
 #endif
 }
 
-/* The thread's block waits in its spare while this thread's cache calls look (two sizes that take turns,
- * so that its own spare goes to the cache each time: 2 MB and 9 MB, which commit 4 and 10 MB and never
- * take each other's block), and goes back to the OS between one and two delays after its free; then a
- * second one goes at shard_collect. */
 /* calloc served by the thread's spare (large.c: spare_alloc, the spare's short path) is zero over its
- * usable size, though the block was freed dirty; and malloc from it keeps nothing of calloc's. */
+ * usable size, though the block was freed dirty. */
 TEST(spare_calloc_takes_the_dirty_spare_and_zeroes_it)
 {
     if (!spares_on())
@@ -3610,6 +3606,10 @@ TEST(spare_its_thread_takes_while_another_thread_collects_goes_to_one_of_them)
     check_allocator("after the spare races");
 }
 
+/* The thread's block waits in its spare while this thread's cache calls look (two sizes that take turns,
+ * so that its own spare goes to the cache each time: 2 MB and 9 MB, which commit 4 and 10 MB and never
+ * take each other's block), and goes back to the OS between one and two delays after its free; then a
+ * second one goes at shard_collect. */
 TEST(spare_goes_back_to_the_os_after_waiting_the_delay_and_at_shard_collect)
 {
     if (!spares_on())
