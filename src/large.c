@@ -260,6 +260,13 @@ static struct {
     char pad[64 - sizeof(size_t)];
 } asked_high;
 
+/* An allocation asked for `need` bytes. Racy by design: a lost raise only makes a span smaller. */
+static void note_asked(size_t need)
+{
+    if (need > load_relaxed(&asked_high.need))
+        store_relaxed(&asked_high.need, need);
+}
+
 /* The span of a new reservation for `need` bytes (a fresh one's headroom from asked_high: the file
  * comment). With headroom and large pages it ends on a large page's boundary: a span that ends inside
  * a 2 MB leaves that 2 MB in 4 KB pages for good, and a block that grew in place into it took a fault
@@ -1006,6 +1013,17 @@ void large_cache_counts(size_t *blocks, size_t *bytes)
 
 /* ---- blocks ---------------------------------------------------------------------------------------- */
 
+/* Whether a block that commits `committed` bytes, at least `need`, holds so much beyond the need that
+ * fit_commit gives the rest back: more than 4 x need and more than 16 MB. */
+static int commits_too_much(size_t committed, size_t need)
+{
+    return committed - need > 4 * need && committed - need > SHARD_LARGE_EXCESS_MIN;
+}
+
+/* Whether split_off may cut a block that commits `committed` bytes: only one that keeps a granule beyond
+ * the granules its need rounds up to, so at least two. */
+static int may_split(size_t committed) { return committed >= 2 * SEGMENT_SIZE; }
+
 /* Commit or decommit so that h, committed `committed` bytes, holds `need` the way the cache rule says:
  * at least need (up to commit_end), and beyond it no more than 4 x need or 16 MB, whichever is more
  * (the seed's "up to 16 MB, or four times the request"). 0, or -1 out of memory. */
@@ -1017,7 +1035,7 @@ static int fit_commit(large_header *h, size_t committed, size_t need, int exact)
         if (os_commit(base + committed, end - committed) != 0)
             return -1;
         committed = end;
-    } else if (committed - need > 4 * need && committed - need > SHARD_LARGE_EXCESS_MIN) {
+    } else if (commits_too_much(committed, need)) {
         if (os_decommit(base + end, committed - end) == 0)
             committed = end;
     }
@@ -1033,7 +1051,7 @@ static int fit_commit(large_header *h, size_t committed, size_t need, int exact)
  * map's table cannot be made the block stays whole. */
 static void split_off(large_header *h, size_t need, size_t *committed, int exact)
 {
-    if (!os_can_release_part() || (h->layout & LAYOUT_GROWN) != 0)
+    if (!may_split(*committed) || !os_can_release_part() || (h->layout & LAYOUT_GROWN) != 0)
         return;
     size_t keep = round_up(need, SEGMENT_SIZE), span = span_of(h);
     if (*committed < keep + SEGMENT_SIZE || *committed < 2 * keep || keep >= span)
@@ -1131,8 +1149,7 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
     if (owner != NULL && offset < LARGE_HEAP_OFFSET)
         offset = LARGE_HEAP_OFFSET;
     size_t need = need_of(size, offset), committed = 0;
-    if (need > load_relaxed(&asked_high.need))
-        store_relaxed(&asked_high.need, need); /* racy by design: a lost raise only makes a span smaller */
+    note_asked(need);
     if (owner != NULL && heap_charge(owner, need) != 0)
         return NULL;
     heap *me = heap_mine(), *spare = NULL;
@@ -1182,9 +1199,8 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
  * and allocates large blocks in turn: near_alloc's result in fewer steps (86 instructions of some 360
  * a pair of calls, bench/results/2026-12-06-plain-spares.md). The spare is one near_alloc would take
  * (spare_take: a thread's block takes any spare that holds the need), and the steps skipped would do
- * nothing for it: it commits the need already, not four times more (fit_commit would give that back),
- * and less than two granules (split_off cuts only a block that keeps a granule beyond the one the need
- * rounds up to). NULL: near_alloc decides. */
+ * nothing for it: it commits the need already and not too much more (commits_too_much: fit_commit
+ * would give that back), and too little to be cut (may_split). NULL: near_alloc decides. */
 static void *spare_alloc(size_t size, int zero)
 {
     heap *me = heap_mine();
@@ -1192,10 +1208,9 @@ static void *spare_alloc(size_t size, int zero)
         return NULL;
     uintptr_t w = load_relaxed(&me->large_spare);
     size_t need = need_of(size, LARGE_HEADER), c = spare_committed(w);
-    if (w == 0 || c < need || c - need > 4 * need || c >= 2 * SEGMENT_SIZE)
+    if (w == 0 || c < need || commits_too_much(c, need) || may_split(c))
         return NULL;
-    if (need > load_relaxed(&asked_high.need))
-        store_relaxed(&asked_high.need, need); /* as near_alloc */
+    note_asked(need);
     if (spare_own(me) == 0)
         return NULL; /* another thread took it meanwhile */
     large_header *h = spare_block(w);
