@@ -11,6 +11,12 @@
  *                   many pages and segments before it is freed, oldest first.
  *   random-replace  10000 live blocks of 16..2048 bytes; each step frees a random one and allocates a
  *                   new random size into its slot (a fragmented steady state, cache-missing).
+ *   replace-64, replace-256, replace-1024
+ *                   1024 live blocks of one size; each step frees a random one and allocates a block of
+ *                   that size into its slot, its first and last words written (bench/shapes.c's
+ *                   glibc-thread, one size at a time). At 256 and 1024 bytes the blocks fill 4 and 16
+ *                   pages of 64 KB: which block a malloc gets back after a free into a full page decides
+ *                   the row (bench/results/2026-12-06-lifo-reuse.md).
  *   foreign-free    a producer thread allocates 64-byte blocks, a consumer thread frees them (the
  *                   cross-thread free path); they are handed over through a lock-free SPSC ring.
  *
@@ -242,6 +248,59 @@ static double row_random_replace(long pairs)
     return (double)(t1 - t0) / (double)pairs;
 }
 
+/* ---- replace-N: one size, a random slot freed and made again ---- */
+
+#define ONE_SIZE_BLOCKS 1024
+
+static uint16_t one_size_step[REPLACE_TABLE];
+static uint64_t *one_size_ptr[ONE_SIZE_BLOCKS];
+static uint64_t one_size_tag[ONE_SIZE_BLOCKS];
+
+/* Runs `pairs` replacements among ONE_SIZE_BLOCKS blocks of `size` bytes (a multiple of 8, at least 16);
+ * returns ns per pair. Each block holds its tag in its first word and the tag's complement in its last,
+ * checked before its free. */
+static double one_size_row(long pairs, size_t size)
+{
+    static bool steps_done;
+    if (!steps_done) {
+        steps_done = true;
+        rng_seed(0x6f6e655f73697a65u);
+        for (size_t i = 0; i < REPLACE_TABLE; i++)
+            one_size_step[i] = (uint16_t)(rng_next() % ONE_SIZE_BLOCKS);
+    }
+    size_t last = size / 8 - 1;
+    for (size_t s = 0; s < ONE_SIZE_BLOCKS; s++) { /* untimed fill */
+        uint64_t *p = alloc_block(size);
+        p[0] = one_size_tag[s] = s;
+        p[last] = ~(uint64_t)s;
+        one_size_ptr[s] = p;
+    }
+    long bad = 0;
+    uint64_t t0 = now_ns();
+    for (long i = 0; i < pairs; i++) {
+        size_t s = one_size_step[(size_t)i & (REPLACE_TABLE - 1)];
+        uint64_t *p = one_size_ptr[s];
+        bad += p[0] != one_size_tag[s] || p[last] != ~one_size_tag[s];
+        bench_free(p);
+        p = alloc_block(size);
+        p[0] = one_size_tag[s] = (uint64_t)i;
+        p[last] = ~(uint64_t)i;
+        one_size_ptr[s] = p;
+    }
+    uint64_t t1 = now_ns();
+    for (size_t s = 0; s < ONE_SIZE_BLOCKS; s++) { /* untimed teardown */
+        uint64_t *p = one_size_ptr[s];
+        bad += p[0] != one_size_tag[s] || p[last] != ~one_size_tag[s];
+        bench_free(p);
+    }
+    check_failures += bad;
+    return (double)(t1 - t0) / (double)pairs;
+}
+
+static double row_replace_64(long pairs) { return one_size_row(pairs, 64); }
+static double row_replace_256(long pairs) { return one_size_row(pairs, 256); }
+static double row_replace_1024(long pairs) { return one_size_row(pairs, 1024); }
+
 /* ---- foreign-free: allocate in one thread, free in another ---- */
 
 #define RING_SLOTS 256                    /* power of two */
@@ -360,6 +419,9 @@ static const struct row rows[] = {
     {"fifo-1000", row_fifo_1000, 8000000},
     {"fill-free", row_fill_free, 2000000},
     {"random-replace", row_random_replace, 2000000},
+    {"replace-64", row_replace_64, 8000000},
+    {"replace-256", row_replace_256, 8000000},
+    {"replace-1024", row_replace_1024, 8000000},
     {"foreign-free", row_foreign_free, 1000000},
 };
 #define ROW_COUNT (sizeof rows / sizeof rows[0])

@@ -28,7 +28,7 @@ from runner import BASELINE
 
 # The rows of bench/micro.c, in its order (keep in sync with its row table).
 ROWS = ["fixed-32", "mixed-lifo", "mixed-fifo", "lifo-1000", "fifo-1000", "fill-free",
-        "random-replace", "foreign-free"]
+        "random-replace", "replace-64", "replace-256", "replace-1024", "foreign-free"]
 DEFAULT_ALLOCS = ["shard", "mimalloc", "jemalloc", "system"]
 OPTIONAL_ALLOCS = ["shard-purec", "tcmalloc"]  # added to the default when their binaries exist
 # shard-purec: shardmm with its C fast paths (build/purec) in place of the NASM ones
