@@ -1142,6 +1142,17 @@ static void untake(large_header *h, size_t counted)
     cache_put(h);
 }
 
+/* A block taken again (from the cache or a spare), `committed` bytes of it committed, for `need` bytes
+ * with its block at `offset`: its size and layout, and with `zero` the block zeroed where it may be
+ * dirty (memory committed in place reads zero; what was committed when cached is not). */
+static inline void reuse_as(large_header *h, size_t need, size_t offset, size_t committed, int zero)
+{
+    store_relaxed(&h->size, need - offset); /* a walk may still read the block's last life */
+    store_relaxed(&h->layout, layout_of(span_of(h), offset) | flags_of(h));
+    if (zero && committed > offset)
+        mem_zero(block_of(h), (committed < need ? committed : need) - offset);
+}
+
 /* A block whose header is at its reservation's start: the calling thread's spare or the cache, else a
  * fresh reservation. */
 static void *near_alloc(size_t size, size_t offset, int zero, enum headroom headroom, heap *owner)
@@ -1179,10 +1190,7 @@ static void *near_alloc(size_t size, size_t offset, int zero, enum headroom head
                 return NULL;
             }
         }
-        store_relaxed(&h->size, need - offset); /* a walk may still read the block's last life */
-        store_relaxed(&h->layout, layout_of(span_of(h), offset) | flags_of(h));
-        if (zero && committed > offset) /* memory committed in place reads zero; what was committed when cached is dirty */
-            mem_zero(block_of(h), (committed < need ? committed : need) - offset);
+        reuse_as(h, need, offset, committed, zero);
     } else {
         size_t span;
         h = reserve_block(need, offset, 0, SEG_LARGE, headroom, owner != NULL, &span);
@@ -1214,10 +1222,7 @@ static void *spare_alloc(size_t size, int zero)
     if (spare_own(me) == 0)
         return NULL; /* another thread took it meanwhile */
     large_header *h = spare_block(w);
-    store_relaxed(&h->size, need - LARGE_HEADER);
-    store_relaxed(&h->layout, layout_of(span_of(h), LARGE_HEADER) | flags_of(h));
-    if (zero)
-        mem_zero(block_of(h), need - LARGE_HEADER);
+    reuse_as(h, need, LARGE_HEADER, c, zero);
     return go_live(h, NULL, me, c);
 }
 
