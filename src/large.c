@@ -59,12 +59,10 @@
  * a live block exactly when it is the block's offset into a SEG_LARGE entry of the map (or at the start
  * of a SEG_LARGE_FAR one) and the mark there is LIVE; free makes it FREED, so a second free of the block
  * (like any address that is not a live block) goes to the error hook without touching the cache. A
- * thread's block changes its mark with a plain store: a CAS there was a locked instruction a free, which
- * waits for the program's stores before it (an eighth of the time of 1-2 MB buffers freed and taken
- * again, bench/shapes.c's requests; bench/results/2026-12-06-plain-spares.md), and only two frees that
- * race on two threads, a data race in the program, both pass it. The hardened build, and a created
- * heap's block (its heap's reset or destroy claims it with a CAS, large_release_owned), keep the CAS:
- * of two frees only one gets past it.
+ * thread's block changes its mark with a plain store, not a locked instruction (why: docs/design.md,
+ * Errors), so two frees that race on two threads, a data race in the program, may both pass it. The
+ * hardened build, and a created heap's block (its heap's reset or destroy claims it with a CAS,
+ * large_release_owned), keep the CAS: of two frees only one gets past it.
  *
  * The cache: up to SHARD_LARGE_CACHE_BLOCKS blocks and a byte limit of committed memory
  * (SHARDMM_LARGE_CACHE_MB, options.h; SHARD_LARGE_CACHE_BYTES by default), oldest first, under a spin
