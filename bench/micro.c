@@ -14,7 +14,7 @@
  *   replace-64, replace-256, replace-1024
  *                   1024 live blocks of one size; each step frees a random one and allocates a block of
  *                   that size into its slot, its first and last words written (bench/shapes.c's
- *                   glibc-thread, one size at a time). At 256 and 1024 bytes the blocks fill 4 and 16
+ *                   glibc-thread-fixed). At 256 and 1024 bytes the blocks fill 4 and 16
  *                   pages of 64 KB: which block a malloc gets back after a free into a full page decides
  *                   the row (bench/results/2026-12-06-lifo-reuse.md).
  *   foreign-free    a producer thread allocates 64-byte blocks, a consumer thread frees them (the

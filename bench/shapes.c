@@ -28,10 +28,17 @@
  *   alloc-test    a working set of 4096 slots per thread, random slots replaced by blocks of 8 B - 64 KB
  *                 with a bias to small (half of them below 32 B, a 50th above 8 KB); an eighth of the
  *                 replacements resize the block by realloc instead, an eighth only free it.
- *   glibc-simple  the shape of glibc's bench-malloc-simple: tight loops of one fixed small size at a time
- *                 (16, 64, 256, 1024 B), allocating 25, 100, 400 or 1600 blocks and freeing them in turn.
- *   glibc-thread  the shape of glibc's bench-malloc-thread with one fixed small size at a time (16, 64,
- *                 256, 1024 B): each thread replaces random slots of a working set of 1024 blocks.
+ *   glibc-simple  glibc's bench-malloc-simple as mimalloc-bench runs it (no argument: sizes 16, 32 and
+ *                 64 B): tight loops of one size at a time, allocating 25, 100, 400 or 1600 blocks, every
+ *                 word written, and freeing them in turn.
+ *   glibc-thread  glibc's bench-malloc-thread as mimalloc-bench runs it: each thread replaces random
+ *                 slots of a working set of 1024 (empty at first) with blocks of 4 B - 32 KB drawn from
+ *                 an inverse-square distribution (half of them 8 B or less, one in a hundred above
+ *                 400 B), every byte written; the sizes and slots come round from tables of 8000 and
+ *                 4096 draws, the same for every thread, as there.
+ *   glibc-thread-fixed  our variant of glibc-thread's loop with one fixed size at a time (16, 64,
+ *                 256, 1024 B), written at both ends: 1024 blocks of 1 KB fill 16 pages of shardmm's,
+ *                 and nearly every free lands in a full one (bench/results/2026-12-06-lifo-reuse.md).
  *   rptest        the shape of rpmalloc's benchmark: each thread holds a working set of 2000 blocks of
  *                 16 B - 16 KB (log-uniform) and 1 % of 64 KB - 1 MB, replacing random slots; a quarter of
  *                 the replaced blocks go to the next thread (a ring of 1024 per thread), which frees them.
@@ -704,14 +711,25 @@ static double scenario_alloc_test(double scale, long *errors)
 /* ---- glibc-simple and glibc-thread ---- */
 
 #define GLIBC_SIMPLE_BLOCKS 12000000L  /* blocks in all, at scale 1 */
-#define GLIBC_THREAD_BLOCKS 40000000L  /* replacements in all, at scale 1 */
-#define GLIBC_WORKING_SET 1024     /* glibc-thread's slots per thread */
-static const size_t glibc_sizes[] = {16, 64, 256, 1024};
+#define GLIBC_THREAD_STEPS 8000000L    /* glibc-thread's replacements in all, at scale 1 */
+#define GLIBC_FIXED_BLOCKS 40000000L   /* glibc-thread-fixed's replacements in all, at scale 1 */
+#define GLIBC_WORKING_SET 1024         /* slots per thread of both glibc-thread loops */
+static const size_t glibc_simple_sizes[] = {16, 32, 64};
+static const size_t glibc_fixed_sizes[] = {16, 64, 256, 1024};
 static const size_t glibc_counts[] = {25, 100, 400, 1600};
-#define GLIBC_SIZES (sizeof glibc_sizes / sizeof glibc_sizes[0])
 #define GLIBC_COUNTS (sizeof glibc_counts / sizeof glibc_counts[0])
 
-/* The tight loops write and check two words of a block: its first and its last. */
+/* glibc-simple writes every word of a block (bench-malloc-simple writes every int) and checks its first
+ * and last. */
+static inline uint64_t *glibc_fill(size_t size, uint64_t tag)
+{
+    uint64_t *p = alloc_block(size);
+    for (size_t i = 0; i < size / 8; i++)
+        p[i] = tag + i;
+    return p;
+}
+
+/* glibc-thread-fixed writes and checks two words of a block: its first and its last. */
 static inline uint64_t *glibc_make(size_t size, uint64_t tag)
 {
     uint64_t *p = alloc_block(size);
@@ -720,9 +738,9 @@ static inline uint64_t *glibc_make(size_t size, uint64_t tag)
     return p;
 }
 
-static inline int glibc_free(uint64_t *p, size_t size, uint64_t tag)
+static inline int glibc_free(uint64_t *p, size_t size, uint64_t tag, uint64_t last)
 {
-    int bad = p[0] != tag || p[size / 8 - 1] != ~tag;
+    int bad = p[0] != tag || p[size / 8 - 1] != last;
     bench_free(p);
     return bad;
 }
@@ -731,39 +749,102 @@ static void glibc_simple_thread(struct worker *w)
 {
     uint64_t *blocks[1600];
     long errors = 0;
-    long per_phase = w->share / (long)(GLIBC_SIZES * GLIBC_COUNTS);
-    for (size_t s = 0; s < GLIBC_SIZES; s++)
+    size_t sizes = sizeof glibc_simple_sizes / sizeof glibc_simple_sizes[0];
+    long per_phase = w->share / (long)(sizes * GLIBC_COUNTS);
+    for (size_t s = 0; s < sizes; s++)
         for (size_t c = 0; c < GLIBC_COUNTS; c++) {
-            size_t size = glibc_sizes[s], count = glibc_counts[c];
+            size_t size = glibc_simple_sizes[s], count = glibc_counts[c];
             long reps = per_phase / (long)count > 0 ? per_phase / (long)count : 1;
             uint64_t tag = rng_next(&w->rng);
             for (long r = 0; r < reps; r++) {
                 for (size_t i = 0; i < count; i++)
-                    blocks[i] = glibc_make(size, tag + i);
+                    blocks[i] = glibc_fill(size, tag + (i << 8));
                 for (size_t i = 0; i < count; i++)
-                    errors += glibc_free(blocks[i], size, tag + i);
+                    errors += glibc_free(blocks[i], size, tag + (i << 8), tag + (i << 8) + size / 8 - 1);
             }
         }
     w->errors += errors;
 }
 
+/* glibc-thread's tables, made once before the threads start: NUM_BLOCK_SIZES sizes and NUM_OFFSETS slots
+ * of bench-malloc-thread, drawn from SEED (it draws them from rand()). A size is the inverse-square
+ * distribution's over [4, 32768]: the inverse of a uniform draw between 1/4 and 1/32768. */
+#define GLIBC_SIZE_DRAWS 8000
+#define GLIBC_SLOT_DRAWS (4 * GLIBC_WORKING_SET)
+static uint32_t glibc_sizes_drawn[GLIBC_SIZE_DRAWS];
+static uint16_t glibc_slots_drawn[GLIBC_SLOT_DRAWS];
+
+static void glibc_thread_draw(void)
+{
+    uint64_t rng = SEED ^ 0x676c69626374u;
+    const double lo = 1.0 / 32768, hi = 1.0 / 4;
+    for (size_t i = 0; i < GLIBC_SIZE_DRAWS; i++) {
+        double r = (double)(rng_next(&rng) >> 11) / (double)(1ull << 53); /* [0, 1) */
+        size_t size = (size_t)(1.0 / (hi - (hi - lo) * r));
+        glibc_sizes_drawn[i] = (uint32_t)(size < 4 ? 4 : size > 32768 ? 32768 : size);
+    }
+    for (size_t i = 0; i < GLIBC_SLOT_DRAWS; i++)
+        glibc_slots_drawn[i] = (uint16_t)rng_below(&rng, GLIBC_WORKING_SET);
+}
+
+/* The byte at offset i of a glibc-thread block tagged t (it writes (char)i). */
+static inline uint8_t glibc_byte(uint32_t t, size_t i) { return (uint8_t)(t + i); }
+
+static int glibc_thread_check(const uint8_t *p, uint32_t size, uint32_t t)
+{
+    return p[0] != glibc_byte(t, 0) || p[size / 2] != glibc_byte(t, size / 2) ||
+           p[size - 1] != glibc_byte(t, size - 1);
+}
+
 static void glibc_thread_thread(struct worker *w)
+{
+    uint8_t *blocks[GLIBC_WORKING_SET] = {0};
+    uint32_t sizes[GLIBC_WORKING_SET], tags[GLIBC_WORKING_SET];
+    long errors = 0;
+    size_t next_size = 0, next_slot = 0;
+    for (long r = 0; r < w->share; r++) {
+        size_t i = glibc_slots_drawn[next_slot];
+        next_slot = next_slot + 1 < GLIBC_SLOT_DRAWS ? next_slot + 1 : 0;
+        uint32_t size = glibc_sizes_drawn[next_size];
+        next_size = next_size + 1 < GLIBC_SIZE_DRAWS ? next_size + 1 : 0;
+        if (blocks[i] != NULL) {
+            errors += glibc_thread_check(blocks[i], sizes[i], tags[i]);
+            bench_free(blocks[i]);
+        }
+        uint8_t *p = alloc_block(size);
+        uint32_t t = (uint32_t)r;
+        for (size_t b = 0; b < size; b++)
+            p[b] = glibc_byte(t, b);
+        blocks[i] = p;
+        sizes[i] = size;
+        tags[i] = t;
+    }
+    for (size_t i = 0; i < GLIBC_WORKING_SET; i++)
+        if (blocks[i] != NULL) {
+            errors += glibc_thread_check(blocks[i], sizes[i], tags[i]);
+            bench_free(blocks[i]);
+        }
+    w->errors += errors;
+}
+
+static void glibc_fixed_thread(struct worker *w)
 {
     uint64_t *blocks[GLIBC_WORKING_SET];
     long errors = 0;
-    long per_size = w->share / (long)GLIBC_SIZES;
-    for (size_t s = 0; s < GLIBC_SIZES; s++) {
-        size_t size = glibc_sizes[s];
+    size_t sizes = sizeof glibc_fixed_sizes / sizeof glibc_fixed_sizes[0];
+    long per_size = w->share / (long)sizes;
+    for (size_t s = 0; s < sizes; s++) {
+        size_t size = glibc_fixed_sizes[s];
         uint64_t tags[GLIBC_WORKING_SET];
         for (size_t i = 0; i < GLIBC_WORKING_SET; i++)
             blocks[i] = glibc_make(size, tags[i] = rng_next(&w->rng));
         for (long r = 0; r < per_size; r++) {
             size_t i = rng_below(&w->rng, GLIBC_WORKING_SET);
-            errors += glibc_free(blocks[i], size, tags[i]);
+            errors += glibc_free(blocks[i], size, tags[i], ~tags[i]);
             blocks[i] = glibc_make(size, ++tags[i]);
         }
         for (size_t i = 0; i < GLIBC_WORKING_SET; i++)
-            errors += glibc_free(blocks[i], size, tags[i]);
+            errors += glibc_free(blocks[i], size, tags[i], ~tags[i]);
     }
     w->errors += errors;
 }
@@ -778,8 +859,16 @@ static double scenario_glibc_simple(double scale, long *errors)
 static double scenario_glibc_thread(double scale, long *errors)
 {
     (void)errors;
-    share_out(GLIBC_THREAD_BLOCKS, scale);
+    glibc_thread_draw();
+    share_out(GLIBC_THREAD_STEPS, scale);
     return run_team(glibc_thread_thread);
+}
+
+static double scenario_glibc_thread_fixed(double scale, long *errors)
+{
+    (void)errors;
+    share_out(GLIBC_FIXED_BLOCKS, scale);
+    return run_team(glibc_fixed_thread);
 }
 
 /* ---- rptest ---- */
@@ -1236,6 +1325,7 @@ static const struct scenario scenarios[] = {
     {"alloc-test", scenario_alloc_test, 1},
     {"glibc-simple", scenario_glibc_simple, 1},
     {"glibc-thread", scenario_glibc_thread, 2},
+    {"glibc-thread-fixed", scenario_glibc_thread_fixed, 2},
     {"rptest", scenario_rptest, 2},
     {"malloc-large", scenario_malloc_large, 1},
     {"large-ends", scenario_large_ends, 1},

@@ -43,9 +43,9 @@ OPTIONAL_ALLOCS = ["tcmalloc"]  # added to the default when its binary exists
 SHAPES = {
     "larson": (1, 2, 8), "larson-sized": (1, 2, 8), "xmalloc": (2, 8),
     "cache-thrash": (1, 2, 8), "cache-scratch": (1, 2, 8), "alloc-test": (1, 2, 8),
-    "glibc-simple": (1,), "glibc-thread": (2, 8), "rptest": (2, 8), "malloc-large": (1,),
-    "large-ends": (1,), "turnover": (1, 2, 8), "requests": (1, 2, 8), "ring": (2, 8), "mixed": (1,),
-    "strings": (1,),
+    "glibc-simple": (1,), "glibc-thread": (2, 8), "glibc-thread-fixed": (2, 8), "rptest": (2, 8),
+    "malloc-large": (1,), "large-ends": (1,), "turnover": (1, 2, 8), "requests": (1, 2, 8),
+    "ring": (2, 8), "mixed": (1,), "strings": (1,),
 }
 MACHINE_CORES = 2  # the verdicts are counted apart above this many threads
 TIMEOUT_S = 600  # per process; a hung binary is an error too

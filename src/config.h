@@ -102,8 +102,8 @@
 
 /* A thread heap's page that went full goes loose (small.h) once this many more of its pages went full
  * after it, if nothing was freed into it meanwhile. With every full page loose at once bench/shapes.py's
- * glibc-thread lost 13 %; with 16, a producer's pages went loose before their consumer freed into them
- * and came back by the thousand (ring@2 7 % slower); with 64 none does
+ * glibc-thread-fixed lost 13 %; with 16, a producer's pages went loose before their consumer freed into
+ * them and came back by the thousand (ring@2 7 % slower); with 64 none does
  * (bench/results/2026-12-02-loose-pages.md). */
 #ifndef SHARD_LOOSE_AFTER
 #define SHARD_LOOSE_AFTER 64

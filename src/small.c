@@ -762,9 +762,9 @@ static void page_loosen(heap *h, page *pg)
  * goes loose if nobody touched it since it went full then, in h: still full, with every item out (no
  * free of the owner's since; a full page had all its items out), none waiting in thread_free (nothing
  * freed by another thread since the owner's last drain), and the same full spell (small.h). A page that
- * its owner frees into, or that another thread's frees bring back soon, never goes loose: glibc-thread's
- * frees land in full pages, and ring's consumers free a producer's page while it waits in the ring. No
- * list: a page that comes back from full is not looked for. */
+ * its owner frees into, or that another thread's frees bring back soon, never goes loose:
+ * glibc-thread-fixed's frees land in full pages, and ring's consumers free a producer's page while it
+ * waits in the ring. No list: a page that comes back from full is not looked for. */
 static void full_ring_push(heap *h, page *pg)
 {
     uint32_t seq = h->fulls++;

@@ -43,7 +43,7 @@
  * back, and the slow path retires the page or puts it at the tail of its list, with those items on
  * its free list. Until then the owner's frees into a full page are fast-path pushes: when frees land
  * at random over many pages, a page that went back into its list at its first free would be drained
- * by the next allocation and go out again, a slow path per block (bench/shapes.py's glibc-thread:
+ * by the next allocation and go out again, a slow path per block (bench/shapes.py's glibc-thread-fixed:
  * bench/results/2026-12-02-spare.md). page_used() is the true count.
  *
  * A page of a thread heap that stays full and untouched (no free into it, by its owner or another
@@ -51,30 +51,30 @@
  * (`hold`, line 1): its owner stores the items out in `hold` and USED_LOOSE in `used`, and counts the
  * page no more, so that a heap whose thread has stopped allocating does not hold pages that other
  * threads emptied: a main thread that builds what workers free, then waits for them (bench/shapes.c's
- * larson: 10 MB of 75 at 8 threads). While a page is loose,
- * thread_free's count reaching `out` means every item is back, and the thread whose free made it so
- * may release the page: it decommits the memory, when the page has been loose for a sixty-fourth of the
- * decommit delay and its owner, a heap that a thread runs, has drained no queued page since (heap.h's
- * `drains`: an owner that allocates takes its queued pages back long before; a heap that waits for a
- * thread keeps its pages for it, until its reserve expires). The owner takes a loose page back with a
- * compare-and-swap of `hold`, which a release's compare-and-swap excludes: at its next free into it,
- * which USED_LOOSE sends to the slow path, or when it drains the page from its `delayed` list. A
- * released page is always on that list (the free of its first item since the owner's last exchange
- * queued it), and the drain makes it a cold page. A release needs no list of the owner's: the page is in
- * none while loose, and the releaser writes nothing on the descriptor's owner line but item_bound (0, so
- * that a late free of one of its items is refused before it reads the item). A page that frees reach
- * soon never goes loose: its owner's frees stay on the fast path (glibc-thread), and its owner's drain
- * has no compare-and-swap to make (ring); loosening and taking back every full page cost glibc-thread
- * 5 % (bench/results/2026-12-02-loose-pages.md). Where pages hold a few items and frees land at random
+ * larson: 10 MB of 75 at 8 threads). While a page is loose, thread_free's count reaching `out` means
+ * every item is back, and the thread whose free made it so may release the page: it decommits the
+ * memory, when the page has been loose for a sixty-fourth of the decommit delay and its owner, a heap
+ * that a thread runs, has drained no queued page since (heap.h's `drains`: an owner that allocates takes
+ * its queued pages back long before; a heap that waits for a thread keeps its pages for it, until its
+ * reserve expires). The owner takes a loose page back with a compare-and-swap of `hold`, which a
+ * release's compare-and-swap excludes: at its next free into it, which USED_LOOSE sends to the slow
+ * path, or when it drains the page from its `delayed` list. A released page is always on that list (the
+ * free of its first item since the owner's last exchange queued it), and the drain makes it a cold page.
+ * A release needs no list of the owner's: the page is in none while loose, and the releaser writes
+ * nothing on the descriptor's owner line but item_bound (0, so that a late free of one of its items is
+ * refused before it reads the item). A page that frees reach soon never goes loose: its owner's frees
+ * stay on the fast path (glibc-thread-fixed), and its owner's drain has no compare-and-swap to make
+ * (ring); loosening and taking back every full page cost glibc-thread-fixed 5 %
+ * (bench/results/2026-12-02-loose-pages.md). Where pages hold a few items and frees land at random
  * (bench/medium.c's 8-16 KB row: 4-8 items a page), most full pages still see no free while 64 more go
  * full, and the owner's own frees took them back by the hundred thousand, each loosening a clock read
  * and each take-back a compare-and-swap. So a take-back by the owner's free, when it drained no other
  * thread's frees while the page was loose (`loose_drains`: nothing came that loosening could have
  * served), keeps the next SHARD_LOOSE_SKIP pages that go full out of full_ring (heap.h's loose_skip,
- * SHARD_LOOSE_SKIP_MAX pending at most): 8k-16k's allocator instructions fell by three quarters of
- * what loosening cost there (bench/results/2026-12-03-loose-skip.md). A heap that waits takes nothing
- * back, and a main thread that builds what others free loosens as before. A created heap's pages never
- * go loose: their memory is charged to it.
+ * SHARD_LOOSE_SKIP_MAX pending at most): 8k-16k's allocator instructions fell by three quarters of what
+ * loosening cost there (bench/results/2026-12-03-loose-skip.md). A heap that waits takes nothing back,
+ * and a main thread that builds what others free loosens as before. A created heap's pages never go
+ * loose: their memory is charged to it.
  *
  * Runs. A class whose page holds at most SHARD_RUN_CAPACITY items (7.5-16 KB: 4-8) is served by runs
  * of up to SHARD_RUN_PAGES pages (config.h), one descriptor for the whole run: its head's, which holds the
