@@ -706,11 +706,12 @@ static long cache_objects(struct worker *w)
     for (long i = 0; i < CACHE_ITERATIONS; i++) {
         volatile uint8_t *p = alloc_block(CACHE_OBJECT_SIZE);
         uint8_t seen = 0;
-        for (long k = 0; k < w->share; k++) {
+        long writes = w->share; /* a local: a byte store through p could alias w->share */
+        for (long k = 0; k < writes; k++) {
             *p = (uint8_t)k;
             seen = *p;
         }
-        errors += seen != (uint8_t)(w->share - 1);
+        errors += seen != (uint8_t)(writes - 1);
         bench_free((void *)p);
     }
     return errors;
