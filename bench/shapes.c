@@ -750,8 +750,9 @@ static double scenario_cache_scratch(double scale, long *errors)
 #define ALLOC_TEST_ITEMS (1L << 18) /* slots in all */
 #define ALLOC_TEST_LEVELS 7         /* its Pareto 80/20 over 6 halvings */
 
-/* Its size: a class k in [2, 9] with chance 2^-(k-1) (from the trailing zeros of 7 random bits, plus
- * one), then a size uniform in (2^k, 2^(k+1)]: 5-8 B half the time, 513-1024 B once in 128. */
+/* Its size: a class k in [2, 9] from the trailing zeros of 7 random bits plus one (k = 2 half the time,
+ * each next class half as often, 9 as often as 8), then a size uniform in (2^k, 2^(k+1)]: 5-8 B half
+ * the time, 513-1024 B once in 128. */
 static inline size_t alloc_test_size(uint64_t r)
 {
     unsigned k = (unsigned)__builtin_ctz((unsigned)(r & 127) + 1) + 2;
