@@ -1214,47 +1214,6 @@ static double scenario_rptest(double scale, long *errors)
 #define LARGE_MIN (5u << 20)
 #define LARGE_MAX (25u << 20)
 
-/* memset through a volatile pointer: a compiler may otherwise make malloc and a memset of 0 one calloc,
- * which skips the writes that malloc-large's zeroing makes (a value-initialized new char[]). */
-static void *(*volatile zero_fill)(void *, int, size_t) = memset;
-
-static void malloc_large_thread(struct worker *w)
-{
-    struct block slots[LARGE_SLOTS] = {{0}};
-    for (long i = 0; i < w->share; i++) {
-        struct block *b = &slots[rng_below(&w->rng, LARGE_SLOTS)];
-        /* The new block is made and zeroed before the slot's old one goes, as there: up to 21 live. */
-        size_t size = rng_between(&w->rng, LARGE_MIN, LARGE_MAX);
-        uint64_t *p = zero_fill(alloc_block(size), 0, size);
-        uint32_t cookie = (uint32_t)rng_next(&w->rng);
-        p[0] = pattern(cookie, 0);
-        p[size / 8 - 1] = pattern(cookie, size / 8 - 1);
-        if (b->p != NULL) {
-            size_t last = b->size / 8 - 1;
-            w->errors += b->p[0] != pattern(b->cookie, 0) || b->p[last] != pattern(b->cookie, last);
-            bench_free(b->p);
-        }
-        *b = (struct block){p, (uint32_t)size, cookie};
-    }
-    for (size_t i = 0; i < LARGE_SLOTS; i++)
-        if (slots[i].p != NULL) {
-            w->errors += slots[i].p[0] != pattern(slots[i].cookie, 0);
-            bench_free(slots[i].p);
-        }
-}
-
-static double scenario_malloc_large(double scale, long *errors)
-{
-    (void)errors;
-    share_out(LARGE_STEPS, scale);
-    return run_team(malloc_large_thread);
-}
-
-/* ---- large-ends ---- */
-
-#define LARGE_ENDS_STEPS 100000L   /* replacements in all, at scale 1 */
-#define LARGE_ENDS_SLOTS 4
-
 /* The pattern in a block's first HEAD_WORDS words and its last word only. */
 static void fill_ends(uint64_t *w, size_t size, uint32_t cookie)
 {
@@ -1272,6 +1231,45 @@ static int check_ends(const uint64_t *w, size_t size, uint32_t cookie)
         bad |= w[i] ^ pattern(cookie, i);
     return bad != 0;
 }
+
+/* memset through a volatile pointer: a compiler may otherwise make malloc and a memset of 0 one calloc,
+ * which skips the writes that malloc-large's zeroing makes (a value-initialized new char[]). */
+static void *(*volatile zero_fill)(void *, int, size_t) = memset;
+
+static void malloc_large_thread(struct worker *w)
+{
+    struct block slots[LARGE_SLOTS] = {{0}};
+    for (long i = 0; i < w->share; i++) {
+        struct block *b = &slots[rng_below(&w->rng, LARGE_SLOTS)];
+        /* The new block is made and zeroed before the slot's old one goes, as there: up to 21 live. */
+        size_t size = rng_between(&w->rng, LARGE_MIN, LARGE_MAX);
+        uint64_t *p = zero_fill(alloc_block(size), 0, size);
+        uint32_t cookie = (uint32_t)rng_next(&w->rng);
+        fill_ends(p, size, cookie);
+        if (b->p != NULL) {
+            w->errors += check_ends(b->p, b->size, b->cookie);
+            bench_free(b->p);
+        }
+        *b = (struct block){p, (uint32_t)size, cookie};
+    }
+    for (size_t i = 0; i < LARGE_SLOTS; i++)
+        if (slots[i].p != NULL) {
+            w->errors += check_ends(slots[i].p, slots[i].size, slots[i].cookie);
+            bench_free(slots[i].p);
+        }
+}
+
+static double scenario_malloc_large(double scale, long *errors)
+{
+    (void)errors;
+    share_out(LARGE_STEPS, scale);
+    return run_team(malloc_large_thread);
+}
+
+/* ---- large-ends ---- */
+
+#define LARGE_ENDS_STEPS 100000L   /* replacements in all, at scale 1 */
+#define LARGE_ENDS_SLOTS 4
 
 static void large_ends_thread(struct worker *w)
 {
