@@ -131,7 +131,8 @@ SHARD_API void shard_get_stats(shard_stats *out);
 /* For a thread that ends without the OS's thread exit (a custom C runtime's or a VM's own threads, a
  * pool that parks a thread for good): its heap goes back now, as at thread exit - it keeps a reserve
  * of free memory for the next thread (for a second) and returns the rest. Blocks stay valid and any
- * thread may free them. If the thread allocates again it takes a heap again. */
+ * thread may free them. If the thread allocates again, or frees a small block of a thread that runs
+ * (a thread gathers such frees in a heap, to push them a page at a time), it takes a heap again. */
 SHARD_API void shard_thread_done(void);
 
 /* Return now what the delays would return later: the calling thread's free small pages beyond the 16
@@ -213,8 +214,11 @@ enum shard_visit_scope {
 /* Calls fn(arg, block, usable, kind) for every live block in `scope`, and returns how many it visited;
  * fn returns 0 to go on, anything else to stop there. The heaps of other running threads are never
  * walked (their lists change without a lock): a thread walks its own. A block another thread frees or
- * allocates during the walk may be reported or not; every other block is reported once, and nothing
- * that is not a live block is. fn must not allocate or free through shardmm (it may read the blocks). */
+ * allocates during the walk may be reported or not, and so may a small block that another thread, still
+ * running, freed lately (a thread gathers its frees into another thread's page and hands them over a
+ * page at a time, at the latest at its next allocation that needs more than its pages' free items, or
+ * at its exit); every other block is reported once, and nothing that is not a live block is. fn must
+ * not allocate or free through shardmm (it may read the blocks). */
 typedef int (*shard_visit_fn)(void *arg, void *block, size_t usable, int kind);
 SHARD_API size_t shard_visit(unsigned scope, shard_visit_fn fn, void *arg);
 /* The same for the live blocks of a created heap (shard_heap_create), small, medium and large, called by

@@ -209,8 +209,13 @@ void api_free_slow(void *p)
     heap *h = heap_mine();
     if (h == NULL && (kind == SEG_SMALL || kind == SEG_MEDIUM)) {
         heap *owner = load_relaxed(&segment_of(p)->owner); /* NULL: a spare segment */
-        if (owner != NULL)
+        if (owner != NULL) {
             h = heap_claim(owner); /* the heap of an ended thread whose blocks this thread frees: its own */
+            /* A running heap's small block: a heap to gather this thread's frees in (small.c). */
+            if (h == NULL && kind == SEG_SMALL && !SHARD_HARDENED && !owner->created &&
+                OWNER_THREAD(load_relaxed(&owner->owner)) != 0)
+                h = heap_for_frees();
+        }
     }
     if (kind == SEG_SMALL) {
         page *pg = page_of(p);
@@ -223,10 +228,10 @@ void api_free_slow(void *p)
          * the test, then changed by the CAS) and the item's link, are fetched for writing at once:
          * a read would fetch them shared from the owner's core, and the write would then have to ask
          * again for sole ownership. Harmless when p is not an item (a prefetch never faults). */
-        prefetch_write(&pg->thread_free);
+        prefetch_write(&pg->thread_free); /* needless when the free is gathered, which is cheap */
         prefetch_write(p);
         if (small_valid_foreign(pg, p))
-            small_free_foreign(pg, p);
+            small_free_foreign(h, pg, p);
         else
             error_invalid_pointer(SHARD_ERROR_INVALID_FREE, p);
         return;

@@ -163,6 +163,17 @@
 #define SHARD_CARVE_MIN 4
 #endif
 
+/* A thread gathers its frees into another thread's page and pushes them in one compare-and-swap (small.c,
+ * gathered frees): this many at most wait at a time, and it starts at this many frees in a row into one
+ * page (ring's frees of random sizes, two in a row now and then, lost 8 % when the second started it:
+ * bench/results/2026-12-07-gathered-frees.md). */
+#ifndef SHARD_GATHER_ITEMS
+#define SHARD_GATHER_ITEMS 256
+#endif
+#ifndef SHARD_GATHER_AFTER
+#define SHARD_GATHER_AFTER 4
+#endif
+
 /* A heap out of free pages walks its class lists for pages other threads emptied (small.c, sweep_lazy);
  * the slow paths that need a page after a walk skip it, one for each this many pages the walk read, so
  * the walks cost at most that many page descriptors per page taken. */
@@ -256,7 +267,8 @@
 #endif
 #if SHARD_RESERVE_HEAPS < 0 || SHARD_SPARE_SEGMENTS < 0 || SHARD_ORPHAN_PAGES < 0 || SHARD_RECLAIM_MIN < 1 || \
     SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || \
-    SHARD_KEEP_FREE_PAGES < 0 || SHARD_SWEEP_PAGES < 1
+    SHARD_KEEP_FREE_PAGES < 0 || SHARD_SWEEP_PAGES < 1 || SHARD_GATHER_ITEMS < 1 || \
+    SHARD_GATHER_AFTER < 1
 #error "invalid shardmm configuration"
 #endif
 

@@ -52,8 +52,10 @@
  * they empty. Popping the top instead gave each heap the blocks of two threads' work, pages a third
  * full, and larson@8 peaked at 76 MB against 57 (bench/results/2026-12-02-claim.md). The search takes
  * the stacks whole under trim_lock, as a trim does, and costs a thread that only frees nothing while
- * the heaps it frees into have threads. A heap given back by shard_thread_done is not taken so: its
- * thread gave it up on purpose, and its own frees must not take it back.
+ * the heaps it frees into have threads; its free of a small block of such a heap takes a heap of its own
+ * to gather its frees in (heap_for_frees; small.c, gathered frees). A heap given back by
+ * shard_thread_done is not taken so: its thread gave it up on purpose, and its own frees must not take
+ * it back.
  *
  * What a waiting heap holds over time. Frees into a heap in a stack gather in its queues of foreign
  * frees, and the first page or arena queued at a heap in a stack sets `heap_reserve_due` a delay ahead
@@ -277,6 +279,7 @@ static heap *pop_free_heap(void)
 /* Take the blocks other threads freed into h (pages and arenas they emptied are seen empty then). */
 static void drain(heap *h)
 {
+    small_flush_gathered(h);
     small_settle(h);
     if (load_relaxed(&h->delayed) != NULL)
         small_drain_delayed(h, 0);
@@ -741,6 +744,33 @@ heap *heap_get_or_create(int *lent)
             return h;
         }
         give_back(h); /* the thread could not own it */
+        return NULL;
+    }
+    return h;
+}
+
+heap *heap_for_frees(void)
+{
+    /* A heap without a reserve first; then as any new thread takes one, so that no more heaps are made
+     * than threads run at once. */
+    heap *h = try_pop(&stacks[STACK_COLD]);
+    if (h != NULL)
+        take_over(h);
+    else if ((h = acquire()) == NULL)
+        return NULL;
+    /* It keeps nothing but the gathering: a thread that only frees would neither allocate from its free
+     * memory nor take in what others free into its segments. So, as a heap that finds no reserve place
+     * at its retirement, its empty segments and arenas become spare ones, its other small segments the
+     * orphans', and its free pages go back. */
+    if (h->segments != NULL || h->arenas != NULL) {
+        if (small_release_empty(h, 1) + medium_release_empty(h, 1) != 0)
+            arm_due(os_clock_ms() + options_values.reserve_delay_ms);
+        small_orphan_give(h);
+        trim_all(h, 1);
+    }
+    if (slot_store(h) != 0 || slot_arm(h) != 0) { /* past its exit hook it would hold the heap for good */
+        slot_store(NULL);
+        give_back(h);
         return NULL;
     }
     return h;

@@ -1,7 +1,8 @@
 /* heap.h - the thread heap: what a thread allocates from, found through the port's heap slot.
  *
- * A heap is created the first time a thread allocates (a free alone creates none, but takes the waiting
- * heap it frees into: heap_claim) and is never freed:
+ * A heap is created the first time a thread allocates (a free creates none but takes the waiting heap it
+ * frees into, heap_claim, or one to gather its frees in if that heap has a thread, heap_for_frees) and
+ * is never freed:
  * when its thread exits it goes on a stack of free heaps (one 16-byte CAS on the top with a change
  * counter against ABA) and the next new thread takes it, warm, with the pages that still hold live
  * blocks, unless its segments with live blocks went to the orphans for any thread (small.h). Heaps are
@@ -96,6 +97,14 @@ typedef struct heap {
     /* What its thread's spare took off the large blocks' live counts less what it gave back (large.c),
      * two's complement; written by that thread alone, summed by large_live_counts. */
     size_t spare_blocks, spare_bytes;
+    /* Its thread's frees into one page of another heap, gathered to go in one push (small.c, gathered
+     * frees): the page (a run's head; NULL: none), the list's ends and length; the page of its last
+     * foreign free and how many in a row went there (gathering starts at SHARD_GATHER_AFTER). On one
+     * line, which every foreign free of its thread reads. */
+    page *gather_page __attribute__((aligned(64)));
+    page *gather_last;
+    block *gather_head, *gather_tail;
+    uint32_t gather_count, gather_run;
     /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own,
      * with the owner word, which those frees read (heap.c: generation << 32 | the thread's number,
      * 0 while no thread has the heap, PORT_THREAD_NONE for a parent's thread's heap in a fork child). */
@@ -222,6 +231,12 @@ static inline heap *heap_claim(heap *want)
 {
     return OWNER_THREAD(load_relaxed(&want->owner)) == 0 ? heap_claim_unowned(want) : NULL;
 }
+
+/* The calling thread, which has no heap, frees a small block of a heap that a thread runs: a heap of its
+ * own, in which it gathers its frees (small.c, gathered frees): as a new thread takes one, one without a
+ * reserve first, and emptied of all it held; NULL when there is none to have (out of memory, or the
+ * thread is past its exit hook). */
+heap *heap_for_frees(void);
 
 /* The stack's heaps are trimmed at heap_reserve_due (os_clock_ms(); 0: nothing due): the reserves of
  * exited threads expire, and blocks other threads freed into those heaps are taken in. Slow paths and

@@ -987,6 +987,8 @@ static __attribute__((noinline)) page *class_page_new(heap *h, unsigned cls)
 void *small_alloc_slow(heap *h, unsigned cls)
 {
     heap_reserve_tick();
+    if (h->gather_page != NULL)
+        small_flush_gathered(h);
     if (load_relaxed(&h->delayed) != NULL)
         small_drain_delayed(h, 1);
     if (load_relaxed(&h->delayed_arenas) != NULL) /* medium chunks freed by others: on slow paths too */
@@ -1089,19 +1091,23 @@ static void page_queue(heap *owner, page *pg)
     heap_foreign_queued(owner);
 }
 
-/* Push item b of pg, whose items start at `start` (a run's lie up to SHARD_RUN_PAGES pages on), on pg's
- * thread-free list; the word before the push (and after it in *pushed, unless NULL). */
-static inline uint64_t push_foreign(page *pg, uint8_t *start, block *b, uint64_t *pushed)
+/* Push the list head..tail of n items of pg, whose items start at `start` (a run's lie up to
+ * SHARD_RUN_PAGES pages on), on pg's thread-free list; the word before the push (and after it in *pushed,
+ * unless NULL). */
+static inline uint64_t push_foreign(page *pg, uint8_t *start, block *head, block *tail, uint32_t n,
+                                    uint64_t *pushed)
 {
-    uint32_t off = (uint32_t)(((uint8_t *)b - start) >> 4);
+    uint32_t first = (uint32_t)(((uint8_t *)head - start) >> 4);
+    uint32_t last = (uint32_t)(((uint8_t *)tail - start) >> 4);
     uint64_t old = load_relaxed(&pg->thread_free), word;
     do {
         if (THREAD_FREE_COUNT(old) == 0) {
-            link_set(b, NULL);
-            word = (old & THREAD_FREE_LAZY) | THREAD_FREE_WORD(off, off, 1);
+            link_set(tail, NULL);
+            word = (old & THREAD_FREE_LAZY) | THREAD_FREE_WORD(first, last, n);
         } else {
-            link_set(b, (block *)(start + ((size_t)THREAD_FREE_HEAD(old) << 4)));
-            word = (old & THREAD_FREE_LAZY) | THREAD_FREE_WORD(off, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + 1);
+            link_set(tail, (block *)(start + ((size_t)THREAD_FREE_HEAD(old) << 4)));
+            word = (old & THREAD_FREE_LAZY) |
+                   THREAD_FREE_WORD(first, THREAD_FREE_TAIL(old), THREAD_FREE_COUNT(old) + n);
         }
     } while (!cas_acq_rel(&pg->thread_free, &old, word));
     if (pushed != NULL)
@@ -1109,44 +1115,124 @@ static inline uint64_t push_foreign(page *pg, uint8_t *start, block *b, uint64_t
     return old;
 }
 
-/* small_free_foreign for a page that its owner does not count (`hold` read before the push): a loose
- * one, whose last item back releases it, or one released or being released, whose items all came back
- * (so b is not live). Out of line, so that the common path saves no register. */
-__attribute__((cold, noinline)) static void free_foreign_loose(page *pg, block *b, uint64_t hold)
+/* The push of head..tail (n items) into pg for a page that its owner does not count (`hold` read before
+ * the push): a loose one, whose last item back releases it, or one released or being released, whose
+ * items all came back (so head is not live: a single free, never a gathered list, finds it so). Out of
+ * line, so that the common path saves no register. */
+__attribute__((cold, noinline)) static void free_foreign_loose(page *pg, block *head, block *tail, uint32_t n,
+                                                               uint64_t hold)
 {
     /* A released page's memory may be gone (Windows: unreadable): its items are not read. */
-    if (HOLD_STATE(hold) != HOLD_LOOSE || (SHARD_HARDENED && small_looks_free(pg, b))) {
-        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
+    if (HOLD_STATE(hold) != HOLD_LOOSE || (SHARD_HARDENED && small_looks_free(pg, head))) {
+        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, head);
         return;
     }
-    uint64_t word, old = push_foreign(pg, page_start(pg), b, &word);
+    uint64_t word, old = push_foreign(pg, page_start(pg), head, tail, n, &word);
     if (THREAD_FREE_COUNT(word) == HOLD_OUT(hold))
         page_release_loose(pg, hold); /* the last item of a loose page is back */
     if (old == 0)
-        page_queue(load_acquire(&segment_of(pg)->owner), pg); /* as in small_free_foreign */
+        page_queue(load_acquire(&segment_of(pg)->owner), pg); /* as in push_items */
 }
 
-void small_free_foreign(page *pg, block *b)
+/* head..tail, n items of pg (a run's head) whose items start at `start`, go to pg's thread-free list. */
+static inline void push_items(page *pg, uint8_t *start, block *head, block *tail, uint32_t n)
+{
+    uint64_t hold = load_acquire(&pg->hold); /* before the push: page_release_loose */
+    if (unlikely(HOLD_STATE(hold) != HOLD_OWNER)) {
+        free_foreign_loose(pg, head, tail, n, hold);
+        return;
+    }
+    if (SHARD_HARDENED && unlikely(small_looks_free(pg, head))) { /* hardened: one item at a time */
+        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, head);
+        return;
+    }
+    if (push_foreign(pg, start, head, tail, n, NULL) != 0)
+        return; /* queued already, or lazy: its owner takes the items when it allocates from it */
+    /* First items since the owner's last drain: queue the page at its owner, exactly once. The CAS that
+     * found 0 read the owner's exchange in small_drain_delayed and acquired with it, so the owner's read
+     * of next_delayed there comes before this write (on x86 the same lock cmpxchg as a release CAS). */
+    page_queue(load_acquire(&segment_of(pg)->owner), pg);
+}
+
+/* ---- gathered frees ------------------------------------------------------------------------------ */
+
+/* Every foreign free is a compare-and-swap on its page's thread_free word, a line the owner takes back
+ * at each drain: a thread that frees what another made, block after block (xmalloc's consumers, a
+ * batch handed on), pays a contended locked instruction for each. So a thread with a heap gathers its
+ * frees into one page of another heap in a list of its own, once SHARD_GATHER_AFTER in a row went to
+ * that page, and pushes the list whole: at a free into another page, at SHARD_GATHER_ITEMS items, at
+ * its own allocation slow path, when its heap is drained (thread exit, shard_collect, memory pressure,
+ * a trim) and before it walks heaps. What waits is one page's items at most: its owner sees them out a
+ * little longer (the statistics count them free: small_count). Not in the hardened build, whose
+ * double-free test looks for an item in the page's lists, nor for a created heap's page
+ * (shard_heap_destroy releases its memory whatever is out), nor where a free at once does more
+ * (gather_may). A thread without a heap takes one for this (heap_for_frees, from api_free_slow). */
+
+/* Whether h's thread may gather frees into pg (a run's head): a page its owner counts (not loose: the
+ * free that brings the last item back releases it) of a heap that a thread runs (one that waits is
+ * taken with the frees made into it), not an embedder's. Read at a gathering's start only: a page that
+ * goes loose meanwhile, or whose heap's thread ends, takes the list as it would a free. */
+static int gather_may(const page *pg)
+{
+    const heap *owner = load_acquire(&segment_of(pg)->owner);
+    return HOLD_STATE(load_relaxed(&pg->hold)) == HOLD_OWNER && !owner->created &&
+           OWNER_THREAD(load_relaxed(&owner->owner)) != 0;
+}
+
+void small_flush_gathered(heap *h)
+{
+    page *pg = h->gather_page;
+    if (pg == NULL)
+        return;
+    uint32_t n = h->gather_count;
+    store_relaxed(&h->gather_page, (page *)NULL); /* both read by other threads' statistics */
+    store_relaxed(&h->gather_count, 0u);
+    push_items(pg, page_start(pg), h->gather_head, h->gather_tail, n);
+}
+
+/* small_free_foreign's free of b, an item of pg (a run's head) whose items start at `start`, by h's
+ * thread when pg was its last foreign free's page or a list is gathered: b joins the list, starts one,
+ * or goes at once (after the list, if pg is another page). Out of line, so that the frees that change
+ * page (all of them, where sizes vary: ring) save no register. */
+static __attribute__((noinline)) void gather_free(heap *h, page *pg, uint8_t *start, block *b)
+{
+    if (pg == h->gather_page) {
+        link_set(b, h->gather_head);
+        h->gather_head = b;
+        uint32_t n = h->gather_count + 1;
+        store_relaxed(&h->gather_count, n);
+        if (n >= SHARD_GATHER_ITEMS)
+            small_flush_gathered(h); /* gather_last stays: the next free starts a list again */
+        return;
+    }
+    small_flush_gathered(h);
+    if (pg != h->gather_last) {
+        h->gather_last = pg;
+        h->gather_run = 1;
+    } else if (++h->gather_run >= SHARD_GATHER_AFTER && gather_may(pg)) {
+        h->gather_head = h->gather_tail = b;
+        store_relaxed(&h->gather_count, 1u);
+        store_relaxed(&h->gather_page, pg);
+        return;
+    }
+    push_items(pg, start, b, b, 1);
+}
+
+void small_free_foreign(heap *h, page *pg, block *b)
 {
     /* b's page's own descriptor, or its run's head (small.h), and where the head's items start */
     size_t back = load_relaxed(&pg->shared_back);
     pg -= back;
     uint8_t *start = (uint8_t *)((uintptr_t)b & ~(uintptr_t)(PAGE_SIZE - 1)) - back * PAGE_SIZE;
-    uint64_t hold = load_acquire(&pg->hold); /* before the push: page_release_loose */
-    if (unlikely(HOLD_STATE(hold) != HOLD_OWNER)) {
-        free_foreign_loose(pg, b, hold);
-        return;
+    if (!SHARD_HARDENED && h != NULL) {
+        if (unlikely(pg == h->gather_last || h->gather_page != NULL)) {
+            gather_free(h, pg, start, b);
+            return;
+        }
+        h->gather_last = pg;
+        h->gather_run = 1;
     }
-    if (SHARD_HARDENED && unlikely(small_looks_free(pg, b))) {
-        error_invalid_pointer(SHARD_ERROR_DOUBLE_FREE, b);
-        return;
-    }
-    if (push_foreign(pg, start, b, NULL) != 0)
-        return; /* queued already, or lazy: its owner takes the items when it allocates from it */
-    /* First item since the owner's last drain: queue the page at its owner, exactly once. The CAS that
-     * found 0 read the owner's exchange in small_drain_delayed and acquired with it, so the owner's read
-     * of next_delayed there comes before this write (on x86 the same lock cmpxchg as a release CAS). */
-    page_queue(load_acquire(&segment_of(pg)->owner), pg);
+    push_items(pg, start, b, b, 1);
 }
 
 void small_link_damaged(page *pg, block *b, block *freed)
@@ -1465,6 +1551,14 @@ void small_orphan_lock_for_fork(int take)
 void small_count(heap *h, small_counts *c)
 {
     c->retired += load_relaxed(&h->pages_retired);
+    /* What h's thread freed and gathered (gathered frees, above) is not live, though its page, which
+     * another heap's sum may count (or has), does not know it yet. */
+    page *gathered = load_relaxed(&h->gather_page);
+    if (gathered != NULL) {
+        size_t n = load_relaxed(&h->gather_count);
+        c->live -= n;
+        c->live_bytes -= n * load_relaxed(&gathered->shared_block_size);
+    }
     for (segment *s = load_acquire(&h->segments); s != NULL; s = load_acquire(&s->next)) {
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);

@@ -401,8 +401,11 @@ void *small_alloc_slow(struct heap *h, unsigned cls);
 /* The owner frees b, and its page would become empty or was full, or b failed the fast path's check.
  * A b that is not an item the page handed out goes to the error hook and changes nothing. */
 void small_free_local_slow(struct heap *h, page *pg, block *b);
-/* A free of an item of a segment the calling thread does not own. */
-void small_free_foreign(page *pg, block *b);
+/* A free of an item of a segment the calling thread does not own; h is the thread's heap, NULL when it
+ * has none (then the free goes at once). */
+void small_free_foreign(struct heap *h, page *pg, block *b);
+/* The frees h's thread gathered (small.c) go to their page now. */
+void small_flush_gathered(struct heap *h);
 /* page_has_item() for another thread's page, from the descriptor's second line only (the owner's line
  * stays with the owner). It does not see `carved`: an offset the page never handed out passes. */
 static inline int small_valid_foreign(const page *pg, const void *p)

@@ -28,6 +28,8 @@ size_t API(visit)(unsigned scope, shard_visit_fn fn, void *arg)
     visitor v = {fn, arg, 0, 0};
     heap_started();
     heap *h = heap_mine();
+    if (h != NULL)
+        small_flush_gathered(h); /* what it freed is no live block, in any heap (small.c, gathered frees) */
     if ((scope & SHARD_VISIT_THREAD) && h != NULL) {
         small_visit(h, &v);
         if (!v.stop)

@@ -418,6 +418,63 @@ TEST(frees_from_other_threads_come_back_to_the_heap)
     CHECK_EQ(shard_check(), 0);
 }
 
+/* A thread that frees an embedder's heap's blocks holds none of them back (src/small.c gathers a thread's
+ * frees into a thread heap's page only): the heap is destroyed while that thread still runs, another
+ * heap takes the memory, and the thread's next allocation, which takes in what it gathered, changes
+ * nothing of the new heap's blocks. */
+static shard_heap *doomed_heap;
+static void *doomed_blocks[400];
+static int doomed_step; /* 1: freed, 2: destroyed and reused */
+static void *free_and_wait(void *arg)
+{
+    (void)arg;
+    shard_free(shard_malloc(64)); /* a thread heap of its own: frees into thread heaps' pages gather */
+    for (int i = 0; i < 400; i += 2)
+        shard_free(doomed_blocks[i]);
+    __atomic_store_n(&doomed_step, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&doomed_step, __ATOMIC_SEQ_CST) != 2)
+        sleep_ms(1);
+    for (int i = 0; i < 64; i++) /* slow paths: what it may have gathered goes out now */
+        shard_free(shard_malloc(16 + 16 * (size_t)i));
+    return NULL;
+}
+
+TEST(frees_into_an_embedders_heap_are_not_held_past_its_destroy)
+{
+    doomed_heap = shard_heap_create(NULL);
+    CHECK(doomed_heap != NULL);
+    if (doomed_heap == NULL)
+        return;
+    for (int i = 0; i < 400; i++)
+        doomed_blocks[i] = shard_heap_malloc(doomed_heap, 48);
+    thread_t t;
+    CHECK(thread_start(&t, free_and_wait, NULL) == 0);
+    while (__atomic_load_n(&doomed_step, __ATOMIC_SEQ_CST) != 1)
+        sleep_ms(1);
+    shard_heap_destroy(doomed_heap);
+    shard_heap *next = shard_heap_create(NULL);
+    CHECK(next != NULL);
+    static unsigned char *kept[400];
+    for (int i = 0; next != NULL && i < 400; i++) {
+        kept[i] = shard_heap_malloc(next, 48);
+        CHECK(kept[i] != NULL);
+        if (kept[i] != NULL)
+            fill(kept[i], 48, 0x5100 + (uint64_t)i);
+    }
+    __atomic_store_n(&doomed_step, 2, __ATOMIC_SEQ_CST);
+    thread_join(t);
+    for (int i = 0; next != NULL && i < 400; i++)
+        if (kept[i] != NULL)
+            CHECK_PATTERN(kept[i], 48, 0x5100 + (uint64_t)i, "a block of the heap made after the destroy");
+    CHECK_EQ(shard_check(), 0);
+    if (next != NULL) {
+        shard_heap_stats st = heap_stats(next);
+        CHECK_EQ(st.live_small, (size_t)400);
+        shard_heap_destroy(next);
+    }
+    CHECK_EQ(shard_check(), 0);
+}
+
 /* Many heaps made and destroyed: the structures are reused (the count of heaps does not grow), and
  * committed memory returns to where it was. */
 TEST(heaps_made_and_destroyed_many_times_hold_nothing)

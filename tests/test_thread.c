@@ -615,10 +615,12 @@ static void *free_only_thread(void *arg)
     return NULL;
 }
 
-/* A thread that never allocates frees blocks of every kind: it makes no heap and takes none, while it
- * runs and after it ended; the small and large blocks stop being live at once, the medium ones when
- * their owner takes its frees. */
-TEST(a_free_from_a_thread_that_never_allocated_creates_no_heap)
+/* A thread that never allocates frees blocks of every kind, made by a thread that runs: it holds a heap
+ * while it runs, to gather its small frees in (src/small.c; not in the hardened build), and gives it
+ * back at its exit; the small
+ * blocks stop being live for its own statistics, which take in what it gathered, the large ones at once,
+ * the medium ones when their owner takes its frees. */
+TEST(a_thread_that_only_frees_holds_a_heap_while_it_runs)
 {
     static struct free_only f;
     size_t small = 0, medium = 0, large = 0;
@@ -635,12 +637,18 @@ TEST(a_free_from_a_thread_that_never_allocated_creates_no_heap)
     run_thread(free_only_thread, &f);
 #if SHARD_RULES
     shard_stats ended = stats_now();
-    CHECKF(f.after_frees.heaps == f.before.heaps && f.after_frees.heaps_free == f.before.heaps_free,
-           "while the freeing thread runs: heaps %zu -> %zu, waiting %zu -> %zu", f.before.heaps, f.after_frees.heaps,
-           f.before.heaps_free, f.after_frees.heaps_free);
-    CHECKF(ended.heaps == f.before.heaps && ended.heaps_free == f.before.heaps_free,
-           "after the freeing thread ended: heaps %zu -> %zu, waiting %zu -> %zu", f.before.heaps, ended.heaps,
-           f.before.heaps_free, ended.heaps_free);
+#ifdef TEST_HARDENED
+    size_t taken = 0; /* the hardened build gathers nothing */
+#else
+    size_t taken = 1;
+#endif
+    size_t owned = f.before.heaps - f.before.heaps_free;
+    CHECKF(f.after_frees.heaps - f.after_frees.heaps_free == owned + taken,
+           "while the freeing thread runs: heaps %zu -> %zu, waiting %zu -> %zu (%zu more owned expected)",
+           f.before.heaps, f.after_frees.heaps, f.before.heaps_free, f.after_frees.heaps_free, taken);
+    CHECKF(ended.heaps - ended.heaps_free == owned,
+           "after the freeing thread ended: heaps %zu -> %zu, waiting %zu -> %zu (its heap back expected)",
+           f.before.heaps, ended.heaps, f.before.heaps_free, ended.heaps_free);
     CHECK_EQ(f.after_frees.live_small, f.before.live_small - small);
     CHECK_EQ(f.after_frees.live_large, f.before.live_large - large);
     CHECK_EQ(f.after_frees.live_medium, f.before.live_medium);
@@ -652,6 +660,141 @@ TEST(a_free_from_a_thread_that_never_allocated_creates_no_heap)
     (void)large;
 #endif
     check_allocator("after a thread that only freed");
+}
+
+/* ---- gathered frees ---- */
+
+#if SHARD_RULES
+#define GATHER_ROUNDS 4   /* each round's frees are taken in at another moment: see gather_flush */
+#define GATHER_BLOCKS 300 /* 48-byte blocks, a page and more: a change of page in each round */
+
+struct gather {
+    struct blk blocks[GATHER_ROUNDS][GATHER_BLOCKS];
+    const void *addr[GATHER_ROUNDS][GATHER_BLOCKS]; /* where they were, for the walk after their free */
+    size_t live_base; /* live small blocks with every one of them live */
+    int step;    /* rounds the freeing thread has done */
+    int checked; /* rounds the owner has checked */
+};
+
+static int gather_count_visit(void *arg, void *block, size_t usable, int kind)
+{
+    (void)block;
+    (void)usable;
+    (void)kind;
+    ++*(size_t *)arg;
+    return 0;
+}
+
+/* How round r's frees go to their pages: the freeing thread's walk, shard_collect, an allocation of its
+ * own (its first: a slow path) and, in the last round, its exit. */
+static void gather_flush(int r)
+{
+    if (r == 0) {
+        size_t n = 0;
+        shard_visit(SHARD_VISIT_THREAD, gather_count_visit, &n);
+        CHECK_EQ(n, (size_t)0); /* it has allocated nothing */
+    } else if (r == 1) {
+        shard_collect();
+    } else if (r == 2) {
+        struct blk own;
+        if (blk_alloc(&own, 200, 0x9a00)) {
+            blk_check(&own, "the freeing thread's own block");
+            blk_free(&own);
+        }
+    }
+}
+
+static void *gather_thread(void *arg)
+{
+    struct gather *g = arg;
+    for (int r = 0; r < GATHER_ROUNDS; r++) {
+        for (size_t i = 0; i < GATHER_BLOCKS; i++) {
+            blk_check(&g->blocks[r][i], "a block before another thread frees it");
+            blk_free(&g->blocks[r][i]);
+        }
+        size_t live = stats_now().live_small; /* what it gathered is not live, though not handed over yet */
+        CHECKF(live == g->live_base - (size_t)(r + 1) * GATHER_BLOCKS,
+               "after round %d's frees: %zu small blocks live, %zu expected", r + 1, live,
+               g->live_base - (size_t)(r + 1) * GATHER_BLOCKS);
+        gather_flush(r);
+        store_int(&g->step, r + 1);
+        while (r + 1 < GATHER_ROUNDS && load_int(&g->checked) < r + 1)
+            sleep_ms(1);
+    }
+    return NULL;
+}
+
+struct gather_seen {
+    const struct gather *g;
+    int upto;       /* rounds freed and taken in */
+    size_t freed;   /* blocks of those rounds reported: none expected */
+    size_t held;    /* blocks of the later rounds reported: all expected */
+};
+
+static int gather_visit(void *arg, void *block, size_t usable, int kind)
+{
+    struct gather_seen *s = arg;
+    (void)usable;
+    (void)kind;
+    for (int r = 0; r < GATHER_ROUNDS; r++)
+        for (size_t i = 0; i < GATHER_BLOCKS; i++)
+            if (s->g->addr[r][i] == block) {
+                if (r < s->upto)
+                    s->freed++;
+                else
+                    s->held++;
+                return 0;
+            }
+    return 0;
+}
+
+/* The owner's walk after round `upto`'s frees were taken in: none of theirs reported, every later one. */
+static void gather_check(const struct gather *g, int upto)
+{
+    CHECK_EQ(stats_now().live_small, g->live_base - (size_t)upto * GATHER_BLOCKS);
+    struct gather_seen s = {g, upto, 0, 0};
+    shard_visit(SHARD_VISIT_THREAD, gather_visit, &s);
+    CHECKF(s.freed == 0, "after the frees of %d round(s) were taken in (by %s), %zu of them reported live", upto,
+           upto == 1 ? "its walk" : upto == 2 ? "shard_collect" : upto == 3 ? "its allocation" : "its exit",
+           s.freed);
+    CHECKF(s.held == (size_t)(GATHER_ROUNDS - upto) * GATHER_BLOCKS, "after %d round(s): %zu of the %zu held reported",
+           upto, s.held, (size_t)(GATHER_ROUNDS - upto) * GATHER_BLOCKS);
+    for (int r = upto; r < GATHER_ROUNDS; r++)
+        for (size_t i = 0; i < GATHER_BLOCKS; i++)
+            blk_check(&g->blocks[r][i], "a block another thread has still to free");
+}
+#endif
+
+/* A thread that runs frees, round after round, blocks another running thread made: what it gathered
+ * reaches their pages at each moment src/small.c names (its walk, shard_collect, its own allocation,
+ * its exit). The statistics count none of them live from their free on, gathered or not. The owner's
+ * walk then reports none of the freed blocks and every other one, and those keep their contents. */
+TEST(frees_gathered_from_another_thread_reach_their_pages_at_every_flush)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    static struct gather g;
+    memset(&g, 0, sizeof g);
+    for (int r = 0; r < GATHER_ROUNDS; r++)
+        for (size_t i = 0; i < GATHER_BLOCKS; i++) {
+            if (!blk_alloc(&g.blocks[r][i], 48, 0x9b00 + (uint64_t)(r * GATHER_BLOCKS + i)))
+                return;
+            g.addr[r][i] = g.blocks[r][i].p;
+        }
+    g.live_base = stats_now().live_small;
+    thread_t t;
+    CHECK(thread_start(&t, gather_thread, &g) == 0);
+    for (int r = 0; r + 1 < GATHER_ROUNDS; r++) {
+        while (load_int(&g.step) < r + 1)
+            sleep_ms(1);
+        gather_check(&g, r + 1);
+        store_int(&g.checked, r + 1);
+    }
+    thread_join(t);
+    gather_check(&g, GATHER_ROUNDS);
+    check_allocator("after another thread's gathered frees");
+#endif
 }
 
 /* ---- a thread without a heap takes the waiting heap it frees into ---- */
