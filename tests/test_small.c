@@ -1756,7 +1756,7 @@ static void *free_only_thread(void *arg)
 #else
     CHECK_EQ(heaps_owned(), f->heaps_owned_before + 1); /* while this thread still runs: one to gather in */
 #endif
-    CHECK_EQ(stats_now().live_small, f->live_before - 64); /* its own statistics take in what it gathered */
+    CHECK_EQ(stats_now().live_small, f->live_before - 64); /* what it gathered counts free */
 #endif
     return NULL;
 }

@@ -617,9 +617,8 @@ static void *free_only_thread(void *arg)
 
 /* A thread that never allocates frees blocks of every kind, made by a thread that runs: it holds a heap
  * while it runs, to gather its small frees in (src/small.c; not in the hardened build), and gives it
- * back at its exit; the small
- * blocks stop being live for its own statistics, which take in what it gathered, the large ones at once,
- * the medium ones when their owner takes its frees. */
+ * back at its exit. The small and large blocks stop being live at once (the statistics count what it
+ * gathered free), the medium ones when their owner takes its frees. */
 TEST(a_thread_that_only_frees_holds_a_heap_while_it_runs)
 {
     static struct free_only f;
@@ -666,7 +665,7 @@ TEST(a_thread_that_only_frees_holds_a_heap_while_it_runs)
 
 #if SHARD_RULES
 #define GATHER_ROUNDS 4   /* each round's frees are taken in at another moment: see gather_flush */
-#define GATHER_BLOCKS 300 /* 48-byte blocks, a page and more: a change of page in each round */
+#define GATHER_BLOCKS 300 /* 48-byte blocks a round, made one after another: runs of frees into a page */
 
 struct gather {
     struct blk blocks[GATHER_ROUNDS][GATHER_BLOCKS];
