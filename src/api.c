@@ -212,8 +212,7 @@ void api_free_slow(void *p)
         if (owner != NULL) {
             h = heap_claim(owner); /* the heap of an ended thread whose blocks this thread frees: its own */
             /* A running heap's small block: a heap to gather this thread's frees in (small.c). */
-            if (h == NULL && kind == SEG_SMALL && !SHARD_HARDENED && !owner->created &&
-                OWNER_THREAD(load_relaxed(&owner->owner)) != 0)
+            if (h == NULL && kind == SEG_SMALL && !SHARD_HARDENED && heap_has_thread(owner))
                 h = heap_for_frees();
         }
     }

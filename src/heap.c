@@ -388,6 +388,22 @@ void heap_foreign_queued(heap *h)
 
 /* ---- heaps of exited threads -------------------------------------------------------------------- */
 
+/* h's segments and arenas without a live block become spare ones, committed, for whichever heap needs
+ * one next (segment.h), and their expiry is armed (heap_reserve_expire). */
+static void spare_empty(heap *h)
+{
+    if (small_release_empty(h, 1) + medium_release_empty(h, 1) != 0)
+        arm_due(os_clock_ms() + options_values.reserve_delay_ms);
+}
+
+/* h keeps nothing but its live blocks: its small segments that hold some go to the orphans with their
+ * free pages, committed, for any thread (small.h), and everything else goes back. */
+static void keep_only_live(heap *h)
+{
+    small_orphan_give(h);
+    trim_all(h, 1);
+}
+
 /* The end of a thread's use of h, without the look at the due time (heap_retire adds it): a reserve
  * while fewer than SHARD_RESERVE_HEAPS heaps in the stacks hold one, else nothing but its live blocks.
  * A trim is armed when h keeps memory or frees of other threads wait in its queues. */
@@ -397,16 +413,14 @@ static void retire(heap *h)
     /* First its empty segments and arenas become spare ones, committed, for whichever heap needs one
      * next (segment.h); what stays is in segments that still hold live blocks. */
     trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* the queues taken in, the class pages kept retired */
-    if (small_release_empty(h, 1) + medium_release_empty(h, 1) != 0) /* their expiry: heap_reserve_expire */
-        arm_due(os_clock_ms() + options_values.reserve_delay_ms);
+    spare_empty(h);
     if (counted(__atomic_fetch_add(&reserves_held, 1u, __ATOMIC_RELAXED)) < SHARD_RESERVE_HEAPS) {
         h->reserve_held = 1;
         small_keep(h, SHARD_RESERVE_PAGES, 0);
         medium_keep(h, SHARD_RESERVE_ARENAS);
     } else {
         (void)counted(__atomic_fetch_sub(&reserves_held, 1u, __ATOMIC_RELAXED));
-        small_orphan_give(h); /* with its free pages, committed for any thread (small.h) */
-        trim_all(h, 1);
+        keep_only_live(h);
     }
     int reserve = has_reserve(h);
     if (!reserve)
@@ -763,10 +777,8 @@ heap *heap_for_frees(void)
      * at its retirement, its empty segments and arenas become spare ones, its other small segments the
      * orphans', and its free pages go back. */
     if (h->segments != NULL || h->arenas != NULL) {
-        if (small_release_empty(h, 1) + medium_release_empty(h, 1) != 0)
-            arm_due(os_clock_ms() + options_values.reserve_delay_ms);
-        small_orphan_give(h);
-        trim_all(h, 1);
+        spare_empty(h);
+        keep_only_live(h);
     }
     if (slot_store(h) != 0 || slot_arm(h) != 0) { /* past its exit hook it would hold the heap for good */
         slot_store(NULL);

@@ -232,6 +232,12 @@ static inline heap *heap_claim(heap *want)
     return OWNER_THREAD(load_relaxed(&want->owner)) == 0 ? heap_claim_unowned(want) : NULL;
 }
 
+/* Whether h is a thread heap that a thread runs now (not an embedder's, not one that waits). */
+static inline int heap_has_thread(const heap *h)
+{
+    return !h->created && OWNER_THREAD(load_relaxed(&h->owner)) != 0;
+}
+
 /* The calling thread, which has no heap, frees a small block of a heap that a thread runs: a heap of its
  * own, in which it gathers its frees (small.c, gathered frees): as a new thread takes one, one without a
  * reserve first, and emptied of all it held; NULL when there is none to have (out of memory, or the

@@ -1174,9 +1174,8 @@ static inline void push_items(page *pg, uint8_t *start, block *head, block *tail
  * goes loose meanwhile, or whose heap's thread ends, takes the list as it would a free. */
 static int gather_may(const page *pg)
 {
-    const heap *owner = load_acquire(&segment_of(pg)->owner);
-    return HOLD_STATE(load_relaxed(&pg->hold)) == HOLD_OWNER && !owner->created &&
-           OWNER_THREAD(load_relaxed(&owner->owner)) != 0;
+    return HOLD_STATE(load_relaxed(&pg->hold)) == HOLD_OWNER &&
+           heap_has_thread(load_acquire(&segment_of(pg)->owner));
 }
 
 void small_flush_gathered(heap *h)
