@@ -20,19 +20,19 @@
  *   arena): a 2 MB transparent huge page forms only where a whole aligned 2 MB lies in one read/write
  *   mapping with the MADV_HUGEPAGE hint; the piecewise mprotect commits above split a segment into a
  *   mapping per committed run, so hinting alone changed nothing (issue 25). So such a reservation is
- *   committed whole at once: mmap PROT_NONE as any reservation, then one mprotect read/write of all of
- *   it, then the hint over its aligned 2 MB units. A commit inside it would be an mprotect to the
- *   protection the range already has: nothing changes (no split, no charge), yet each call takes the
- *   process's mapping lock, against the page faults of every other thread (2,000 of them in a run of
- *   bench/shapes.c's strings on 8 threads, 10 % of its time). So the port says
- *   PORT_LARGE_RESERVE_COMMITTED and the core makes none (segment.h: segment_commit). Decommit stays
- *   MADV_DONTNEED, which frees the 4 KB pages (a huge page under them is split) and keeps the mapping
- *   whole. Why not MAP_NORESERVE read/write from the start: it keeps the kernel from charging the
- *   mapping, so under heuristic overcommit (mode 0, this machine's) nothing would have checked the memory
- *   behind a commit; the one mprotect charges the 4 MB as the piecewise commits charged their pieces, and
- *   under strict overcommit (mode 2) it refuses when the 4 MB cannot be backed and the reservation fails
- *   (NULL) instead of a later fault: the contract holds, the charge only comes earlier, for the whole
- *   4 MB rather than for what was committed. RLIMIT_AS counts the same 4 MB either way. The cost is
+ *   committed whole at once: carved from a pool where the port keeps pools (below: read/write once
+ *   claimed, and hinted or not as the reservation wants), else mmap PROT_NONE as any reservation, then one
+ *   mprotect read/write of all of it, then the hint over its aligned 2 MB units. A commit inside it
+ *   would be an mprotect to the protection the range already has: nothing changes (no split, no
+ *   charge), yet each call takes the process's mapping lock, against the page faults of every other
+ *   thread (2,000 of them in a run of bench/shapes.c's strings on 8 threads, 10 % of its time). So the
+ *   port says PORT_LARGE_RESERVE_COMMITTED and the core makes none (segment.h: segment_commit). Decommit
+ *   stays MADV_DONTNEED, which frees the 4 KB pages (a huge page under them is split) and keeps the
+ *   mapping whole. Outside a pool the one mprotect charges the 4 MB as the piecewise commits charged
+ *   their pieces, and under strict overcommit (mode 2, where there are no pools) it refuses when the 4 MB
+ *   cannot be backed and the reservation fails (NULL) instead of a later fault: the contract holds, the
+ *   charge only comes earlier, for the whole 4 MB rather than for what was committed. A pool's
+ *   reservations are not charged (MAP_NORESERVE); the pools' section says why no check is lost. The cost is
  *   resident memory: the first touch of a hinted 2 MB makes all of it resident (and khugepaged may later
  *   fill a sparsely used one), so resident memory exceeds what the core committed, its statistics and
  *   shard_set_limit's limit, by up to 2 MB less a page per touched unit; bench/results/2026-12-01-thp.md
@@ -42,7 +42,8 @@
  *   port weighs first against the faults it would save). The hint itself is weighed too: a new
  *   reservation's units are hinted while the last huge page made cost no more than twice the 4 KB
  *   faults it saves (huge_faults_pay below).
- * - pools: large blocks' reservations carved from 1 GB read/write mappings (reserve_pooled; see its
+ * - pools: large blocks' reservations, and segments' and arenas' large-page ones, carved from 1 GB
+ *   mappings made read/write as claims reach them (reserve_pooled, reserve_large_pages; see their
  *   section below).
  * - the heap slot: the core's initial-exec TLS word (PORT_SLOT_TLS); the exit hook is a pthread key,
  *   armed after the core stored the slot (pthread_setspecific may call calloc, which must find the heap
@@ -82,7 +83,8 @@ enum {
     SYS_membarrier = 324
 };
 enum { PROT_NONE_ = 0, PROT_RW_ = 3 };
-enum { MAP_PRIVATE_ = 0x02, MAP_ANONYMOUS_ = 0x20, MADV_DONTNEED_ = 4, MADV_HUGEPAGE_ = 14, MADV_POPULATE_WRITE_ = 23 };
+enum { MAP_PRIVATE_ = 0x02, MAP_ANONYMOUS_ = 0x20, MADV_DONTNEED_ = 4, MADV_HUGEPAGE_ = 14, MADV_NOHUGEPAGE_ = 15,
+       MADV_POPULATE_WRITE_ = 23 };
 #define LARGE_PAGE_ ((uintptr_t)2 << 20)
 enum { CLOCK_MONOTONIC_ = 1, CLOCK_THREAD_CPUTIME_ID_ = 3, CLOCK_MONOTONIC_COARSE_ = 6, SIGABRT_ = 6, SIG_UNBLOCK_ = 1 };
 
@@ -177,39 +179,57 @@ static size_t linux_address_space_limit(void)
     return lowest;
 }
 
-/* ---- pools: large blocks' reservations carved from bigger ones ---------------------------------------
+/* ---- pools: reservations carved from bigger ones ------------------------------------------------------
  *
  * A large block's reservation of its own took five system calls (mmap over-sized, two munmaps of the
  * slack, the huge-page hint, the commit's mprotect), each taking the process's mapping lock while other
  * threads fault in their huge pages; mimalloc carves such blocks from 1 GB arenas mapped once
- * (bench/results/2026-12-03-pools.md). So reserve_pooled carves them from pools: 1 GB mappings, read/
- * write and hinted for huge pages when made, never given back. A pool is 8 words of 64 granules of 2 MB;
- * a claim is a run of granules inside one word (so at most 128 MB, at an alignment up to 128 MB, one CAS),
- * a release (of a claim or a part of one: PORT_RELEASE_PARTS) sets its pages free (MADV_DONTNEED: the
- * range stays read/write) and then its granules. A commit inside a pool asks nothing of the kernel and a
- * hint changes nothing there.
- * What the pools give up: the charge. MAP_NORESERVE keeps a pool out of the kernel's commit charge, so a
- * commit inside one is not checked against it. Pools exist only where that check could refuse no claim:
- * under heuristic overcommit (vm.overcommit_memory 0, which refuses a single mapping larger than memory
- * and swap together, far above 128 MB on any machine this serves) or none (1), not under strict (2), and
- * not under an address-space limit (RLIMIT_AS), where 1 GB of address space held for nothing would count
- * against it, nor while new mappings are locked (mlockall's MCL_FUTURE), which would make the 1 GB
- * resident. An impossible size still goes to port_reserve and is refused there. Headroom in a pool
- * reads zeros where a reservation of its own would fault: nothing of ours touches it.
+ * (bench/results/2026-12-03-pools.md). So reserve_pooled carves them from pools: 1 GB mappings, hinted
+ * for huge pages when made, never given back. A segment's or an arena's large-page reservation took seven
+ * (those five, and a page mapped and unmapped to learn whether new mappings are locked). Each waits for
+ * the mapping lock behind every huge-page fault in progress, which zeroes its 2 MB holding the lock to
+ * read, and while a writer waits no other thread's fault gets the lock: at rptest on 8 threads over 2
+ * processors, threads slept so for tens of milliseconds while the others sent them blocks, and the peak
+ * followed what waited in their inboxes (bench/results/2026-12-07-pooled-segments.md). So
+ * reserve_large_pages carves them from pools too: a reservation hinted whole from a pool hinted when
+ * made, one spared from large pages (its units hinted later, if ever: collapse_large_pages) from a plain
+ * pool, made without the hint. A hint given inside a plain pool is marked per granule and taken back
+ * (MADV_NOHUGEPAGE) when the granule is released, so that the next reservation spared there is spared
+ * (under THP "always" such a granule then stays on small pages until it is hinted again).
+ * A pool is mapped inaccessible and opened (made read/write) as claims reach it, ahead of them
+ * (pool_open): mlockall's MCL_CURRENT makes every accessible page resident, and a pool read/write whole
+ * made a process that locked its memory after its first large block hold 1 GB (test_hostile's
+ * locked-memory). A pool is 8 words of 64 granules of 2 MB; a claim is a run of granules inside one word
+ * (so at most 128 MB, at an alignment up to 128 MB, one CAS), a release (of a claim or a part of one:
+ * PORT_RELEASE_PARTS) sets its pages free (MADV_DONTNEED: the range stays read/write) and then its
+ * granules. A commit inside a pool asks nothing of the kernel, and a hint nothing inside a hinted one.
+ * What the pools give up: the charge. MAP_NORESERVE keeps a pool out of the kernel's commit charge, its
+ * opening too, so a commit inside one is not checked against it. Pools exist only where that check could
+ * refuse no claim: under heuristic overcommit (vm.overcommit_memory 0, which refuses a single mapping
+ * larger than memory and swap together, far above 128 MB on any machine this serves) or none (1), not
+ * under strict (2), and not under an address-space limit (RLIMIT_AS), where 1 GB of address space held
+ * for nothing would count against it, nor while new mappings are locked (mlockall's MCL_FUTURE), under
+ * which each opening would be made resident whole. An impossible size still goes to port_reserve and is
+ * refused there. Headroom in a pool reads zeros where a reservation of its own would fault: nothing of
+ * ours touches it.
  * A move out of a pool (move_release) leaves the range mapped (MREMAP_DONTUNMAP, Linux 5.7; an older
  * kernel refuses the move and the core copies): a hole there would be free for another thread's mmap
  * until the pool had mapped it again. Pools are made one at a time, by the thread that finds the rest
- * full; threads that find another one making a pool wait for it. */
-enum { POOL_GRANULE_SHIFT = 21, POOL_WORDS = 8, POOLS_MAX = 64 };
+ * of their kind full; threads that find another one making a pool wait for it. */
+enum { POOL_GRANULE_SHIFT = 21, POOL_WORDS = 8, POOLS_MAX = 64, POOLS_FORKING = 2 };
 #define POOL_WORD_SPAN ((size_t)64 << POOL_GRANULE_SHIFT)
 #define POOL_SIZE (POOL_WORDS * POOL_WORD_SPAN)
 enum { MAP_NORESERVE_ = 0x4000 };
 
 static struct {
-    uintptr_t base[POOLS_MAX];            /* aligned to POOL_WORD_SPAN */
-    uint64_t used[POOLS_MAX][POOL_WORDS]; /* a bit per granule: claimed */
+    uintptr_t base[POOLS_MAX];              /* aligned to POOL_WORD_SPAN */
+    uint64_t used[POOLS_MAX][POOL_WORDS];   /* a bit per granule: claimed */
+    uint64_t open[POOLS_MAX][POOL_WORDS];   /* a bit per granule: made read/write (by a claim, for good) */
+    uint64_t hinted[POOLS_MAX][POOL_WORDS]; /* plain pools: a bit per granule hinted since its claim */
+    uint8_t plain[POOLS_MAX];               /* 1: made without the huge-page hint; set before count */
+    int opening[POOLS_MAX];                 /* 1: a thread is opening part of it; POOLS_FORKING: a fork */
     unsigned count;                       /* pools made; base[i] is set before count passes i */
-    int making;                           /* a thread is making one */
+    int making;                           /* 1: a thread is making one; POOLS_FORKING: a fork holds them */
     int state;                            /* 0 not decided yet, 1 pools, -1 none */
 } pools;
 
@@ -240,6 +260,35 @@ static int new_mappings_locked(void)
     return !sys_failed(r) && (resident & 1) != 0;
 }
 
+/* 1 when the process holds locked memory (VmLck of /proc/self/status is not 0), or that cannot be read.
+ * Then mlockall's MCL_CURRENT may have locked a pool's addresses that no claim has opened yet, and a
+ * claim opened there (pool_open) would be made resident whole, as a new mapping is under MCL_FUTURE; so a
+ * segment or an arena is not carved from a pool then (linux_reserve_large_pages). Three system calls,
+ * none of which waits for the mapping lock. */
+static int memory_locked(void)
+{
+    char status[2048];
+    long fd = sys6(SYS_openat, -100 /* AT_FDCWD */, (long)"/proc/self/status", 0x80000 /* O_RDONLY | O_CLOEXEC */,
+                   0, 0, 0);
+    if (sys_failed(fd))
+        return 1;
+    long n = sys3(SYS_read, fd, (long)status, (long)sizeof status - 1);
+    sys3(SYS_close, fd, 0, 0);
+    if (n <= 0)
+        return 1;
+    status[n] = 0;
+    for (const char *line = status; *line != 0;) {
+        if (line[0] == 'V' && line[1] == 'm' && line[2] == 'L' && line[3] == 'c' && line[4] == 'k' && line[5] == ':') {
+            for (line += 6; *line == ' ' || *line == '\t'; line++)
+                ;
+            return !(line[0] == '0' && (line[1] == ' ' || line[1] == '\n'));
+        }
+        while (*line != 0 && *line++ != '\n')
+            ;
+    }
+    return 1;
+}
+
 static int pools_allowed(void)
 {
     int state = __atomic_load_n(&pools.state, __ATOMIC_RELAXED);
@@ -260,11 +309,18 @@ static int pools_allowed(void)
 
 /* A new pool (its index), or -1: none may be made now. While another thread makes one this one waits
  * (some thousand yields at most, should a fork's child ever find the flag of a maker it does not have:
- * the fork hooks below keep it from that) and looks at the pools again; -2 then. */
-static int pool_make(unsigned seen)
+ * the fork hooks below keep it from that) and looks at the pools again; -2 then. While a fork holds them
+ * it is -1 at once, as the core's locks answer under a fork (sync.h): the forking thread's own prepare
+ * handlers that run after ours, a child's handlers that run before ours, and the parent's other threads
+ * take reservations of their own meanwhile (a segment's first block in a library's child handler waited
+ * 4096 yields a fork: test_hostile's atfork_handlers_that_lock_free_and_collect). */
+static int pool_make(unsigned seen, int plain)
 {
-    for (int tries = 0; __atomic_exchange_n(&pools.making, 1, __ATOMIC_ACQUIRE) != 0; tries++) {
-        if (tries == 4096)
+    for (int tries = 0;; tries++) {
+        int held = 0;
+        if (__atomic_compare_exchange_n(&pools.making, &held, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            break;
+        if (held == POOLS_FORKING || tries == 4096)
             return -1;
         sys3(SYS_sched_yield, 0, 0, 0);
     }
@@ -275,10 +331,12 @@ static int pool_make(unsigned seen)
     int made = -1;
     unsigned n = pools.count;
     if (n < POOLS_MAX && pools_allowed()) {
-        uintptr_t base = map_aligned(POOL_SIZE, POOL_WORD_SPAN, PROT_RW_, MAP_NORESERVE_);
+        uintptr_t base = map_aligned(POOL_SIZE, POOL_WORD_SPAN, PROT_NONE_, MAP_NORESERVE_);
         if (base != 0) {
-            sys3(SYS_madvise, (long)base, (long)POOL_SIZE, MADV_HUGEPAGE_);
+            if (!plain)
+                sys3(SYS_madvise, (long)base, (long)POOL_SIZE, MADV_HUGEPAGE_);
             pools.base[n] = base;
+            pools.plain[n] = (uint8_t)plain;
             __atomic_store_n(&pools.count, n + 1, __ATOMIC_RELEASE);
             made = (int)n;
         }
@@ -312,7 +370,70 @@ static uintptr_t pool_claim(unsigned p, unsigned granules, unsigned step)
     return 0;
 }
 
-static void *linux_reserve_pooled(size_t size, size_t align)
+static uint64_t granule_bits(int p, uintptr_t addr, size_t size, unsigned *word);
+
+/* Claim [r, r+size) of pool p made read/write where it is not yet: 1; or 0 when the kernel refuses, the
+ * claim given back. A pool is mapped inaccessible, so that mlockall's MCL_CURRENT makes only what claims
+ * opened resident, not the whole 1 GB (test_hostile's locked-memory: a process that locks its memory
+ * after its first blocks). Opening is an mprotect that asks for no charge (the pool's MAP_NORESERVE), but
+ * it waits for the mapping lock like any other, so an opening goes ahead of the claim: as far again as
+ * the pool has open already (within the claim's word), so that a pool that grows to N granules opens in
+ * about log2(N) calls and opens at most twice what was claimed; not while the process holds locked
+ * memory, where what is opened becomes resident: then only the claim is opened, and a `strict` claim (a
+ * segment's or an arena's, which the core commits piecewise outside a pool) is given back instead. */
+static int pool_open(int p, uintptr_t r, size_t size, int strict)
+{
+    unsigned w;
+    uint64_t bits = granule_bits(p, r, size, &w);
+    if ((__atomic_load_n(&pools.open[p][w], __ATOMIC_ACQUIRE) & bits) == bits)
+        return 1;
+    /* One opening at a time: threads that claim side by side would each open ahead over the same
+     * granules, and each opening waits for the mapping lock. A fork holds the flag meanwhile (a child
+     * must not wait for a thread it does not have): the claim then opens on its own, as after a long
+     * wait. */
+    int held = 0;
+    for (int tries = 0; tries < 4096; tries++) {
+        int was = 0;
+        if (__atomic_compare_exchange_n(&pools.opening[p], &was, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+            held = 1;
+            break;
+        }
+        if (was == POOLS_FORKING)
+            break;
+        if ((__atomic_load_n(&pools.open[p][w], __ATOMIC_ACQUIRE) & bits) == bits)
+            return 1; /* the opening that held the flag reached this claim */
+        sys3(SYS_sched_yield, 0, 0, 0);
+    }
+    int opened_now = 1;
+    if ((__atomic_load_n(&pools.open[p][w], __ATOMIC_ACQUIRE) & bits) != bits) {
+        int locked = memory_locked();
+        size_t first = (r - pools.base[p]) >> POOL_GRANULE_SHIFT, claimed = granules_of(size), n = claimed;
+        size_t opened = 0;
+        for (unsigned i = 0; i < POOL_WORDS; i++)
+            opened += (size_t)__builtin_popcountll(__atomic_load_n(&pools.open[p][i], __ATOMIC_RELAXED));
+        if (opened > n && !locked)
+            n = opened < 64 - first % 64 ? opened : 64 - first % 64;
+        while ((locked && strict) ||
+               sys_failed(sys3(SYS_mprotect, (long)r, (long)(n << POOL_GRANULE_SHIFT), PROT_RW_))) {
+            if (n == claimed) {
+                __atomic_fetch_and(&pools.used[p][w], ~bits, __ATOMIC_RELEASE);
+                opened_now = 0;
+                break;
+            }
+            n = claimed;
+        }
+        if (opened_now)
+            __atomic_fetch_or(&pools.open[p][w], run_of(n) << (first % 64), __ATOMIC_RELEASE);
+    }
+    if (held)
+        __atomic_store_n(&pools.opening[p], 0, __ATOMIC_RELEASE);
+    return opened_now;
+}
+
+/* A claim of size bytes at `align` in a pool of the kind asked for (plain: made without the hint), made
+ * if none has room, opened (pool_open, `strict` as there); NULL when there are no pools or no new one may
+ * be made. */
+static void *pool_carve(size_t size, size_t align, int plain, int strict)
 {
     size_t granules = granules_of(size), step = align >> POOL_GRANULE_SHIFT;
     if (granules > 64 || align > POOL_WORD_SPAN || __atomic_load_n(&pools.state, __ATOMIC_RELAXED) < 0)
@@ -322,25 +443,44 @@ static void *linux_reserve_pooled(size_t size, size_t align)
     unsigned n = __atomic_load_n(&pools.count, __ATOMIC_ACQUIRE);
     for (unsigned i = 0;;) {
         if (i == n) {
-            int made = pool_make(n);
+            int made = pool_make(n, plain);
             if (made == -1)
                 return NULL;
             /* made, or another thread made one or more: look at them */
             n = made >= 0 ? (unsigned)made + 1 : __atomic_load_n(&pools.count, __ATOMIC_ACQUIRE);
         }
-        uintptr_t r = pool_claim(i, (unsigned)granules, (unsigned)step);
+        uintptr_t r = pools.plain[i] == plain ? pool_claim(i, (unsigned)granules, (unsigned)step) : 0;
         if (r != 0)
-            return (void *)r;
+            return pool_open((int)i, r, size, strict) ? (void *)r : NULL;
         i++;
     }
 }
 
-/* Gives [addr, addr+size) of pool p back: its pages, then its granules. */
+static void *linux_reserve_pooled(size_t size, size_t align) { return pool_carve(size, align, 0, 0); }
+
+/* The bits of pool p's granules that [addr, addr+size) overlaps, in the word of its first granule (a
+ * reservation's granules lie in one word); *word: that word's index. */
+static uint64_t granule_bits(int p, uintptr_t addr, size_t size, unsigned *word)
+{
+    size_t first = (addr - pools.base[p]) >> POOL_GRANULE_SHIFT;
+    size_t last = (addr + size - 1 - pools.base[p]) >> POOL_GRANULE_SHIFT;
+    *word = (unsigned)(first / 64);
+    return run_of(last - first + 1) << (first % 64);
+}
+
+/* Gives [addr, addr+size) of pool p back: its pages, the hints given there in a plain pool, then its
+ * granules. */
 static void pool_release(int p, uintptr_t addr, size_t size)
 {
     sys3(SYS_madvise, (long)addr, (long)size, MADV_DONTNEED_);
-    size_t first = (addr - pools.base[p]) >> POOL_GRANULE_SHIFT;
-    __atomic_fetch_and(&pools.used[p][first / 64], ~(run_of(granules_of(size)) << (first % 64)), __ATOMIC_RELEASE);
+    unsigned w;
+    uint64_t bits = granule_bits(p, addr, size, &w);
+    uint64_t hinted = pools.plain[p] ? __atomic_fetch_and(&pools.hinted[p][w], ~bits, __ATOMIC_RELAXED) & bits : 0;
+    for (unsigned g = 0; g < 64; g++)
+        if (hinted & ((uint64_t)1 << g))
+            sys3(SYS_madvise, (long)(pools.base[p] + w * POOL_WORD_SPAN + ((uintptr_t)g << POOL_GRANULE_SHIFT)),
+                 (long)((size_t)1 << POOL_GRANULE_SHIFT), MADV_NOHUGEPAGE_);
+    __atomic_fetch_and(&pools.used[p][w], ~bits, __ATOMIC_RELEASE);
 }
 
 int port_commit(void *addr, size_t size)
@@ -367,8 +507,14 @@ int port_release(void *addr, size_t size)
 
 static void linux_hint_large_pages(void *addr, size_t size)
 {
-    if (pool_of((uintptr_t)addr) >= 0)
+    int p = pool_of((uintptr_t)addr);
+    if (p >= 0 && !pools.plain[p])
         return; /* hinted when made */
+    if (p >= 0) { /* taken back at the granules' release */
+        unsigned w;
+        uint64_t bits = granule_bits(p, (uintptr_t)addr, size, &w);
+        __atomic_fetch_or(&pools.hinted[p][w], bits, __ATOMIC_RELAXED);
+    }
     sys3(SYS_madvise, (long)addr, (long)size, MADV_HUGEPAGE_); /* a hint: a kernel without THP says no */
 }
 
@@ -433,25 +579,37 @@ static int huge_faults_pay(void)
     return 0;
 }
 
-/* A reservation committed whole (the kernel charges it here) and hinted for huge pages over its aligned
- * 2 MB units from `from` on while they pay; its first page faulted in, timed. See the top of the file.
- * None while new mappings are locked (mlockall's MCL_FUTURE): the whole commit would make all of it
- * resident and locked at once, a segment and an arena, 8 MB, for a thread's first small and medium
- * blocks (test_hostile's locked-memory), where the core's piecewise commits lock what it commits. */
+/* A reservation committed whole (the kernel charges it here, outside a pool) and hinted for huge pages
+ * over its aligned 2 MB units from `from` on while they pay; its first page faulted in, timed. See the
+ * top of the file. None while new mappings are locked (mlockall's MCL_FUTURE), nor from a pool while the
+ * process holds locked memory where the claim would have to be opened (pool_open's `strict`): the whole
+ * commit would make all of it resident and locked at once, a segment and an arena, 8 MB, for a thread's
+ * first small and medium blocks (test_hostile's locked-memory), where the core's piecewise commits lock
+ * what it commits. */
 static void *linux_reserve_large_pages(size_t size, size_t align, size_t from_offset)
 {
-    if (new_mappings_locked())
-        return NULL;
-    void *r = port_reserve(size, align);
-    if (r == NULL)
-        return NULL;
-    if (sys_failed(sys3(SYS_mprotect, (long)r, (long)size, PROT_RW_))) {
-        sys3(SYS_munmap, (long)r, (long)size, 0);
-        return NULL;
+    /* From a pool where there are pools (see their section): a hinted one when all of it is to be hinted,
+     * else a plain one. An alignment of 2 MB or more puts `from` on a unit boundary: weighed first. */
+    int pay = -1;
+    void *r = NULL;
+    if (align >= LARGE_PAGE_ && (align & (align - 1)) == 0) {
+        pay = ((from_offset + LARGE_PAGE_ - 1) & ~(LARGE_PAGE_ - 1)) < (size & ~(LARGE_PAGE_ - 1)) && huge_faults_pay();
+        r = pool_carve(size, align, !(from_offset == 0 && pay), 1);
+    }
+    if (r == NULL) {
+        if (new_mappings_locked())
+            return NULL;
+        r = port_reserve(size, align);
+        if (r == NULL)
+            return NULL;
+        if (sys_failed(sys3(SYS_mprotect, (long)r, (long)size, PROT_RW_))) {
+            sys3(SYS_munmap, (long)r, (long)size, 0);
+            return NULL;
+        }
     }
     uintptr_t from = ((uintptr_t)r + from_offset + LARGE_PAGE_ - 1) & ~(LARGE_PAGE_ - 1);
     uintptr_t to = ((uintptr_t)r + size) & ~(LARGE_PAGE_ - 1);
-    int hinted = to > from && huge_faults_pay();
+    int hinted = to > from && (pay >= 0 ? pay : huge_faults_pay());
     if (hinted)
         linux_hint_large_pages((void *)from, to - from);
     uint64_t took = timed_fault(r);
@@ -588,19 +746,36 @@ static void (*core_prepare)(void), (*core_parent)(void), (*core_child)(void);
 static void pools_fork_prepare(void)
 {
     core_prepare();
-    while (__atomic_exchange_n(&pools.making, 1, __ATOMIC_ACQUIRE) != 0)
+    for (int held = 0; !__atomic_compare_exchange_n(&pools.making, &held, POOLS_FORKING, 0, __ATOMIC_ACQUIRE,
+                                                     __ATOMIC_RELAXED);
+         held = 0)
         sys3(SYS_sched_yield, 0, 0, 0);
+    unsigned n = __atomic_load_n(&pools.count, __ATOMIC_ACQUIRE); /* no pool is made now */
+    for (unsigned p = 0; p < n; p++)
+        for (int held = 0; !__atomic_compare_exchange_n(&pools.opening[p], &held, POOLS_FORKING, 0, __ATOMIC_ACQUIRE,
+                                                         __ATOMIC_RELAXED);
+             held = 0)
+            sys3(SYS_sched_yield, 0, 0, 0);
+}
+
+/* After a fork, in the parent and the child: the pools are free to make and open again. */
+static void pools_fork_release(void)
+{
+    unsigned n = __atomic_load_n(&pools.count, __ATOMIC_ACQUIRE);
+    for (unsigned p = 0; p < n; p++)
+        __atomic_store_n(&pools.opening[p], 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&pools.making, 0, __ATOMIC_RELEASE);
 }
 
 static void pools_fork_parent(void)
 {
-    __atomic_store_n(&pools.making, 0, __ATOMIC_RELEASE);
+    pools_fork_release();
     core_parent();
 }
 
 static void pools_fork_child(void)
 {
-    __atomic_store_n(&pools.making, 0, __ATOMIC_RELEASE);
+    pools_fork_release();
     core_child();
 }
 

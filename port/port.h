@@ -96,7 +96,10 @@ typedef struct port_capabilities {
      * neighbours included, so resident memory may exceed what the core committed by up to a large page
      * less a piece for each large page touched; and the uncommitted parts may read zeros rather than
      * fault (the core touches none). With PORT_LARGE_RESERVE_COMMITTED it comes committed whole, and the
-     * core commits nothing inside it. Without it the core takes port_reserve, and no large pages. NULL:
+     * core commits nothing inside it. Like reserve_pooled's, it may be carved from a bigger reservation
+     * the platform keeps (Linux), so that making it takes no system call that waits for the process's
+     * mapping lock; it is then not checked against the system's commit charge, where that check could
+     * refuse none. Without it the core takes port_reserve, and no large pages. NULL:
      * none now (out of memory, or large pages are not to be had: Linux under mlockall), and the core
      * takes port_reserve for that reservation. */
     void *(*reserve_large_pages)(size_t size, size_t align, size_t from);

@@ -20,14 +20,15 @@
     BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (call), 1, 0),                          \
     BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)
 
-/* The process's threads made from now on, and this one, run under the n instructions of code: 0, or -1
- * where the process may not (a container's own filter may forbid it). */
-static int filter_install(struct sock_filter *code, size_t n)
+/* The process's threads made from now on, and this one, run under the n instructions of code (with
+ * `flags` SECCOMP_FILTER_FLAG_TSYNC, every thread it has already too): 0, or -1 where the process may not
+ * (a container's own filter may forbid it). */
+static int filter_install(struct sock_filter *code, size_t n, unsigned flags)
 {
     struct sock_fprog prog = {(unsigned short)n, code};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
         return -1;
-    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+    return syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, &prog) == 0 ? 0 : -1;
 }
 
 #endif

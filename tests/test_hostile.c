@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "seccomp.h"
 #include "shardmm.h"
 
 #define KB ((size_t)1 << 10)
@@ -1104,16 +1105,28 @@ static void *locked_thread(void *arg)
  * for a first 2 MB block, and a thread's first small and medium blocks 8 MB: a segment and an arena
  * that the Linux port commits whole for huge pages. A 2 MB block must cost about 2 MB, a thread's first
  * blocks (6.4 KB of small ones, 100 KB) less than 2 MB, as under glibc, whose arena for the thread
- * commits 132 KB; the allocator works. Where the process may not lock its memory (mlockall refused),
- * there is nothing to test. */
+ * commits 132 KB; the allocator works. With MCL_CURRENT, what is mapped when it is called becomes
+ * resident: blocks made before it (6 MB of small blocks and a 3 MB one, so that the pools there are
+ * exist) may cost what they hold and a little more, not the 1 GB of a pool mapped read/write whole (as
+ * pools were until 2026-12-07). Where the process may not lock its memory (mlockall refused), there is
+ * nothing to test. */
 static void scenario_locked_memory(void)
 {
+    enum { EARLY = 6 * 1024 * 1024 / 64 };
+    static void *early[EARLY];
     bind_allocator();
+    for (size_t i = 0; i < EARLY; i++)
+        early[i] = filled(64, 840u + (unsigned)(i % 7), "a small block before mlockall");
+    void *early_large = filled(3 * MB, 849, "a 3 MB block before mlockall");
+    size_t unlocked = rss_now();
     if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) {
         fprintf(stderr, "mlockall refused (%s): not tested\n", strerror(errno));
         return;
     }
     size_t before = rss_now();
+    fprintf(stderr, "resident before mlockall %zu KB, after %zu KB\n", unlocked >> 10, before >> 10);
+    EXPECT(before < unlocked + 64 * MB, "mlockall with 9 MB of blocks: resident %zu KB to %zu KB", unlocked >> 10,
+           before >> 10);
     unsigned char *p = filled(2 * MB, 50, "a 2 MB block");
     size_t after = rss_now();
     fprintf(stderr, "resident before a 2 MB block %zu KB, after %zu KB\n", before >> 10, after >> 10);
@@ -1130,6 +1143,105 @@ static void scenario_locked_memory(void)
     exercise(850, "main thread, memory locked");
     run_threads(2, exercise_thread, 860);
     munlockall();
+    release(early_large, 3 * MB, 849, "a 3 MB block made before mlockall");
+    for (size_t i = 0; i < EARLY; i++)
+        release(early[i], 64, 840u + (unsigned)(i % 7), "a small block made before mlockall");
+}
+
+/* ---- scenarios: a sandbox --------------------------------------------------------------------------- */
+
+/* A seccomp filter, for every thread of the process, under which mmap of 4 MB or more fails (ENOMEM):
+ * the size of a segment's or an arena's reservation of its own. 0, or -1 where the process may not
+ * install one (a container's own filter may forbid it). */
+static int big_mappings_refused(void)
+{
+    struct sock_filter code[] = {
+        FILTER_ONE_CALL(SYS_mmap),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1]) + 4),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 2), /* 4 GB or more */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])),
+        BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 4u << 20, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOMEM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    return filter_install(code, sizeof code / sizeof code[0], SECCOMP_FILTER_FLAG_TSYNC);
+}
+
+struct sandboxed_thread {
+    size_t medium_blocks; /* of 100 KB, filled and checked */
+};
+
+static void *sandboxed_thread(void *arg)
+{
+    struct sandboxed_thread *r = arg;
+    void *medium[32];
+    for (size_t i = 0; i < 32; i++)
+        medium[i] = filled(100 * KB, 890u + (unsigned)i, "a sandboxed thread's medium block");
+    void *small = filled(64, 889, "a sandboxed thread's small block");
+    for (size_t i = 0; i < 32; i++)
+        if (medium[i] != NULL)
+            r->medium_blocks++;
+    release(small, 64, 889, "a sandboxed thread's small block");
+    for (size_t i = 0; i < 32; i++)
+        release(medium[i], 100 * KB, 890u + (unsigned)i, "a sandboxed thread's medium block");
+    return NULL;
+}
+
+/* A process whose sandbox forbids new mappings once it runs (a seccomp filter installed after start-up,
+ * as browsers' renderers and plugin hosts have): here mmap of 4 MB or more fails. A heap that has grown
+ * past its first segment keeps growing: the Linux port carves the segments, arenas and large blocks it
+ * reserves from the 1 GB pools it keeps (port/linux.c), made before the filter, and so without a mapping
+ * of their own: 24 MB more of small blocks, a new thread's first medium ones (its first arena: from the
+ * pool made without the huge-page hint), a 6 MB block. glibc grows its main arena by brk instead, and
+ * serves the thread there. Not tested where the kernel's overcommit mode allows no pools (strict) or the
+ * process may not install the filter. */
+static void scenario_mappings_forbidden(void)
+{
+    enum { BEFORE = 8 * 1024 * 1024 / 64, AFTER = 24 * 1024 * 1024 / 64 };
+    bind_allocator();
+    FILE *f = fopen("/proc/sys/vm/overcommit_memory", "r");
+    int overcommit = f != NULL ? fgetc(f) : '2';
+    if (f != NULL)
+        fclose(f);
+    if (overcommit != '0' && overcommit != '1') {
+        fprintf(stderr, "strict overcommit, no pools: not tested\n");
+        return;
+    }
+    static uint64_t *blocks[BEFORE + AFTER];
+    for (size_t i = 0; i < BEFORE; i++)
+        blocks[i] = filled(64, i, "a small block before the filter");
+    pthread_attr_t attr; /* a small stack: a thread's default 8 MB stack would be a mapping the filter refuses */
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 * KB);
+    if (big_mappings_refused() != 0) {
+        fprintf(stderr, "no seccomp filter here: not tested\n");
+        for (size_t i = 0; i < BEFORE; i++)
+            release(blocks[i], 64, i, "a small block");
+        return;
+    }
+    size_t made = 0;
+    for (size_t i = BEFORE; i < BEFORE + AFTER; i++) {
+        blocks[i] = filled(64, i, "a small block under the filter");
+        made += blocks[i] != NULL;
+        if (blocks[i] == NULL)
+            break;
+    }
+    struct sandboxed_thread r = {0};
+    pthread_t t;
+    int started = pthread_create(&t, &attr, sandboxed_thread, &r) == 0;
+    EXPECT(started, "a thread with a 256 KB stack under the filter");
+    if (started)
+        pthread_join(t, NULL);
+    unsigned char *big = filled(6 * MB, 888, "a 6 MB block under the filter");
+    fprintf(stderr, "under the filter: %zu small blocks of %d, %zu medium blocks of 32 in a new thread, a 6 MB "
+            "block %s\n", made, AFTER, r.medium_blocks, big != NULL ? "made" : "refused");
+    EXPECT(made == AFTER, "24 MB more of small blocks under the filter: %zu of %d made", made, AFTER);
+    EXPECT(r.medium_blocks == 32, "a new thread's medium blocks under the filter: %zu of 32", r.medium_blocks);
+    release(big, 6 * MB, 888, "a 6 MB block");
+    for (size_t i = 0; i < BEFORE + made; i++)
+        release(blocks[i], 64, i, "a small block");
+    exercise(880, "main thread, mappings forbidden");
+    pthread_attr_destroy(&attr);
 }
 
 /* ---- scenarios: aligned allocation ---------------------------------------------------------------- */
@@ -1209,6 +1321,7 @@ static const struct {
     {"address-space-limit", scenario_address_space_limit},
     {"data-limit", scenario_data_limit},
     {"locked-memory", scenario_locked_memory},
+    {"mappings-forbidden", scenario_mappings_forbidden},
     {"aligned-large", scenario_aligned_large},
 };
 
@@ -1309,4 +1422,5 @@ TEST(library_closed_while_its_threads_run) { run_scenario("closed-while-threads-
 TEST(address_space_limit) { run_scenario("address-space-limit"); }
 TEST(data_limit) { run_scenario("data-limit"); }
 TEST(memory_locked_by_mlockall) { run_scenario("locked-memory"); }
+TEST(big_mappings_forbidden_once_the_process_runs) { run_scenario("mappings-forbidden"); }
 TEST(aligned_above_2mb_as_glibc) { run_scenario("aligned-large"); }

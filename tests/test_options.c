@@ -400,7 +400,7 @@ static int membarrier_refused(void)
         FILTER_ONE_CALL(SYS_membarrier),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
     };
-    return filter_install(code, sizeof code / sizeof code[0]);
+    return filter_install(code, sizeof code / sizeof code[0], 0);
 }
 
 /* A thread frees a 3 MB block, which waits in its spare, and waits; this thread collects. With
@@ -436,7 +436,7 @@ static int collapse_refused(void)
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EINVAL),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
-    return filter_install(code, sizeof code / sizeof code[0]);
+    return filter_install(code, sizeof code / sizeof code[0], 0);
 }
 
 /* A heap of 3 MB of 64-byte blocks, each written: its first segment's lower 2 MB is full, its upper 2 MB

@@ -361,6 +361,44 @@ static int mappings_in(uintptr_t lo, uintptr_t hi)
     return n;
 }
 
+/* Whether the kernel's overcommit mode lets the port keep pools (0 or 1, not strict 2). */
+static int pools_expected(void)
+{
+    FILE *f = fopen("/proc/sys/vm/overcommit_memory", "r");
+    int mode = f != NULL ? fgetc(f) : '2';
+    if (f != NULL)
+        fclose(f);
+    return mode == '0' || mode == '1';
+}
+
+/* Releases r, a reserve_large_pages reservation of `size` with large pages from `from` on, and checks
+ * what became of it: gone from the process's mappings, or, where the port keeps pools (linux.c carves
+ * these reservations from them), still mapped, and the same addresses, taken again, read zeros. */
+static void large_page_release(unsigned char *r, size_t size, size_t from)
+{
+    CHECK_EQ(port_release(r, size), 0);
+    if (!pools_expected()) {
+        CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 0);
+        return;
+    }
+    CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 1);
+    unsigned char *again[4];
+    int found = 0;
+    for (int i = 0; i < 4; i++) {
+        again[i] = port_caps.reserve_large_pages(size, size, from);
+        CHECK(again[i] != NULL);
+        if (again[i] != NULL) {
+            CHECK_EQ(bytes_not_equal(again[i], size, 0), size);
+            found |= again[i] == r;
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        if (again[i] != NULL)
+            CHECK_EQ(port_release(again[i], size), 0);
+    CHECKF(found, "the addresses of a released large-page reservation (from %zu MB on) were not taken again",
+           from >> 20);
+}
+
 /* A 2 MB huge page forms only inside one read/write mapping: committing and decommitting pieces of a
  * large-page reservation must keep it whole, with the contract's zeros and contents. With large pages
  * from an offset on, the part below it is a mapping of its own (no hint), at most `mappings` in all
@@ -385,8 +423,7 @@ static void large_page_reservation(size_t from, int mappings)
     CHECK(check_pattern(r + 4 * piece, piece, 31));
     int n = mappings_in((uintptr_t)r, (uintptr_t)r + size);
     CHECKF(n >= 1 && n <= mappings, "the reservation is in %d mappings after piecewise commits, not %d", n, mappings);
-    CHECK_EQ(port_release(r, size), 0);
-    CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 0);
+    large_page_release(r, size, from);
 }
 
 TEST(a_large_page_reservation_follows_the_contract_as_one_mapping) { large_page_reservation(0, 1); }
@@ -515,8 +552,52 @@ TEST(the_part_below_a_large_page_offset_collapses_with_its_contents)
     CHECK_EQ(bytes_not_equal(r + 2 * piece, piece, 0), piece);
     CHECK(check_pattern(r, piece, 37));
     CHECK(check_pattern(r + 4 * piece, piece, 37));
+    large_page_release(r, size, unit);
+}
+
+/* A reservation spared from large pages comes from a pool made without the hint, where a hint given to a
+ * unit makes that unit a mapping of its own with the hint (linux.c). Its release takes the hint back:
+ * the next reservation spared at those addresses has none until it is hinted in turn, so a heap's first
+ * segment stays on small pages whatever an earlier one there became. */
+TEST(a_hint_given_inside_a_pool_goes_with_the_reservation)
+{
+    const size_t size = (size_t)4 << 20, unit = (size_t)2 << 20;
+    if (!pools_expected())
+        SKIP_TEST();
+    unsigned char *r = port_caps.reserve_large_pages(size, size, size);
+    CHECK(r != NULL);
+    if (r == NULL)
+        return;
+    int hinted = 0;
+    huge_kb_over((uintptr_t)r, (uintptr_t)r + 1, &hinted);
+    CHECKF(!hinted, "a reservation spared whole is hinted at %p", (void *)r);
+    port_caps.hint_large_pages(r, unit);
+    huge_kb_over((uintptr_t)r, (uintptr_t)r + 1, &hinted);
+    if (!hinted) { /* a kernel without transparent huge pages takes no hint */
+        CHECK_EQ(port_release(r, size), 0);
+        SKIP_TEST();
+    }
+    huge_kb_over((uintptr_t)r + unit, (uintptr_t)r + unit + 1, &hinted);
+    CHECKF(!hinted, "the hint of the lower unit at %p reached the upper one", (void *)r);
     CHECK_EQ(port_release(r, size), 0);
-    CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 0);
+    unsigned char *again[4];
+    int found = 0;
+    for (int i = 0; i < 4; i++) {
+        again[i] = port_caps.reserve_large_pages(size, size, size);
+        CHECK(again[i] != NULL);
+        if (again[i] != r)
+            continue;
+        found = 1;
+        huge_kb_over((uintptr_t)r, (uintptr_t)r + 1, &hinted);
+        CHECKF(!hinted, "the addresses of a released hinted unit, taken again spared, are hinted at %p", (void *)r);
+        port_caps.hint_large_pages(r, unit);
+        huge_kb_over((uintptr_t)r, (uintptr_t)r + 1, &hinted);
+        CHECKF(hinted, "a hint given again at %p did not take", (void *)r);
+    }
+    for (int i = 0; i < 4; i++)
+        if (again[i] != NULL)
+            CHECK_EQ(port_release(again[i], size), 0);
+    CHECKF(found, "the addresses of a released reservation at %p were not taken again", (void *)r);
 }
 
 /* The Linux port weighs a collapse once it has timed one (linux.c: what the faults it saves would cost
@@ -559,16 +640,6 @@ TEST(a_collapse_that_would_save_no_fault_is_passed_over_once_one_was_timed)
     }
     CHECK_EQ(port_release(full, size), 0);
     CHECK_EQ(port_release(sparse, size), 0);
-}
-
-/* Whether the kernel's overcommit mode lets the port keep pools (0 or 1, not strict 2). */
-static int pools_expected(void)
-{
-    FILE *f = fopen("/proc/sys/vm/overcommit_memory", "r");
-    int mode = f != NULL ? fgetc(f) : '2';
-    if (f != NULL)
-        fclose(f);
-    return mode == '0' || mode == '1';
 }
 
 /* Whether four claims of size at align, each committed and read zero, include r (first fit: the
@@ -790,7 +861,7 @@ static int pool_trap_arm(void)
     sa.sa_flags = SA_SIGINFO;
     if (sigaction(SIGSYS, &sa, NULL) != 0)
         return -1;
-    return filter_install(code, sizeof code / sizeof code[0]);
+    return filter_install(code, sizeof code / sizeof code[0], 0);
 }
 
 #define TRAP_CLAIMS 512 /* 64 pools of 8 claims of 128 MB: enough to need a new pool */
