@@ -1106,10 +1106,10 @@ static void *locked_thread(void *arg)
  * that the Linux port commits whole for huge pages. A 2 MB block must cost about 2 MB, a thread's first
  * blocks (6.4 KB of small ones, 100 KB) less than 2 MB, as under glibc, whose arena for the thread
  * commits 132 KB; the allocator works. With MCL_CURRENT, what is mapped when it is called becomes
- * resident: blocks made before it (6 MB of small blocks and a 3 MB one, so that the pools there are
- * exist) may cost what they hold and a little more, not the 1 GB of a pool mapped read/write whole (as
- * pools were until 2026-12-07). Where the process may not lock its memory (mlockall refused), there is
- * nothing to test. */
+ * resident: blocks made before it (6 MB of small blocks and a 3 MB one, so that the pools exist) may
+ * cost what they hold and a little more, not the 1 GB of a pool mapped read/write whole (as pools were
+ * until 2026-12-07). Where the process may not lock its memory (mlockall refused), there is nothing to
+ * test. */
 static void scenario_locked_memory(void)
 {
     enum { EARLY = 6 * 1024 * 1024 / 64 };
@@ -1121,6 +1121,9 @@ static void scenario_locked_memory(void)
     size_t unlocked = rss_now();
     if (mlockall(MCL_CURRENT | MCL_FUTURE) != 0) {
         fprintf(stderr, "mlockall refused (%s): not tested\n", strerror(errno));
+        release(early_large, 3 * MB, 849, "a 3 MB block");
+        for (size_t i = 0; i < EARLY; i++)
+            release(early[i], 64, 840u + (unsigned)(i % 7), "a small block");
         return;
     }
     size_t before = rss_now();
