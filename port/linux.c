@@ -370,7 +370,21 @@ static uintptr_t pool_claim(unsigned p, unsigned granules, unsigned step)
     return 0;
 }
 
-static uint64_t granule_bits(int p, uintptr_t addr, size_t size, unsigned *word);
+/* The bits of pool p's granules that [addr, addr+size) overlaps, in the word of its first granule (a
+ * reservation's granules lie in one word); *word: that word's index. */
+static uint64_t granule_bits(int p, uintptr_t addr, size_t size, unsigned *word)
+{
+    size_t first = (addr - pools.base[p]) >> POOL_GRANULE_SHIFT;
+    size_t last = (addr + size - 1 - pools.base[p]) >> POOL_GRANULE_SHIFT;
+    *word = (unsigned)(first / 64);
+    return run_of(last - first + 1) << (first % 64);
+}
+
+/* Whether the granules `bits` of word w of pool p are open (read/write). */
+static int granules_open(int p, unsigned w, uint64_t bits)
+{
+    return (__atomic_load_n(&pools.open[p][w], __ATOMIC_ACQUIRE) & bits) == bits;
+}
 
 /* Claim [r, r+size) of pool p made read/write where it is not yet: 1; or 0 when the kernel refuses, the
  * claim given back. A pool is mapped inaccessible, so that mlockall's MCL_CURRENT makes only what claims
@@ -385,7 +399,7 @@ static int pool_open(int p, uintptr_t r, size_t size, int strict)
 {
     unsigned w;
     uint64_t bits = granule_bits(p, r, size, &w);
-    if ((__atomic_load_n(&pools.open[p][w], __ATOMIC_ACQUIRE) & bits) == bits)
+    if (granules_open(p, w, bits))
         return 1;
     /* One opening at a time: threads that claim side by side would each open ahead over the same
      * granules, and each opening waits for the mapping lock. A fork holds the flag meanwhile (a child
@@ -400,12 +414,12 @@ static int pool_open(int p, uintptr_t r, size_t size, int strict)
         }
         if (was == POOLS_FORKING)
             break;
-        if ((__atomic_load_n(&pools.open[p][w], __ATOMIC_ACQUIRE) & bits) == bits)
+        if (granules_open(p, w, bits))
             return 1; /* the opening that held the flag reached this claim */
         sys3(SYS_sched_yield, 0, 0, 0);
     }
-    int opened_now = 1;
-    if ((__atomic_load_n(&pools.open[p][w], __ATOMIC_ACQUIRE) & bits) != bits) {
+    int ok = granules_open(p, w, bits);
+    if (!ok) {
         int locked = memory_locked();
         size_t first = (r - pools.base[p]) >> POOL_GRANULE_SHIFT, claimed = granules_of(size), n = claimed;
         size_t opened = 0;
@@ -413,21 +427,21 @@ static int pool_open(int p, uintptr_t r, size_t size, int strict)
             opened += (size_t)__builtin_popcountll(__atomic_load_n(&pools.open[p][i], __ATOMIC_RELAXED));
         if (opened > n && !locked)
             n = opened < 64 - first % 64 ? opened : 64 - first % 64;
-        while ((locked && strict) ||
-               sys_failed(sys3(SYS_mprotect, (long)r, (long)(n << POOL_GRANULE_SHIFT), PROT_RW_))) {
-            if (n == claimed) {
-                __atomic_fetch_and(&pools.used[p][w], ~bits, __ATOMIC_RELEASE);
-                opened_now = 0;
-                break;
+        if (!(locked && strict)) {
+            ok = !sys_failed(sys3(SYS_mprotect, (long)r, (long)(n << POOL_GRANULE_SHIFT), PROT_RW_));
+            if (!ok && n != claimed) { /* the claim alone, then */
+                n = claimed;
+                ok = !sys_failed(sys3(SYS_mprotect, (long)r, (long)(n << POOL_GRANULE_SHIFT), PROT_RW_));
             }
-            n = claimed;
         }
-        if (opened_now)
+        if (ok)
             __atomic_fetch_or(&pools.open[p][w], run_of(n) << (first % 64), __ATOMIC_RELEASE);
+        else
+            __atomic_fetch_and(&pools.used[p][w], ~bits, __ATOMIC_RELEASE);
     }
     if (held)
         __atomic_store_n(&pools.opening[p], 0, __ATOMIC_RELEASE);
-    return opened_now;
+    return ok;
 }
 
 /* A claim of size bytes at `align` in a pool of the kind asked for (plain: made without the hint), made
@@ -457,16 +471,6 @@ static void *pool_carve(size_t size, size_t align, int plain, int strict)
 }
 
 static void *linux_reserve_pooled(size_t size, size_t align) { return pool_carve(size, align, 0, 0); }
-
-/* The bits of pool p's granules that [addr, addr+size) overlaps, in the word of its first granule (a
- * reservation's granules lie in one word); *word: that word's index. */
-static uint64_t granule_bits(int p, uintptr_t addr, size_t size, unsigned *word)
-{
-    size_t first = (addr - pools.base[p]) >> POOL_GRANULE_SHIFT;
-    size_t last = (addr + size - 1 - pools.base[p]) >> POOL_GRANULE_SHIFT;
-    *word = (unsigned)(first / 64);
-    return run_of(last - first + 1) << (first % 64);
-}
 
 /* Gives [addr, addr+size) of pool p back: its pages, the hints given there in a plain pool, then its
  * granules. */
@@ -743,19 +747,21 @@ static int linux_thread_exit_hook(void (*fn)(void *heap))
  * took longer than test_hostile's 10 s (first_blocks_large_then_fork). */
 static void (*core_prepare)(void), (*core_parent)(void), (*core_child)(void);
 
+/* Flag (0 while free) held for a fork: once the thread that holds it lets it go. */
+static void hold_for_fork(int *flag)
+{
+    for (int was = 0; !__atomic_compare_exchange_n(flag, &was, POOLS_FORKING, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+         was = 0)
+        sys3(SYS_sched_yield, 0, 0, 0);
+}
+
 static void pools_fork_prepare(void)
 {
     core_prepare();
-    for (int held = 0; !__atomic_compare_exchange_n(&pools.making, &held, POOLS_FORKING, 0, __ATOMIC_ACQUIRE,
-                                                     __ATOMIC_RELAXED);
-         held = 0)
-        sys3(SYS_sched_yield, 0, 0, 0);
+    hold_for_fork(&pools.making);
     unsigned n = __atomic_load_n(&pools.count, __ATOMIC_ACQUIRE); /* no pool is made now */
     for (unsigned p = 0; p < n; p++)
-        for (int held = 0; !__atomic_compare_exchange_n(&pools.opening[p], &held, POOLS_FORKING, 0, __ATOMIC_ACQUIRE,
-                                                         __ATOMIC_RELAXED);
-             held = 0)
-            sys3(SYS_sched_yield, 0, 0, 0);
+        hold_for_fork(&pools.opening[p]);
 }
 
 /* After a fork, in the parent and the child: the pools are free to make and open again. */

@@ -371,6 +371,30 @@ static int pools_expected(void)
     return mode == '0' || mode == '1';
 }
 
+/* Four reserve_large_pages reservations of `size` with large pages from `from` on, each read zero, in
+ * again[] (for large_pages_release_all); whether one of them is r (first fit: the addresses just
+ * released, in a pool). */
+static int large_pages_taken_again(const unsigned char *r, size_t size, size_t from, unsigned char *again[4])
+{
+    int found = 0;
+    for (int i = 0; i < 4; i++) {
+        again[i] = port_caps.reserve_large_pages(size, size, from);
+        CHECK(again[i] != NULL);
+        if (again[i] != NULL) {
+            CHECK_EQ(bytes_not_equal(again[i], size, 0), size);
+            found |= again[i] == r;
+        }
+    }
+    return found;
+}
+
+static void large_pages_release_all(unsigned char *again[4], size_t size)
+{
+    for (int i = 0; i < 4; i++)
+        if (again[i] != NULL)
+            CHECK_EQ(port_release(again[i], size), 0);
+}
+
 /* Releases r, a reserve_large_pages reservation of `size` with large pages from `from` on, and checks
  * what became of it: gone from the process's mappings, or, where the port keeps pools (linux.c carves
  * these reservations from them), still mapped, and the same addresses, taken again, read zeros. */
@@ -383,18 +407,8 @@ static void large_page_release(unsigned char *r, size_t size, size_t from)
     }
     CHECK_EQ(mapped_in((uintptr_t)r, (uintptr_t)r + size), 1);
     unsigned char *again[4];
-    int found = 0;
-    for (int i = 0; i < 4; i++) {
-        again[i] = port_caps.reserve_large_pages(size, size, from);
-        CHECK(again[i] != NULL);
-        if (again[i] != NULL) {
-            CHECK_EQ(bytes_not_equal(again[i], size, 0), size);
-            found |= again[i] == r;
-        }
-    }
-    for (int i = 0; i < 4; i++)
-        if (again[i] != NULL)
-            CHECK_EQ(port_release(again[i], size), 0);
+    int found = large_pages_taken_again(r, size, from, again);
+    large_pages_release_all(again, size);
     CHECKF(found, "the addresses of a released large-page reservation (from %zu MB on) were not taken again",
            from >> 20);
 }
@@ -581,23 +595,16 @@ TEST(a_hint_given_inside_a_pool_goes_with_the_reservation)
     CHECKF(!hinted, "the hint of the lower unit at %p reached the upper one", (void *)r);
     CHECK_EQ(port_release(r, size), 0);
     unsigned char *again[4];
-    int found = 0;
-    for (int i = 0; i < 4; i++) {
-        again[i] = port_caps.reserve_large_pages(size, size, size);
-        CHECK(again[i] != NULL);
-        if (again[i] != r)
-            continue;
-        found = 1;
+    int found = large_pages_taken_again(r, size, size, again);
+    CHECKF(found, "the addresses of a released reservation at %p were not taken again", (void *)r);
+    if (found) {
         huge_kb_over((uintptr_t)r, (uintptr_t)r + 1, &hinted);
         CHECKF(!hinted, "the addresses of a released hinted unit, taken again spared, are hinted at %p", (void *)r);
         port_caps.hint_large_pages(r, unit);
         huge_kb_over((uintptr_t)r, (uintptr_t)r + 1, &hinted);
         CHECKF(hinted, "a hint given again at %p did not take", (void *)r);
     }
-    for (int i = 0; i < 4; i++)
-        if (again[i] != NULL)
-            CHECK_EQ(port_release(again[i], size), 0);
-    CHECKF(found, "the addresses of a released reservation at %p were not taken again", (void *)r);
+    large_pages_release_all(again, size);
 }
 
 /* The Linux port weighs a collapse once it has timed one (linux.c: what the faults it saves would cost
