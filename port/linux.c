@@ -201,8 +201,10 @@ static size_t linux_address_space_limit(void)
  * made a process that locked its memory after its first large block hold 1 GB (test_hostile's
  * locked-memory). A pool is 8 words of 64 granules of 2 MB; a claim is a run of granules inside one word
  * (so at most 128 MB, at an alignment up to 128 MB, one CAS), a release (of a claim or a part of one:
- * PORT_RELEASE_PARTS) sets its pages free (MADV_DONTNEED: the range stays read/write) and then its
- * granules. A commit inside a pool asks nothing of the kernel, and a hint nothing inside a hinted one.
+ * PORT_RELEASE_PARTS) sets its pages free (MADV_DONTNEED: the range stays read/write), gives its
+ * granules their pool's hint again where it differs, and then sets its granules free. A commit inside a
+ * pool asks nothing of the kernel but a granule it covers only in part in a hinted pool, which it turns
+ * to small pages (port_commit), and a hint asks nothing inside a hinted one but for such a granule.
  * What the pools give up: the charge. MAP_NORESERVE keeps a pool out of the kernel's commit charge, its
  * opening too, so a commit inside one is not checked against it. Pools exist only where that check could
  * refuse no claim: under heuristic overcommit (vm.overcommit_memory 0, which refuses a single mapping
@@ -225,7 +227,9 @@ static struct {
     uintptr_t base[POOLS_MAX];              /* aligned to POOL_WORD_SPAN */
     uint64_t used[POOLS_MAX][POOL_WORDS];   /* a bit per granule: claimed */
     uint64_t open[POOLS_MAX][POOL_WORDS];   /* a bit per granule: made read/write (by a claim, for good) */
-    uint64_t hinted[POOLS_MAX][POOL_WORDS]; /* plain pools: a bit per granule hinted since its claim */
+    uint64_t turned[POOLS_MAX][POOL_WORDS]; /* a bit per granule whose hint differs from its pool's since
+                                             * its claim: hinted in a plain pool, on small pages in a
+                                             * hinted one (port_commit) */
     uint8_t plain[POOLS_MAX];               /* 1: made without the huge-page hint; set before count */
     int opening[POOLS_MAX];                 /* 1: a thread is opening part of it; POOLS_FORKING: a fork */
     unsigned count;                       /* pools made; base[i] is set before count passes i */
@@ -472,25 +476,51 @@ static void *pool_carve(size_t size, size_t align, int plain, int strict)
 
 static void *linux_reserve_pooled(size_t size, size_t align) { return pool_carve(size, align, 0, 0); }
 
-/* Gives [addr, addr+size) of pool p back: its pages, the hints given there in a plain pool, then its
- * granules. */
+/* Gives [addr, addr+size) of pool p back: its pages, its granules' hints as the pool has them again
+ * (pool_turn), then its granules. */
 static void pool_release(int p, uintptr_t addr, size_t size)
 {
     sys3(SYS_madvise, (long)addr, (long)size, MADV_DONTNEED_);
     unsigned w;
     uint64_t bits = granule_bits(p, addr, size, &w);
-    uint64_t hinted = pools.plain[p] ? __atomic_fetch_and(&pools.hinted[p][w], ~bits, __ATOMIC_RELAXED) & bits : 0;
+    uint64_t turned = __atomic_fetch_and(&pools.turned[p][w], ~bits, __ATOMIC_RELAXED) & bits;
     for (unsigned g = 0; g < 64; g++)
-        if (hinted & ((uint64_t)1 << g))
+        if (turned & ((uint64_t)1 << g))
             sys3(SYS_madvise, (long)(pools.base[p] + w * POOL_WORD_SPAN + ((uintptr_t)g << POOL_GRANULE_SHIFT)),
-                 (long)((size_t)1 << POOL_GRANULE_SHIFT), MADV_NOHUGEPAGE_);
+                 (long)((size_t)1 << POOL_GRANULE_SHIFT), pools.plain[p] ? MADV_NOHUGEPAGE_ : MADV_HUGEPAGE_);
     __atomic_fetch_and(&pools.used[p][w], ~bits, __ATOMIC_RELEASE);
 }
 
+/* The granule of hinted pool p that holds addr goes on small pages (MADV_NOHUGEPAGE) until its release,
+ * unless it has already. */
+static void pool_turn_small(int p, uintptr_t addr)
+{
+    size_t g = (addr - pools.base[p]) >> POOL_GRANULE_SHIFT;
+    uint64_t bit = (uint64_t)1 << (g % 64);
+    if ((__atomic_fetch_or(&pools.turned[p][g / 64], bit, __ATOMIC_RELAXED) & bit) == 0)
+        sys3(SYS_madvise, (long)(pools.base[p] + (g << POOL_GRANULE_SHIFT)), (long)((size_t)1 << POOL_GRANULE_SHIFT),
+             MADV_NOHUGEPAGE_);
+}
+
+/* Outside a pool a commit is an mprotect, which splits the mapping where it starts and ends, and a 2 MB
+ * that straddles a split gets no huge page. Inside a hinted pool, where the range is read/write already,
+ * a commit turns the granules it covers only in part to small pages, so that the first touch there
+ * makes a page resident, not 2 MB: the core commits to within a 2 MB only where it wants that (a
+ * created heap's large block, whose limit counts bytes; a far block's header page; large.c's
+ * commit_end). The turn lasts until the granule's release (pool_release). */
 int port_commit(void *addr, size_t size)
 {
-    if (pool_of((uintptr_t)addr) >= 0)
+    int p = pool_of((uintptr_t)addr);
+    if (p >= 0) {
+        uintptr_t from = (uintptr_t)addr, to = from + size, granule = (uintptr_t)1 << POOL_GRANULE_SHIFT;
+        if (!pools.plain[p] && size != 0) {
+            if ((from & (granule - 1)) != 0)
+                pool_turn_small(p, from);
+            if ((to & (granule - 1)) != 0)
+                pool_turn_small(p, to - 1);
+        }
         return 0;
+    }
     return sys_failed(sys3(SYS_mprotect, (long)addr, (long)size, PROT_RW_)) ? -1 : 0;
 }
 
@@ -512,12 +542,15 @@ int port_release(void *addr, size_t size)
 static void linux_hint_large_pages(void *addr, size_t size)
 {
     int p = pool_of((uintptr_t)addr);
-    if (p >= 0 && !pools.plain[p])
-        return; /* hinted when made */
-    if (p >= 0) { /* taken back at the granules' release */
+    if (p >= 0) {
         unsigned w;
         uint64_t bits = granule_bits(p, (uintptr_t)addr, size, &w);
-        __atomic_fetch_or(&pools.hinted[p][w], bits, __ATOMIC_RELAXED);
+        if (!pools.plain[p]) { /* hinted when made: only granules a commit turned need it again */
+            if ((__atomic_fetch_and(&pools.turned[p][w], ~bits, __ATOMIC_RELAXED) & bits) == 0)
+                return;
+        } else { /* taken back at the granules' release */
+            __atomic_fetch_or(&pools.turned[p][w], bits, __ATOMIC_RELAXED);
+        }
     }
     sys3(SYS_madvise, (long)addr, (long)size, MADV_HUGEPAGE_); /* a hint: a kernel without THP says no */
 }

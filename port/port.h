@@ -109,9 +109,12 @@ typedef struct port_capabilities {
      * and move_release work on it as on any reservation, but it may be carved from a bigger
      * reservation the platform keeps, so that making it takes no system call. What may differ: it may
      * come committed and hinted for large pages already (the core's commits and hints there then cost
-     * nothing, and are not checked against the system's commit charge: a platform offers pools only
+     * little, and are not checked against the system's commit charge: a platform offers pools only
      * where that check could refuse no such reservation), and its uncommitted parts may read zeros
-     * rather than fault (the core touches none). NULL: the core takes port_reserve. */
+     * rather than fault (the core touches none). A large page that a commit covers only in part stays
+     * on small pages there too, as outside a pool (Linux: a commit's mprotect splits the mapping, and a
+     * huge page needs a whole 2 MB of one), until the reservation's release. NULL: the core takes
+     * port_reserve. */
     void *(*reserve_pooled)(size_t size, size_t align);
 
     /* Back [addr, addr+size) of a reserve_large_pages reservation below its `from` (large-page

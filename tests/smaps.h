@@ -1,6 +1,6 @@
 /* smaps.h - what the kernel says of a process's huge pages (Linux), for the tests of the huge-page
  * rules: the huge pages in the mappings over a range, and whether one of them has the hint; whether the
- * kernel makes them on request; which 4 KB pages of a range are resident. */
+ * kernel gives them, and makes them on request; which 4 KB pages of a range are resident. */
 #ifndef TEST_SMAPS_H
 #define TEST_SMAPS_H
 
@@ -45,6 +45,18 @@ __attribute__((unused)) static unsigned long huge_kb_over(uintptr_t from, uintpt
     if (f != NULL)
         fclose(f);
     return huge;
+}
+
+/* Whether the kernel gives transparent huge pages to a range that asks for them (its setting is not
+ * "never"). */
+__attribute__((unused)) static int huge_pages_on(void)
+{
+    FILE *mode = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    char line[512] = "";
+    int on = mode != NULL && fgets(line, sizeof line, mode) != NULL && strstr(line, "[never]") == NULL;
+    if (mode != NULL)
+        fclose(mode);
+    return on;
 }
 
 /* Whether this kernel makes a huge page of a range on request (MADV_COLLAPSE, Linux 6.1, with one free):

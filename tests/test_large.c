@@ -1175,17 +1175,6 @@ TEST(a_moved_block_keeps_each_aligned_2mb_within_one_mapping)
 }
 
 #if SHARD_RULES && defined(__linux__)
-/* Whether the kernel gives transparent huge pages to a range that asks for them. */
-static int huge_pages_on(void)
-{
-    FILE *mode = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    char line[512] = "";
-    int on = mode != NULL && fgets(line, sizeof line, mode) != NULL && strstr(line, "[never]") == NULL;
-    if (mode != NULL)
-        fclose(mode);
-    return on;
-}
-
 /* The KB of huge pages (AnonHugePages of /proc/self/smaps) in the mapping that holds the whole aligned
  * 2 MB at `unit` and starts at most 2 MB below it (a moved block's 2 MB units map apart); 0 when no
  * mapping holds it whole. */

@@ -708,6 +708,52 @@ TEST(a_pooled_reservation_follows_the_contract_and_comes_back_zeroed)
     CHECK(port_caps.reserve_pooled(align, (size_t)256 << 20) == NULL);
 }
 
+/* In a pool hinted for huge pages (large blocks'), a commit that ends inside a 2 MB leaves that 2 MB on
+ * small pages, as its mprotect does outside a pool by splitting the mapping there: the first touch
+ * makes one page resident, not 2 MB (large.c's commit_end says where the core wants that). The 2 MB
+ * below, committed whole, is a huge page. The release gives the
+ * 2 MB its hint back: taken again and committed whole, a touch there makes all of it resident. */
+TEST(a_commit_that_ends_inside_a_large_page_of_a_pool_leaves_it_on_small_pages)
+{
+    const size_t size = (size_t)8 << 20, align = (size_t)4 << 20, unit = (size_t)2 << 20;
+    const long unit_pages = (long)(unit / PORT_PAGE);
+    if (!pools_expected() || !huge_pages_on())
+        SKIP_TEST();
+    unsigned char *r = port_caps.reserve_pooled(size, align);
+    CHECK(r != NULL);
+    if (r == NULL)
+        return;
+    CHECK_EQ(port_commit(r, unit + PORT_PAGE), 0);
+    r[0] = 61;
+    r[unit] = 62;
+    int first;
+    long below = resident_pages(r, unit, &first), above = resident_pages(r + unit, unit, &first);
+    CHECKF(below == unit_pages, "the 2 MB committed whole: %ld pages resident after one touch (a huge page, %ld, "
+           "expected)", below, unit_pages);
+    CHECKF(above == 1, "the 2 MB the commit ends in: %ld pages resident after one touch, 1 expected", above);
+    CHECK(r[0] == 61 && r[unit] == 62);
+    CHECK_EQ(port_release(r, size), 0);
+    unsigned char *again[4];
+    int found = 0;
+    for (int i = 0; i < 4; i++) {
+        again[i] = port_caps.reserve_pooled(size, align);
+        CHECK(again[i] != NULL);
+        if (again[i] != r)
+            continue;
+        found = 1;
+        CHECK_EQ(port_commit(r, 2 * unit), 0);
+        r[unit] = 63;
+        above = resident_pages(r + unit, unit, &first);
+        CHECKF(above == unit_pages, "the 2 MB a commit ended in, released, taken again and committed whole: %ld pages "
+               "resident after one touch, %ld expected", above, unit_pages);
+        CHECK(bytes_not_equal(r, unit, 0) == unit && r[unit] == 63);
+    }
+    CHECKF(found, "the addresses of a released pooled reservation at %p were not taken again", (void *)r);
+    for (int i = 0; i < 4; i++)
+        if (again[i] != NULL)
+            CHECK_EQ(port_release(again[i], size), 0);
+}
+
 /* A move out of a pool leaves the source's addresses mapped: between the move and the release another
  * thread's mmap must not find a hole there, which the pool would map over (test_fork's checks caught
  * a segment made in one). The pages arrive whole, the rest of the source is given back. */
