@@ -291,16 +291,26 @@ static size_t span_for(size_t need, enum headroom headroom)
  * where the commit ends, and the 2 MB that straddles the split stays in 4 KB pages: 512 page faults
  * for a block that fills it (bench/shapes.py's malloc-large: 8,700 against mimalloc's 320). A created
  * heap's block (`exact`) commits what it needs: its limit counts the bytes. So does a block whose span
- * ends before that boundary (under RLIMIT_AS): no large page would form there. A block that shrinks, or
- * a cached one taken for less, gives its tail back from the same point, so that the large page it ends
- * in stays whole: decommitting inside one split it, and growing back into that 2 MB took a fault per
- * 4 KB (bench/results/2026-12-02-large-tail.md). */
-static size_t commit_end(size_t need, size_t span, int exact)
+ * ends before that boundary (under RLIMIT_AS): no large page would form there. So does a `fresh` block
+ * (a reservation malloc makes; not one that grows, nor a cached one taken again) that fills less than a
+ * quarter of its last 2 MB: a large page there would make all of it resident at the first touch, for a
+ * block of 2 MB (the 32-byte header puts its last bytes in the next 2 MB: a power-of-two array) 4 MB
+ * resident, twice what every peer's takes (bench/results/2026-12-07-large-tails.md). Its last 2 MB
+ * stays on small pages then (the port turns a pool's granule so: port.h, reserve_pooled): at most 128
+ * faults of 4 KB there, about what one huge page's first fault costs, for 1.5 MB or more not made
+ * resident. A block that later grows into it faults there page by page, as a cached block taken again
+ * for more does: with the line at half, mixed (blocks of 1-4 MB grown in place) took 7,200 faults a run
+ * instead of 510, 5 % of its time; at a quarter, 2,100. A block that grows (resized in place, or
+ * moved) keeps the large page: it is likely to grow on into it. A block that shrinks, or a cached one
+ * taken for less, gives its tail back from the same point, so that the large page it ends in stays
+ * whole: decommitting inside one split it, and growing back into that 2 MB took a fault per 4 KB
+ * (bench/results/2026-12-02-large-tail.md). */
+static size_t commit_end(size_t need, size_t span, int exact, int fresh)
 {
     if (!SHARD_LARGE_PAGES || exact || !os_has_large_pages())
         return need;
     size_t end = round_up(need, LARGE_PAGE);
-    return end <= span ? end : need;
+    return end <= span && !(fresh && end - need > LARGE_PAGE - LARGE_PAGE / 4) ? end : need;
 }
 
 /* Atomic: large blocks have no owner to count them. */
@@ -345,7 +355,7 @@ static large_header *reserve_block(size_t need, size_t offset, size_t commit_fro
         return NULL;
     if (SHARD_LARGE_PAGES)
         os_hint_large_pages(h, span);
-    size_t end = commit_end(need, span, exact);
+    size_t end = commit_end(need, span, exact, headroom == HEADROOM_FRESH);
     if (end > commit_from && os_commit((uint8_t *)h + commit_from, end - commit_from) != 0) {
         os_release(h, span, 0);
         return NULL;
@@ -410,7 +420,7 @@ static large_header *move_block(large_header *old, size_t need, enum headroom he
     /* As reserve_block committed: to the large page's end, so that the first touch there finds the 2 MB
      * in one mapping (committing exactly `need` split it, and the block's growth into the rest of that
      * 2 MB took a fault per 4 KB: bench/shapes.py's strings). */
-    *end = commit_end(need, *span, exact);
+    *end = commit_end(need, *span, exact, 0);
     mem_copy((uint8_t *)h + whole, (uint8_t *)old + whole, moved - whole);
     /* The old entry goes first: once the pages have moved, the old addresses may be anyone's. */
     uintptr_t old_granule = granule_of(old);
@@ -1028,7 +1038,7 @@ static int may_split(size_t committed) { return committed >= 2 * SEGMENT_SIZE; }
 static int fit_commit(large_header *h, size_t committed, size_t need, int exact)
 {
     uint8_t *base = (uint8_t *)h;
-    size_t end = commit_end(need, span_of(h), exact);
+    size_t end = commit_end(need, span_of(h), exact, 0);
     if (committed < need) {
         if (os_commit(base + committed, end - committed) != 0)
             return -1;
@@ -1066,7 +1076,7 @@ static void split_off(large_header *h, size_t need, size_t *committed, int exact
     h->committed = keep;
     *committed = keep;
     if (exact) { /* a created heap's limit counts bytes: the part above commit_end goes back */
-        size_t end = commit_end(need, keep, 1);
+        size_t end = commit_end(need, keep, 1, 0);
         if (end < keep && os_decommit((uint8_t *)h + end, keep - end) == 0)
             *committed = h->committed = end;
     }
@@ -1344,7 +1354,7 @@ void *large_resize_in_place(void *p, size_t size)
     size_t offset = offset_of(h), need = need_of(size, offset), committed = h->committed, was = h->size;
     heap *owner = owner_of(h);
     int absorbed = need > span_of(h) && owner == NULL && absorb_above(h, need);
-    size_t end = commit_end(need, span_of(h), owner != NULL), now = h->committed;
+    size_t end = commit_end(need, span_of(h), owner != NULL, 0), now = h->committed;
     if (need <= now) {
         /* Shrunk to less than half: the tail goes back at once (not a part just absorbed to grow). */
         if (!absorbed && need < now / 2 && os_decommit((uint8_t *)h + end, now - end) == 0) {

@@ -46,7 +46,7 @@
 #define MB ((size_t)1 << 20)
 #define SMALL_PAGE (64 * KB)   /* a small-block page */
 #define LARGE_HEADER ((size_t)32)
-#define HUGE_PAGE (2 * MB) /* a large block above 2 MB is committed to a multiple of it (src/large.c, commit_end) */
+#define HUGE_PAGE (2 * MB) /* a fresh large block is committed to a multiple of it, mostly (fresh_commit) */
 #define KEEP_FREE_PAGES 16     /* free small pages a thread keeps committed through shard_collect */
 
 static void *(*volatile c_malloc)(size_t) = malloc;
@@ -125,6 +125,14 @@ static size_t round_up(size_t n, size_t to)
     return (n + to - 1) / to * to;
 }
 
+/* What a fresh large block of usable size u commits (test_large.c's rules): its need (u and the header,
+ * whole pages), up to the next 2 MB boundary when that fills at least a quarter of its last 2 MB. */
+static size_t fresh_commit(size_t u)
+{
+    size_t need = round_up(u + LARGE_HEADER, 4096), end = round_up(need, HUGE_PAGE);
+    return end - need > HUGE_PAGE - HUGE_PAGE / 4 ? need : end;
+}
+
 /* ---- the names ---- */
 
 /* Each extra resolves to build/libshardmm.so, in the program and for dlsym. */
@@ -168,7 +176,7 @@ TEST(mallinfo2_is_shard_get_stats_in_glibcs_fields_as_blocks_come_and_go)
         if (i < SMALL + MEDIUM)
             small_medium += u;
         else
-            large += round_up(u + LARGE_HEADER, HUGE_PAGE); /* committed to the next 2 MB: test_large.c */
+            large += fresh_commit(u);
     }
     CHECK(mallinfo2_beside_stats(&m1, &s1));
     check_mallinfo2(&m1, &s1, "with the blocks live");

@@ -12,8 +12,11 @@
  *   needs (a 32-byte header included), at p with p % 4 MB == 32; its usable size is need(n) - 32.
  *   Its reservation, counted from the header, is R(n) = round_up(need + min(need, 1 GB), 64 KB) while the
  *   address space is unlimited (under RLIMIT_AS it is round_up(need, 64 KB): test_hostile.c). It
- *   commits K(need, R): need, but on Linux up to the next 2 MB boundary if R reaches it, so that its
- *   last 2 MB can be a transparent huge page (commit_end below; the Windows port commits need).
+ *   commits F(need, R): need, but on Linux up to the next 2 MB boundary if R reaches it and need fills
+ *   at least a quarter of that last 2 MB, so that it can be a transparent huge page; a block that fills less
+ *   leaves it on small pages (fresh_end below; the Windows port commits need). A block that grows, and
+ *   a cached one taken for more than it holds, commit to K(need, R): up to the boundary whenever R
+ *   reaches it (commit_end below).
  * - realloc(p, m) of a large block with C committed: m <= 1 MB moves to a small or medium block;
  *   need(m) <= C stays, decommitting the tail exactly when need(m) < C / 2, down to T(need(m), C):
  *   on Linux the next 2 MB boundary from the header (C at most), so that the large page the block ends
@@ -157,6 +160,15 @@ static size_t commit_end(size_t c, size_t r)
     return e <= r ? e : c;
 }
 
+/* What a block of need c in a reservation of r commits when malloc makes it (a fresh reservation, not
+ * a cached block taken again, nor one that grows): as commit_end, but up to the 2 MB boundary only when
+ * c fills at least a quarter of its last 2 MB; a large page there would make all of it resident at its
+ * first touch. */
+static size_t fresh_end(size_t c, size_t r)
+{
+    return COMMITS_WHOLE_LARGE_PAGES && round_up(c, HUGE_PAGE) - c > HUGE_PAGE - HUGE_PAGE / 4 ? c : commit_end(c, r);
+}
+
 /* The reservation of a fresh block of n bytes, counted from its header, made when the largest need
  * asked for since the cache's high last came down was `asked`: its headroom is its own need, or asked
  * where that is more, up to 4 times its need. */
@@ -191,7 +203,7 @@ static inline size_t tail_start(size_t c, size_t committed)
 /* What a fresh block of n bytes commits, its header included. */
 static size_t fresh_commit(size_t n)
 {
-    return commit_end(need(n), reservation(n));
+    return fresh_end(need(n), reservation(n));
 }
 
 /* The reservation of a block that moved to grow to n bytes: as a fresh one's, but at least 16 MB (it is
@@ -1262,6 +1274,53 @@ TEST(a_fresh_block_grown_in_place_to_its_reservations_end_gets_a_huge_page_there
 #endif
 }
 
+/* A fresh block that fills less than a quarter of its last 2 MB leaves that 2 MB on small pages
+ * (fresh_end): a block of 2 MB, a power-of-two array whose header puts its last 32 bytes past the 2 MB,
+ * written whole, makes one page resident there, not 2 MB (4 MB for a 2 MB array: twice what the peers
+ * make resident); one of 2.4 MB, a fifth of its last 2 MB, makes the pages it writes there resident.
+ * One of 2.6 MB fills more than a quarter and gets a large page there, as its first 2 MB does. */
+TEST(a_fresh_block_that_fills_less_than_a_quarter_of_its_last_2mb_leaves_it_on_small_pages)
+{
+#if !SHARD_RULES || !defined(__linux__)
+    SKIP_TEST();
+#else
+    if (!huge_pages_on())
+        SKIP_TEST();
+    enum { CASES = 3 };
+    static const size_t sizes[CASES] = {2 * MB, 2 * MB + 400 * KB, 2 * MB + 600 * KB};
+    drained d;
+    cache_drain(&d);
+    unsigned char *blocks[CASES]; /* all live at once: a block that took another's reservation from the
+                                   * cache would find its last 2 MB as the other left it */
+    for (size_t i = 0; i < CASES; i++) {
+        size_t n = sizes[i], tail = need(n) - HUGE_PAGE;
+        int small = tail < HUGE_PAGE / 4;
+        long above_expected = small ? (long)(tail / LARGE_PAGE) : 512;
+        CHECK_EQ(fresh_commit(n), small ? need(n) : 4 * MB);
+        unsigned char *p = blocks[i] = shard_malloc(n);
+        CHECK(p != NULL);
+        if (p == NULL)
+            continue;
+        fill64(p, n, 0x3e60 + i);
+        unsigned char *granule = (unsigned char *)((uintptr_t)p & ~(uintptr_t)(LARGE_GRANULE - 1));
+        int first;
+        long below = resident_pages(granule, HUGE_PAGE, &first);
+        long above = resident_pages(granule + HUGE_PAGE, HUGE_PAGE, &first);
+        CHECKF(below == 512, "a fresh block of %zu bytes, written: %ld pages resident in its first 2 MB (a large "
+               "page expected)", n, below);
+        CHECKF(above == above_expected, "a fresh block of %zu bytes, written: %ld pages resident in its last 2 MB, "
+               "expected %ld", n, above, above_expected);
+    }
+    for (size_t i = 0; i < CASES; i++)
+        if (blocks[i] != NULL) {
+            CHECK_BLOCK(blocks[i], sizes[i], 0x3e60 + i, "a fresh block of %zu bytes", sizes[i]);
+            shard_free(blocks[i]);
+        }
+    cache_undrain(&d);
+    check_allocator("after the fresh blocks' last 2 MB");
+#endif
+}
+
 TEST(realloc_grows_a_large_block_in_place_up_to_its_reservation_and_moves_with_1_16_beyond)
 {
     static const struct {
@@ -1517,7 +1576,7 @@ TEST(live_large_bytes_and_committed_follow_allocation_resize_move_and_free)
         if (!aligned[i])
             continue;
         size_t u = round_up(aligned_size[i], LARGE_PAGE);
-        size_t c = i == 0 ? commit_end(align[i] + u, 2 * (align[i] + u)) : LARGE_PAGE + u;
+        size_t c = i == 0 ? fresh_end(align[i] + u, 2 * (align[i] + u)) : LARGE_PAGE + u;
         CHECK_EQ(shard_usable_size(aligned[i]), u);
         fill64(aligned[i], u, 0x4e80 + i);
         bytes += u;
@@ -1579,7 +1638,7 @@ TEST(live_large_bytes_and_committed_follow_allocation_resize_move_and_free)
         struct held_block h = { aligned[0], round_up(aligned_size[0], LARGE_PAGE), 0x4e80 };
         run_thread(check_and_free_held, &h);
         bytes -= h.n;
-        committed -= commit_end(align[0] + h.n, 2 * (align[0] + h.n));
+        committed -= fresh_end(align[0] + h.n, 2 * (align[0] + h.n));
 #if SHARD_RULES
         CHECK_LARGE_BYTES(s0, bytes, committed, "after another thread freed the 2 MB-aligned block");
 #endif
@@ -2601,9 +2660,9 @@ TEST(cached_blocks_expire_a_second_after_their_free_on_a_large_call_a_freed_smal
     const long step_ms = 550; /* 0.45 s to spare below the delay, 0.1 s above it after two steps */
     /* Committed 2, 3, 5, 6 and 7 MB: reservations of twice that, which a malloc of 17 MB never takes. */
     static const size_t held[GROUPS] = { 2 * MB, 3 * MB, 5 * MB, 6 * MB, 7 * MB };
-    size_t c_held[GROUPS]; /* what each holds committed: commit_end of its need */
+    size_t c_held[GROUPS]; /* what each holds committed: fresh_end of its need */
     for (int g = 0; g < GROUPS; g++)
-        c_held[g] = commit_end(held[g], reservation(with_need(held[g])));
+        c_held[g] = fresh_end(held[g], reservation(with_need(held[g])));
     const size_t big = 17 * MB;
     unsigned char *blocks[N], *m = NULL, *x = NULL, *small[SMALL];
     drained d;

@@ -711,8 +711,8 @@ TEST(a_pooled_reservation_follows_the_contract_and_comes_back_zeroed)
 /* In a pool hinted for huge pages (large blocks'), a commit that ends inside a 2 MB leaves that 2 MB on
  * small pages, as its mprotect does outside a pool by splitting the mapping there: the first touch
  * makes one page resident, not 2 MB (large.c's commit_end says where the core wants that). The 2 MB
- * below, committed whole, is a huge page. The release gives the
- * 2 MB its hint back: taken again and committed whole, a touch there makes all of it resident. */
+ * below, committed whole, is a huge page. The release gives the 2 MB its hint back: taken again and
+ * committed whole, a touch there makes all of it resident. */
 TEST(a_commit_that_ends_inside_a_large_page_of_a_pool_leaves_it_on_small_pages)
 {
     const size_t size = (size_t)8 << 20, align = (size_t)4 << 20, unit = (size_t)2 << 20;
