@@ -211,8 +211,10 @@ static size_t linux_address_space_limit(void)
  * larger than memory and swap together, far above 128 MB on any machine this serves) or none (1), not
  * under strict (2), and not under an address-space limit (RLIMIT_AS), where 1 GB of address space held
  * for nothing would count against it, nor while new mappings are locked (mlockall's MCL_FUTURE), under
- * which each opening would be made resident whole. An impossible size still goes to port_reserve and is
- * refused there. Headroom in a pool reads zeros where a reservation of its own would fault: nothing of
+ * which each opening would be made resident whole. A pool made before such a limit was set goes on
+ * serving claims; under RLIMIT_DATA, which counts what is open, it then opens no further than a claim
+ * and closes what a release gives back (data_limited). An impossible size still goes to port_reserve and
+ * is refused there. Headroom in a pool reads zeros where a reservation of its own would fault: nothing of
  * ours touches it.
  * A move out of a pool (move_release) leaves the range mapped (MREMAP_DONTUNMAP, Linux 5.7; an older
  * kernel refuses the move and the core copies): a hole there would be free for another thread's mmap
@@ -384,6 +386,21 @@ static uint64_t granule_bits(int p, uintptr_t addr, size_t size, unsigned *word)
     return run_of(last - first + 1) << (first % 64);
 }
 
+/* 1 when RLIMIT_DATA bounds the process. It counts every writable private mapping, so a pool's granules
+ * opened and given back again, and a pool made before the limit was set (a first segment made at
+ * start-up, before a shell's `ulimit -d` or the program's own setrlimit) goes on serving claims: then
+ * an opening reaches no further than its claim (pool_open) and a release closes what it gives back
+ * (pool_release), so that what the limit counts of a pool is what is claimed (test_hostile's
+ * data-limit: 64 MB blocks after 490 MB of small blocks were freed fitted 2-5 times under the limit,
+ * not 6-8, while the host's huge pages were slow and segments were spared from a plain pool). One
+ * system call, which waits for no lock of the mappings. RLIMIT_AS counts a pool whole, open or not. */
+static int data_limited(void)
+{
+    enum { RLIMIT_DATA_ = 2 };
+    uint64_t limit[2] = {0, 0}; /* current, maximum; RLIM_INFINITY is all ones */
+    return !sys_failed(sys6(SYS_prlimit64, 0, RLIMIT_DATA_, 0, (long)limit, 0, 0)) && limit[0] != ~(uint64_t)0;
+}
+
 /* Whether the granules `bits` of word w of pool p are open (read/write). */
 static int granules_open(int p, unsigned w, uint64_t bits)
 {
@@ -429,7 +446,7 @@ static int pool_open(int p, uintptr_t r, size_t size, int strict)
         size_t opened = 0;
         for (unsigned i = 0; i < POOL_WORDS; i++)
             opened += (size_t)__builtin_popcountll(__atomic_load_n(&pools.open[p][i], __ATOMIC_RELAXED));
-        if (opened > n && !locked)
+        if (opened > n && !locked && !data_limited())
             n = opened < 64 - first % 64 ? opened : 64 - first % 64;
         if (!(locked && strict)) {
             ok = !sys_failed(sys3(SYS_mprotect, (long)r, (long)(n << POOL_GRANULE_SHIFT), PROT_RW_));
@@ -476,13 +493,34 @@ static void *pool_carve(size_t size, size_t align, int plain, int strict)
 
 static void *linux_reserve_pooled(size_t size, size_t align) { return pool_carve(size, align, 0, 0); }
 
+/* Closes (makes inaccessible again) the granules `bits` of word w of pool p, [addr, addr+size), which a
+ * release gives back, holding the pool's opening flag so that no opening ahead crosses them meanwhile; a
+ * fork that holds the flag leaves them open (harmless: only what RLIMIT_DATA counts stays higher). */
+static void pool_close(int p, unsigned w, uint64_t bits, uintptr_t addr, size_t size)
+{
+    for (int tries = 0; tries < 4096; tries++) {
+        int was = 0;
+        if (__atomic_compare_exchange_n(&pools.opening[p], &was, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+            if (!sys_failed(sys3(SYS_mprotect, (long)addr, (long)size, PROT_NONE_)))
+                __atomic_fetch_and(&pools.open[p][w], ~bits, __ATOMIC_RELEASE);
+            __atomic_store_n(&pools.opening[p], 0, __ATOMIC_RELEASE);
+            return;
+        }
+        if (was == POOLS_FORKING)
+            return;
+        sys3(SYS_sched_yield, 0, 0, 0);
+    }
+}
+
 /* Gives [addr, addr+size) of pool p back: its pages, its granules' hints as the pool has them again
- * (pool_turn), then its granules. */
+ * (pool_turn_small), its granules' openings under RLIMIT_DATA (data_limited), then its granules. */
 static void pool_release(int p, uintptr_t addr, size_t size)
 {
     sys3(SYS_madvise, (long)addr, (long)size, MADV_DONTNEED_);
     unsigned w;
     uint64_t bits = granule_bits(p, addr, size, &w);
+    if (data_limited())
+        pool_close(p, w, bits, addr, size);
     uint64_t turned = __atomic_fetch_and(&pools.turned[p][w], ~bits, __ATOMIC_RELAXED) & bits;
     for (unsigned g = 0; g < 64; g++)
         if (turned & ((uint64_t)1 << g))

@@ -754,6 +754,63 @@ TEST(a_commit_that_ends_inside_a_large_page_of_a_pool_leaves_it_on_small_pages)
             CHECK_EQ(port_release(again[i], size), 0);
 }
 
+/* VmData of /proc/self/status (what RLIMIT_DATA counts), KB; -1 when it cannot be read. */
+static long vm_data_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f != NULL && fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, "VmData:", 7) == 0)
+            kb = atol(line + 7);
+    if (f != NULL)
+        fclose(f);
+    return kb;
+}
+
+/* RLIMIT_DATA counts every writable private mapping, and a pool made before the limit was set (a
+ * process's first segment comes before a shell's `ulimit -d`) goes on serving claims: under the limit a
+ * reservation given back is closed again, so that what the limit counts of a pool is what is claimed
+ * (test_hostile's data-limit). Taken again it is opened, reads zeros and keeps what is written. In a
+ * child, whose limit goes with it. */
+TEST(under_a_data_limit_a_pooled_reservation_given_back_stops_counting)
+{
+    if (!pools_expected())
+        SKIP_TEST();
+    const size_t size = (size_t)64 << 20, align = (size_t)4 << 20;
+    pid_t pid = fork();
+    if (pid == 0) {
+        unsigned char *r = port_caps.reserve_pooled(size, align); /* the pool is there before the limit */
+        if (r == NULL || port_commit(r, size) != 0)
+            _exit(2);
+        fill(r, size, 71);
+        port_release(r, size);
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_DATA, &rl) != 0)
+            _exit(3);
+        rl.rlim_cur = (rlim_t)64 << 30;
+        if (setrlimit(RLIMIT_DATA, &rl) != 0)
+            _exit(3);
+        unsigned char *again = port_caps.reserve_pooled(size, align);
+        if (again == NULL || port_commit(again, size) != 0)
+            _exit(4);
+        if (bytes_not_equal(again, size, 0) != size)
+            _exit(5);
+        fill(again, size, 72);
+        if (!check_pattern(again, size, 72))
+            _exit(5);
+        long held = vm_data_kb();
+        port_release(again, size);
+        long after = vm_data_kb();
+        fprintf(stderr, "VmData with 64 MB claimed under the limit: %ld KB, given back: %ld KB\n", held, after);
+        _exit(held >= 0 && after >= 0 && held - after >= (long)(size >> 10) ? 0 : 6);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status 0x%x (2, 4: no reservation; 3: no limit; "
+           "5: contents; 6: VmData did not fall by 64 MB at the release)", status);
+}
+
 /* A move out of a pool leaves the source's addresses mapped: between the move and the release another
  * thread's mmap must not find a hole there, which the pool would map over (test_fork's checks caught
  * a segment made in one). The pages arrive whole, the rest of the source is given back. */
