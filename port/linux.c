@@ -493,11 +493,14 @@ static void *pool_carve(size_t size, size_t align, int plain, int strict)
 
 static void *linux_reserve_pooled(size_t size, size_t align) { return pool_carve(size, align, 0, 0); }
 
-/* Closes (makes inaccessible again) the granules `bits` of word w of pool p, [addr, addr+size), which a
- * release gives back, holding the pool's opening flag so that no opening ahead crosses them meanwhile; a
- * fork that holds the flag leaves them open (harmless: only what RLIMIT_DATA counts stays higher). */
-static void pool_close(int p, unsigned w, uint64_t bits, uintptr_t addr, size_t size)
+/* Closes (makes inaccessible again) the granules `bits` of word w of pool p, which a release gives back
+ * (whole: under an address-space limit a reservation ends where its need does, inside its last granule),
+ * holding the pool's opening flag so that no opening ahead crosses them meanwhile; a fork that holds the
+ * flag leaves them open (harmless: only what RLIMIT_DATA counts stays higher). */
+static void pool_close(int p, unsigned w, uint64_t bits)
 {
+    uintptr_t addr = pools.base[p] + w * POOL_WORD_SPAN + ((uintptr_t)__builtin_ctzll(bits) << POOL_GRANULE_SHIFT);
+    size_t size = (size_t)__builtin_popcountll(bits) << POOL_GRANULE_SHIFT;
     for (int tries = 0; tries < 4096; tries++) {
         int was = 0;
         if (__atomic_compare_exchange_n(&pools.opening[p], &was, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
@@ -520,7 +523,7 @@ static void pool_release(int p, uintptr_t addr, size_t size)
     unsigned w;
     uint64_t bits = granule_bits(p, addr, size, &w);
     if (data_limited())
-        pool_close(p, w, bits, addr, size);
+        pool_close(p, w, bits);
     uint64_t turned = __atomic_fetch_and(&pools.turned[p][w], ~bits, __ATOMIC_RELAXED) & bits;
     for (unsigned g = 0; g < 64; g++)
         if (turned & ((uint64_t)1 << g))
