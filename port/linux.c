@@ -766,6 +766,28 @@ static int linux_collapse_large_pages(void *addr, size_t size)
     return all;
 }
 
+/* After a move of the whole granules [from, from+size) to `to`: the destination's granules, where they
+ * lie in a pool, have the source's hint now (mremap moves a mapping with its flags), so their `turned`
+ * bits say again whether that differs from their pool's, and their release sets it right. A source
+ * outside a pool is a large block's, hinted. Read before the source's release clears its bits. */
+static void pool_moved_hints(int p, uintptr_t from, size_t size, uintptr_t to)
+{
+    int q = pool_of(to);
+    for (size_t off = 0; q >= 0 && off < size; off += (size_t)1 << POOL_GRANULE_SHIFT) {
+        int hinted = 1;
+        if (p >= 0) {
+            size_t i = (from + off - pools.base[p]) >> POOL_GRANULE_SHIFT;
+            hinted = !pools.plain[p] ^ (int)((__atomic_load_n(&pools.turned[p][i / 64], __ATOMIC_RELAXED) >> (i % 64)) & 1);
+        }
+        size_t j = (to + off - pools.base[q]) >> POOL_GRANULE_SHIFT;
+        uint64_t bit = (uint64_t)1 << (j % 64);
+        if (hinted != !pools.plain[q])
+            __atomic_fetch_or(&pools.turned[q][j / 64], bit, __ATOMIC_RELAXED);
+        else
+            __atomic_fetch_and(&pools.turned[q][j / 64], ~bit, __ATOMIC_RELAXED);
+    }
+}
+
 static int linux_move_release(void *reservation, size_t reservation_size, void *from, size_t size, void *to)
 {
     enum { MREMAP_MAYMOVE_ = 1, MREMAP_FIXED_ = 2, MREMAP_DONTUNMAP_ = 4 };
@@ -775,6 +797,7 @@ static int linux_move_release(void *reservation, size_t reservation_size, void *
     long r = sys6(SYS_mremap, (long)from, (long)size, (long)size, flags, (long)to, 0);
     if (sys_failed(r))
         return -1;
+    pool_moved_hints(p, a, size, (uintptr_t)to);
     if (p >= 0) {
         pool_release(p, start, reservation_size);
         return 0;

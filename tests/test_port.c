@@ -754,6 +754,47 @@ TEST(a_commit_that_ends_inside_a_large_page_of_a_pool_leaves_it_on_small_pages)
             CHECK_EQ(port_release(again[i], size), 0);
 }
 
+/* A move out of a pool into a pool carries a 2 MB on small pages with it (mremap moves the mapping with
+ * its flags), and the destination's release gives it the pool's hint back all the same: its addresses,
+ * taken again and committed whole, make all of a touched 2 MB resident. */
+TEST(a_2mb_on_small_pages_moved_within_the_pools_gets_its_hint_back_at_the_release)
+{
+    const size_t size = (size_t)8 << 20, align = (size_t)4 << 20, unit = (size_t)2 << 20;
+    const long unit_pages = (long)(unit / PORT_PAGE);
+    if (!pools_expected() || !huge_pages_on() || port_caps.move_release == NULL)
+        SKIP_TEST();
+    unsigned char *src = port_caps.reserve_pooled(size, align), *dst = port_caps.reserve_pooled(size, align);
+    CHECK(src != NULL && dst != NULL);
+    if (src == NULL || dst == NULL)
+        return;
+    CHECK_EQ(port_commit(src, unit + PORT_PAGE), 0); /* its second 2 MB on small pages */
+    CHECK_EQ(port_commit(src + unit + PORT_PAGE, unit - PORT_PAGE), 0);
+    fill(src, 2 * unit, 81);
+    CHECK_EQ(port_commit(dst, size), 0);
+    CHECK_EQ(port_caps.move_release(src, size, src, 2 * unit, dst), 0);
+    CHECK(check_pattern(dst, 2 * unit, 81));
+    CHECK_EQ(port_release(dst, size), 0);
+    unsigned char *again[4];
+    int found = 0;
+    for (int i = 0; i < 4; i++) {
+        again[i] = port_caps.reserve_pooled(size, align);
+        CHECK(again[i] != NULL);
+        if (again[i] != dst)
+            continue;
+        found = 1;
+        CHECK_EQ(port_commit(dst, size), 0);
+        dst[unit] = 82;
+        int first;
+        long above = resident_pages(dst + unit, unit, &first);
+        CHECKF(above == unit_pages, "a 2 MB moved there on small pages, released, taken again and committed whole: "
+               "%ld pages resident after one touch, %ld expected", above, unit_pages);
+    }
+    CHECKF(found, "the addresses of a released pooled reservation at %p were not taken again", (void *)dst);
+    for (int i = 0; i < 4; i++)
+        if (again[i] != NULL)
+            CHECK_EQ(port_release(again[i], size), 0);
+}
+
 /* VmData of /proc/self/status (what RLIMIT_DATA counts), KB; -1 when it cannot be read. */
 static long vm_data_kb(void)
 {
