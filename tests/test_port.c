@@ -708,6 +708,31 @@ TEST(a_pooled_reservation_follows_the_contract_and_comes_back_zeroed)
     CHECK(port_caps.reserve_pooled(align, (size_t)256 << 20) == NULL);
 }
 
+/* The pages resident in the second 2 MB of r, a pooled reservation of size at align just given back,
+ * once it is taken again (first fit: one of four claims), committed whole and touched there with `mark`
+ * (its first 2 MB must read zeros); -1 when no claim was r. The claims are released. */
+static long second_unit_again(unsigned char *r, size_t size, size_t align, unsigned char mark)
+{
+    const size_t unit = (size_t)2 << 20;
+    unsigned char *again[4];
+    long resident = -1;
+    for (int i = 0; i < 4; i++) {
+        again[i] = port_caps.reserve_pooled(size, align);
+        CHECK(again[i] != NULL);
+        if (again[i] != r)
+            continue;
+        CHECK_EQ(port_commit(r, size), 0);
+        r[unit] = mark;
+        int first;
+        resident = resident_pages(r + unit, unit, &first);
+        CHECK(bytes_not_equal(r, unit, 0) == unit && r[unit] == mark);
+    }
+    for (int i = 0; i < 4; i++)
+        if (again[i] != NULL)
+            CHECK_EQ(port_release(again[i], size), 0);
+    return resident;
+}
+
 /* In a pool hinted for huge pages (large blocks'), a commit that ends inside a 2 MB leaves that 2 MB on
  * small pages, as its mprotect does outside a pool by splitting the mapping there: the first touch
  * makes one page resident, not 2 MB (large.c's commit_end says where the core wants that). The 2 MB
@@ -733,25 +758,9 @@ TEST(a_commit_that_ends_inside_a_large_page_of_a_pool_leaves_it_on_small_pages)
     CHECKF(above == 1, "the 2 MB the commit ends in: %ld pages resident after one touch, 1 expected", above);
     CHECK(r[0] == 61 && r[unit] == 62);
     CHECK_EQ(port_release(r, size), 0);
-    unsigned char *again[4];
-    int found = 0;
-    for (int i = 0; i < 4; i++) {
-        again[i] = port_caps.reserve_pooled(size, align);
-        CHECK(again[i] != NULL);
-        if (again[i] != r)
-            continue;
-        found = 1;
-        CHECK_EQ(port_commit(r, 2 * unit), 0);
-        r[unit] = 63;
-        above = resident_pages(r + unit, unit, &first);
-        CHECKF(above == unit_pages, "the 2 MB a commit ended in, released, taken again and committed whole: %ld pages "
-               "resident after one touch, %ld expected", above, unit_pages);
-        CHECK(bytes_not_equal(r, unit, 0) == unit && r[unit] == 63);
-    }
-    CHECKF(found, "the addresses of a released pooled reservation at %p were not taken again", (void *)r);
-    for (int i = 0; i < 4; i++)
-        if (again[i] != NULL)
-            CHECK_EQ(port_release(again[i], size), 0);
+    above = second_unit_again(r, size, align, 63);
+    CHECKF(above == unit_pages, "the 2 MB a commit ended in, released, taken again and committed whole: %ld pages "
+           "resident after one touch, %ld expected (-1: the addresses were not taken again)", above, unit_pages);
 }
 
 /* A move out of a pool into a pool carries a 2 MB on small pages with it (mremap moves the mapping with
@@ -774,25 +783,10 @@ TEST(a_2mb_on_small_pages_moved_within_the_pools_gets_its_hint_back_at_the_relea
     CHECK_EQ(port_caps.move_release(src, size, src, 2 * unit, dst), 0);
     CHECK(check_pattern(dst, 2 * unit, 81));
     CHECK_EQ(port_release(dst, size), 0);
-    unsigned char *again[4];
-    int found = 0;
-    for (int i = 0; i < 4; i++) {
-        again[i] = port_caps.reserve_pooled(size, align);
-        CHECK(again[i] != NULL);
-        if (again[i] != dst)
-            continue;
-        found = 1;
-        CHECK_EQ(port_commit(dst, size), 0);
-        dst[unit] = 82;
-        int first;
-        long above = resident_pages(dst + unit, unit, &first);
-        CHECKF(above == unit_pages, "a 2 MB moved there on small pages, released, taken again and committed whole: "
-               "%ld pages resident after one touch, %ld expected", above, unit_pages);
-    }
-    CHECKF(found, "the addresses of a released pooled reservation at %p were not taken again", (void *)dst);
-    for (int i = 0; i < 4; i++)
-        if (again[i] != NULL)
-            CHECK_EQ(port_release(again[i], size), 0);
+    long above = second_unit_again(dst, size, align, 82);
+    CHECKF(above == unit_pages, "a 2 MB moved there on small pages, released, taken again and committed whole: "
+           "%ld pages resident after one touch, %ld expected (-1: the addresses were not taken again)", above,
+           unit_pages);
 }
 
 /* VmData of /proc/self/status (what RLIMIT_DATA counts), KB; -1 when it cannot be read. */
