@@ -166,17 +166,20 @@ void *port_reserve(size_t size, size_t align)
  * only, which the headroom of a reservation is not; but a large block's commit up to its next 2 MB and
  * a pool's 1 GB read/write mapping are, and a 1.1 MB block counted 2 MB (test_hostile's data-limit): so
  * the core keeps to exact reservations under either. */
+enum { RLIMIT_DATA_ = 2, RLIMIT_AS_ = 9 };
+
+/* The current limit of a resource, SIZE_MAX for none (RLIM_INFINITY is all ones) or when it cannot be
+ * read. One system call, which waits for no lock of the mappings. */
+static size_t rlimit_now(int resource)
+{
+    uint64_t limit[2] = {0, 0}; /* current, maximum */
+    return sys_failed(sys6(SYS_prlimit64, 0, resource, 0, (long)limit, 0, 0)) ? SIZE_MAX : (size_t)limit[0];
+}
+
 static size_t linux_address_space_limit(void)
 {
-    enum { RLIMIT_DATA_ = 2, RLIMIT_AS_ = 9 };
-    static const int resources[2] = {RLIMIT_AS_, RLIMIT_DATA_};
-    size_t lowest = SIZE_MAX;
-    for (int i = 0; i < 2; i++) {
-        uint64_t limit[2] = {0, 0}; /* current, maximum; RLIM_INFINITY is all ones */
-        if (!sys_failed(sys6(SYS_prlimit64, 0, resources[i], 0, (long)limit, 0, 0)) && limit[0] < lowest)
-            lowest = (size_t)limit[0];
-    }
-    return lowest;
+    size_t as = rlimit_now(RLIMIT_AS_), data = rlimit_now(RLIMIT_DATA_);
+    return as < data ? as : data;
 }
 
 /* ---- pools: reservations carved from bigger ones ------------------------------------------------------
@@ -392,14 +395,9 @@ static uint64_t granule_bits(int p, uintptr_t addr, size_t size, unsigned *word)
  * an opening reaches no further than its claim (pool_open) and a release closes what it gives back
  * (pool_release), so that what the limit counts of a pool is what is claimed (test_hostile's
  * data-limit: 64 MB blocks after 490 MB of small blocks were freed fitted 2-5 times under the limit,
- * not 6-8, while the host's huge pages were slow and segments were spared from a plain pool). One
- * system call, which waits for no lock of the mappings. RLIMIT_AS counts a pool whole, open or not. */
-static int data_limited(void)
-{
-    enum { RLIMIT_DATA_ = 2 };
-    uint64_t limit[2] = {0, 0}; /* current, maximum; RLIM_INFINITY is all ones */
-    return !sys_failed(sys6(SYS_prlimit64, 0, RLIMIT_DATA_, 0, (long)limit, 0, 0)) && limit[0] != ~(uint64_t)0;
-}
+ * not 6-8, while the host's huge pages were slow and segments were spared from a plain pool). RLIMIT_AS
+ * counts a pool whole, open or not. */
+static int data_limited(void) { return rlimit_now(RLIMIT_DATA_) != SIZE_MAX; }
 
 /* Whether the granules `bits` of word w of pool p are open (read/write). */
 static int granules_open(int p, unsigned w, uint64_t bits)
@@ -416,6 +414,24 @@ static int granules_open(int p, unsigned w, uint64_t bits)
  * about log2(N) calls and opens at most twice what was claimed; not while the process holds locked
  * memory, where what is opened becomes resident: then only the claim is opened, and a `strict` claim (a
  * segment's or an arena's, which the core commits piecewise outside a pool) is given back instead. */
+/* Takes pool p's opening flag, which one thread at a time holds to open or close granules: 1; 0 when a
+ * fork holds it (a child must not wait for a thread it does not have) or after 4096 yields; -1 when the
+ * granules `bits` (not 0) of word w became open meanwhile, which is what the caller waited for. */
+static int opening_take(int p, unsigned w, uint64_t bits)
+{
+    for (int tries = 0; tries < 4096; tries++) {
+        int was = 0;
+        if (__atomic_compare_exchange_n(&pools.opening[p], &was, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            return 1;
+        if (was == POOLS_FORKING)
+            return 0;
+        if (bits != 0 && granules_open(p, w, bits))
+            return -1;
+        sys3(SYS_sched_yield, 0, 0, 0);
+    }
+    return 0;
+}
+
 static int pool_open(int p, uintptr_t r, size_t size, int strict)
 {
     unsigned w;
@@ -423,22 +439,11 @@ static int pool_open(int p, uintptr_t r, size_t size, int strict)
     if (granules_open(p, w, bits))
         return 1;
     /* One opening at a time: threads that claim side by side would each open ahead over the same
-     * granules, and each opening waits for the mapping lock. A fork holds the flag meanwhile (a child
-     * must not wait for a thread it does not have): the claim then opens on its own, as after a long
-     * wait. */
-    int held = 0;
-    for (int tries = 0; tries < 4096; tries++) {
-        int was = 0;
-        if (__atomic_compare_exchange_n(&pools.opening[p], &was, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
-            held = 1;
-            break;
-        }
-        if (was == POOLS_FORKING)
-            break;
-        if (granules_open(p, w, bits))
-            return 1; /* the opening that held the flag reached this claim */
-        sys3(SYS_sched_yield, 0, 0, 0);
-    }
+     * granules, and each opening waits for the mapping lock. Without the flag (a fork holds it, or a
+     * long wait) the claim opens on its own. */
+    int held = opening_take(p, w, bits);
+    if (held < 0)
+        return 1; /* the opening that held the flag reached this claim */
     int ok = granules_open(p, w, bits);
     if (!ok) {
         int locked = memory_locked();
@@ -501,18 +506,11 @@ static void pool_close(int p, unsigned w, uint64_t bits)
 {
     uintptr_t addr = pools.base[p] + w * POOL_WORD_SPAN + ((uintptr_t)__builtin_ctzll(bits) << POOL_GRANULE_SHIFT);
     size_t size = (size_t)__builtin_popcountll(bits) << POOL_GRANULE_SHIFT;
-    for (int tries = 0; tries < 4096; tries++) {
-        int was = 0;
-        if (__atomic_compare_exchange_n(&pools.opening[p], &was, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
-            if (!sys_failed(sys3(SYS_mprotect, (long)addr, (long)size, PROT_NONE_)))
-                __atomic_fetch_and(&pools.open[p][w], ~bits, __ATOMIC_RELEASE);
-            __atomic_store_n(&pools.opening[p], 0, __ATOMIC_RELEASE);
-            return;
-        }
-        if (was == POOLS_FORKING)
-            return;
-        sys3(SYS_sched_yield, 0, 0, 0);
-    }
+    if (opening_take(p, w, 0) != 1)
+        return;
+    if (!sys_failed(sys3(SYS_mprotect, (long)addr, (long)size, PROT_NONE_)))
+        __atomic_fetch_and(&pools.open[p][w], ~bits, __ATOMIC_RELEASE);
+    __atomic_store_n(&pools.opening[p], 0, __ATOMIC_RELEASE);
 }
 
 /* Gives [addr, addr+size) of pool p back: its pages, its granules' hints as the pool has them again
