@@ -59,6 +59,15 @@
 #define SHARD_RUN_CAPACITY 8
 #endif
 
+/* Colours of heaps (src/heap.h; src/small.c's page_in_turn): a heap's new segments hand out their pages
+ * from one of this many starting pages, by the heap's number among the heaps made, so that threads that
+ * start together do not allocate at the same offsets of their segments. Without it two threads running
+ * at once on the AMD host slowed each other (the rationale: docs/design.md, Small blocks). 1 turns it
+ * off. */
+#ifndef SHARD_SEGMENT_COLOURS
+#define SHARD_SEGMENT_COLOURS 8
+#endif
+
 /* Free small pages a heap keeps committed whatever their age (the seed: 16 pages, 1 MB). */
 #ifndef SHARD_KEEP_FREE_PAGES
 #define SHARD_KEEP_FREE_PAGES 16

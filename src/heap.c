@@ -708,7 +708,7 @@ heap *heap_new(uint32_t thread)
     do {
         h->next_all = head;
     } while (!cas_release(&all_heaps, &head, h));
-    fetch_add_relaxed(&heaps_made, 1u);
+    h->colour = fetch_add_relaxed(&heaps_made, 1u) % SHARD_SEGMENT_COLOURS;
     return h;
 }
 

@@ -42,7 +42,7 @@ typedef struct heap {
     uintptr_t own[HEAP_OWN_SLOTS];
     page_list classes[SHARD_CLASS_COUNT]; /* pages with (possibly) free items; refilled ones at the tail */
     page_list free_pages;    /* committed, no class; the oldest first */
-    page_list cold_pages;    /* not committed; a new segment's in ascending address order */
+    page_list cold_pages;    /* not committed; a new segment's in the order of the heap's colour */
     uint32_t free_count;     /* pages in free_pages */
     segment *segments;
     uint64_t pages_retired;  /* times a page of this heap became free */
@@ -67,6 +67,10 @@ typedef struct heap {
      * 2 MB units on small pages (segment.h's segment_large_from) until the heap fills the lower one
      * (segment_spared_commit). */
     uint32_t segments_made, arenas_made;
+    /* The colour of the small segments it makes, its number among the heaps made modulo
+     * SHARD_SEGMENT_COLOURS (config.h; small.c's page_in_turn): heaps made one after another, for threads
+     * that start together, hand out their first pages at different offsets. */
+    uint32_t colour;
     /* 1 once it took back a segment it gave the orphans early (small.c's give_full_segment): its thread
      * frees what it made, so it gives none early again. Reset with the two above. */
     uint32_t early_back;

@@ -630,6 +630,19 @@ static page *page_acquire(heap *h)
     return page_commit_cold(h, pg) == 0 ? pg : NULL;
 }
 
+/* The page a new segment of a heap of colour `colour` (heap.h) hands out k-th, k = 1 .. SEGMENT_PAGES - 1:
+ * its pages in ascending order, those of its lower large-page unit rotated by the colour
+ * (SHARD_SEGMENT_COLOURS, config.h), so that the first segments of heaps made one after another serve
+ * their blocks from different offsets. The upper unit's pages still come after the lower unit's, as the
+ * spared units expect (segment.h). */
+static unsigned page_in_turn(unsigned colour, unsigned k)
+{
+    const unsigned lower = (unsigned)(SEGMENT_LARGE_UNIT / PAGE_SIZE) - 1; /* page 0 holds the descriptors */
+    return k > lower ? k : 1 + (k - 1 + colour) % lower;
+}
+_Static_assert(SHARD_SEGMENT_COLOURS >= 1 && SHARD_SEGMENT_COLOURS < SEGMENT_LARGE_UNIT / PAGE_SIZE,
+               "a colour picks one of the lower unit's pages to start from");
+
 /* A new segment for h, its pages cold ones of h's: 0, or -1 out of memory (or at a created heap's limit,
  * which must have room for its descriptors and a page). */
 static int segment_new(heap *h)
@@ -651,8 +664,8 @@ static int segment_new(heap *h)
         return -1;
     }
     segment_enter(h, seg);
-    for (unsigned i = SEGMENT_PAGES - 1; i >= 1; i--) {
-        page *p = (page *)((uint8_t *)seg + i * PAGE_DESC_SIZE);
+    for (unsigned k = SEGMENT_PAGES - 1; k >= 1; k--) {
+        page *p = (page *)((uint8_t *)seg + page_in_turn(h->colour, k) * PAGE_DESC_SIZE);
         p->state = PAGE_COLD;
         list_push_front(&h->cold_pages, p);
     }

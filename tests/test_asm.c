@@ -1114,9 +1114,23 @@ static void run_sequence(seq *s)
     sh->seconds[!s->is_asm] = seconds_now() - t0;
 }
 
+/* Both threads' heaps hand out their segments' pages in one order (heap.h's colour, which differs from
+ * heap to heap), so that their states compare page by page: set before either makes a small segment, by
+ * a thread's first call (a medium block: its heap and an arena, the same in both). */
+static void same_colour(void)
+{
+    void *medium = shard_malloc(32768);
+    heap *h = my_heap();
+    CHECKF(h != NULL && h->segments == NULL, "the sequence's thread has no heap, or small segments already");
+    if (h != NULL)
+        h->colour = 0;
+    shard_free(medium);
+}
+
 static void *thread_a(void *arg)
 {
     shared *sh = (shared *)arg;
+    same_colour();
     seq *s = (seq *)calloc(1, sizeof *s);
     s->sh = sh;
     s->is_asm = 1;
@@ -1131,6 +1145,7 @@ static void *thread_b(void *arg)
 {
     shared *sh = (shared *)arg;
     wait_flag(&sh->a_done);
+    same_colour();
     seq *s = (seq *)calloc(1, sizeof *s);
     s->sh = sh;
     s->is_asm = 0;

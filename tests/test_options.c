@@ -350,12 +350,16 @@ static void *medium_then_small(void *arg)
             medium[i][w] = (uint64_t)(uintptr_t)medium[i] * 7 + w;
     }
     uintptr_t arena = (uintptr_t)medium[0] & ~(uintptr_t)(4 * MB - 1), seg = 0;
+    uint32_t ends = 0; /* the pages of the lower 2 MB whose last item was handed out: full (a page a bit) */
     while (n_small < SMALL_MAX) {
         uint64_t *p = shard_malloc(64);
         p[0] = (uint64_t)(uintptr_t)p * 31;
         small[n_small++] = p;
         seg = (uintptr_t)small[0] & ~(uintptr_t)(4 * MB - 1);
-        if ((uintptr_t)p - seg >= 2 * MB - 64)
+        uintptr_t at = (uintptr_t)p - seg; /* the segment hands its lower pages out from its colour's on */
+        if (at < 2 * MB && at % (64 * 1024) == 64 * 1024 - 64)
+            ends |= (uint32_t)1 << (at / (64 * 1024));
+        if (ends == 0xfffffffeu) /* pages 1-31 (page 0 holds the descriptors) */
             break;
     }
     int hinted;
