@@ -882,15 +882,19 @@ struct colour_thread {
     void *blocks[COLOUR_BLOCKS];
     size_t count;
     size_t first_page;   /* the page (1 .. 63) of the block whose malloc made a new segment; 0: none */
-    int *recorded, *release;
+    int index;           /* its turn */
+    int *turn, *release;
 };
 
-/* 4 KB blocks (sixteen to a page of its own) until a malloc reserves a new segment and adds its pages;
- * the page of that block in its segment. Then waits, alive, until the test releases it: the threads
- * hold heaps of their own at once. */
+/* In its turn (the others wait, so that the statistics around each malloc are its own), 4 KB blocks
+ * (sixteen to a page of its own) until a malloc reserves a new segment and adds its pages: the page of
+ * that block in its segment. Then waits, alive, until the test releases it: the threads hold heaps of
+ * their own at once. */
 static void *colour_thread(void *arg)
 {
     struct colour_thread *w = arg;
+    while (__atomic_load_n(w->turn, __ATOMIC_ACQUIRE) != w->index)
+        sleep_ms(1);
     while (w->count < COLOUR_BLOCKS && w->first_page == 0) {
         shard_stats a = stats_now();
         void *p = shard_malloc(4096);
@@ -903,7 +907,7 @@ static void *colour_thread(void *arg)
         if (small_pages(&b) - small_pages(&a) == SEGMENT_PAGES && b.reserved > a.reserved)
             w->first_page = ((uintptr_t)p & (SEGMENT_BYTES - 1)) / PAGE_SIZE;
     }
-    __atomic_add_fetch(w->recorded, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(w->turn, w->index + 1, __ATOMIC_RELEASE);
     while (!__atomic_load_n(w->release, __ATOMIC_ACQUIRE))
         sleep_ms(1);
     check_and_free_blocks(w->blocks, w->count, 4096, 1800, "4 KB block of the colour test");
@@ -914,30 +918,32 @@ static void *colour_thread(void *arg)
 /* The heaps of threads that start together hand out their first segments' pages from different offsets
  * (a colour per heap, src/config.h): two threads running at once at the same offsets of their segments
  * slowed each other (bench/results/2026-12-07-segment-colours.md). Three threads alive at once each
- * fill pages until one of their mallocs makes a new segment. */
+ * fill pages, one after another, until one of their mallocs makes a new segment. */
 TEST(threads_that_start_together_serve_their_first_segments_from_different_pages)
 {
 #if !SHARD_RULES
     SKIP_TEST();
 #else
     static struct colour_thread w[COLOUR_THREADS];
-    int recorded = 0, release = 0;
+    int turn = 0, release = 0;
     thread_t t[COLOUR_THREADS];
-    int started[COLOUR_THREADS];
+    int started = 0;
     memset(w, 0, sizeof w);
     for (int i = 0; i < COLOUR_THREADS; i++) {
-        w[i].recorded = &recorded;
+        w[i].index = i;
+        w[i].turn = &turn;
         w[i].release = &release;
-        started[i] = thread_start(&t[i], colour_thread, &w[i]) == 0;
-        CHECKF(started[i], "thread %d did not start", i);
+        int rc = thread_start(&t[i], colour_thread, &w[i]);
+        CHECKF(rc == 0, "thread %d did not start", i);
+        if (rc != 0)
+            break;
+        started++;
     }
-    int expected = started[0] + started[1] + started[2];
-    while (__atomic_load_n(&recorded, __ATOMIC_ACQUIRE) < expected)
+    while (__atomic_load_n(&turn, __ATOMIC_ACQUIRE) < started) /* the threads started took their turns */
         sleep_ms(1);
     __atomic_store_n(&release, 1, __ATOMIC_RELEASE);
-    for (int i = 0; i < COLOUR_THREADS; i++)
-        if (started[i])
-            thread_join(t[i]);
+    for (int i = 0; i < started; i++)
+        thread_join(t[i]);
     int distinct = 0;
     for (int i = 0; i < COLOUR_THREADS; i++) {
         CHECKF(w[i].first_page >= 1 && w[i].first_page <= 31, "thread %d: %zu blocks of 4 KB; the block that made "
