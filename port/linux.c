@@ -358,6 +358,9 @@ static int pool_make(unsigned seen, int plain)
 static size_t granules_of(size_t size) { return (size + ((size_t)1 << POOL_GRANULE_SHIFT) - 1) >> POOL_GRANULE_SHIFT; }
 static uint64_t run_of(size_t granules) { return granules == 64 ? ~(uint64_t)0 : ((uint64_t)1 << granules) - 1; }
 
+/* The address of granule g (counted from the pool's start, across its words) of pool p. */
+static uintptr_t granule_addr(int p, size_t g) { return pools.base[p] + (g << POOL_GRANULE_SHIFT); }
+
 /* Claims `granules` aligned to `step` granules in pool p; the address or 0. */
 static uintptr_t pool_claim(unsigned p, unsigned granules, unsigned step)
 {
@@ -372,7 +375,7 @@ static uintptr_t pool_claim(unsigned p, unsigned granules, unsigned step)
                 continue;
             }
             if (__atomic_compare_exchange_n(word, &now, now | mask, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
-                return pools.base[p] + w * POOL_WORD_SPAN + ((uintptr_t)at << POOL_GRANULE_SHIFT);
+                return granule_addr((int)p, (size_t)w * 64 + at);
             /* now holds the word as it is: look at the same place again */
         }
     }
@@ -504,7 +507,7 @@ static void *linux_reserve_pooled(size_t size, size_t align) { return pool_carve
  * flag leaves them open (harmless: only what RLIMIT_DATA counts stays higher). */
 static void pool_close(int p, unsigned w, uint64_t bits)
 {
-    uintptr_t addr = pools.base[p] + w * POOL_WORD_SPAN + ((uintptr_t)__builtin_ctzll(bits) << POOL_GRANULE_SHIFT);
+    uintptr_t addr = granule_addr(p, (size_t)w * 64 + (size_t)__builtin_ctzll(bits));
     size_t size = (size_t)__builtin_popcountll(bits) << POOL_GRANULE_SHIFT;
     if (opening_take(p, w, 0) != 1)
         return;
@@ -525,8 +528,8 @@ static void pool_release(int p, uintptr_t addr, size_t size)
     uint64_t turned = __atomic_fetch_and(&pools.turned[p][w], ~bits, __ATOMIC_RELAXED) & bits;
     for (unsigned g = 0; g < 64; g++)
         if (turned & ((uint64_t)1 << g))
-            sys3(SYS_madvise, (long)(pools.base[p] + w * POOL_WORD_SPAN + ((uintptr_t)g << POOL_GRANULE_SHIFT)),
-                 (long)((size_t)1 << POOL_GRANULE_SHIFT), pools.plain[p] ? MADV_NOHUGEPAGE_ : MADV_HUGEPAGE_);
+            sys3(SYS_madvise, (long)granule_addr(p, (size_t)w * 64 + g), (long)((size_t)1 << POOL_GRANULE_SHIFT),
+                 pools.plain[p] ? MADV_NOHUGEPAGE_ : MADV_HUGEPAGE_);
     __atomic_fetch_and(&pools.used[p][w], ~bits, __ATOMIC_RELEASE);
 }
 
@@ -537,8 +540,7 @@ static void pool_turn_small(int p, uintptr_t addr)
     size_t g = (addr - pools.base[p]) >> POOL_GRANULE_SHIFT;
     uint64_t bit = (uint64_t)1 << (g % 64);
     if ((__atomic_fetch_or(&pools.turned[p][g / 64], bit, __ATOMIC_RELAXED) & bit) == 0)
-        sys3(SYS_madvise, (long)(pools.base[p] + (g << POOL_GRANULE_SHIFT)), (long)((size_t)1 << POOL_GRANULE_SHIFT),
-             MADV_NOHUGEPAGE_);
+        sys3(SYS_madvise, (long)granule_addr(p, g), (long)((size_t)1 << POOL_GRANULE_SHIFT), MADV_NOHUGEPAGE_);
 }
 
 /* Outside a pool a commit is an mprotect, which splits the mapping where it starts and ends, and a 2 MB

@@ -876,7 +876,7 @@ TEST(a_new_small_segment_reserves_4mb_of_address_space)
 
 #if SHARD_RULES
 #define COLOUR_THREADS 3
-#define COLOUR_BLOCKS (3 * 63 * 16) /* 4 KB blocks a thread allocates at most: three segments' pages */
+#define COLOUR_BLOCKS (3 * SEGMENT_PAGES * 16) /* 4 KB blocks a thread allocates at most: three segments' pages */
 
 struct colour_thread {
     void *blocks[COLOUR_BLOCKS];
