@@ -51,8 +51,10 @@
  * (`hold`, line 1): its owner stores the items out in `hold` and USED_LOOSE in `used`, and counts the
  * page no more, so that a heap whose thread has stopped allocating does not hold pages that other
  * threads emptied: a main thread that builds what workers free, then waits for them (bench/shapes.c's
- * larson: 10 MB of 75 at 8 threads). While a page is loose, thread_free's count reaching `out` means
- * every item is back, and the thread whose free made it so may release the page: it decommits the
+ * larson when this was written: 10 MB of 75 at 8 threads; its warm-up since, mimalloc-bench's, has
+ * main free into its own pages last, which takes them back, and none is loose when the workers start:
+ * bench/results/2026-12-07-foreign-stash.md). While a page is loose, thread_free's count reaching `out`
+ * means every item is back, and the thread whose free made it so may release the page: it decommits the
  * memory, when the page has been loose for a sixty-fourth of the decommit delay and its owner, a heap
  * that a thread runs, has drained no queued page since (heap.h's `drains`: an owner that allocates takes
  * its queued pages back long before; a heap that waits for a thread keeps its pages for it, until its
