@@ -512,7 +512,10 @@ test_flags = -std=c11 -O1 -g -D_GNU_SOURCE -Wall -Wextra -Iinclude -Itests -pthr
 # A program with no C library (the region port's test): no start files, no libraries, nothing the
 # compiler would turn into a call to memset or memcpy.
 bare_flags = -nostdlib -ffreestanding -fno-builtin -fno-tree-loop-distribute-patterns -fno-stack-protector
-bench_flags = -std=c11 -O2 -Wall -Wextra -pthread -Iinclude
+# -falign-loops=64: a benchmark's loop starts on a cache line, so that the binaries of one benchmark,
+# built for each allocator, run their loops alike: cache-thrash's two-instruction loop crossed a line in
+# shapes-shard and took twice as long as in shapes-system (bench/results/2026-12-07-loop-alignment.md).
+bench_flags = -std=c11 -O2 -falign-loops=64 -Wall -Wextra -pthread -Iinclude
 
 rule cc
   command = $cc -MMD -MF $out.d $flags -c $in -o $out
@@ -584,7 +587,7 @@ win_core_flags = -std=c11 -mcmodel=small -ffunction-sections -ffreestanding -fno
   -nostdinc -isystem $$($cc -print-file-name=include) $warn
 win_port_flags = -std=c11 -mcmodel=small -ffunction-sections -fno-builtin -fno-stack-protector $warn
 win_test_flags = -std=c11 -O1 -g -D__USE_MINGW_ANSI_STDIO=1 -Wall -Wextra -Iinclude -Itests
-win_bench_flags = -std=c11 -O2 -Wall -Wextra -Iinclude
+win_bench_flags = -std=c11 -O2 -falign-loops=64 -Wall -Wextra -Iinclude
 
 rule wcc
   command = $mingw -MMD -MF $out.d $flags -c $in -o $out
