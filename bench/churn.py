@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """bench/churn.py - runner of the thread-churn benchmark (bench/churn.c): shardmm against its peers.
 
-Runs <build-dir>/bench/churn-<alloc> (one binary per allocator, built from bench/churn.c) as a process
-of its own for every (run, allocator):
+Runs <build-dir>/bench/churn-system with each allocator's library preloaded (shard-noreserve's is
+build/noreserve/libshardmm.so), as the peers run (--linked: churn-<alloc>, the binary built for each
+allocator from bench/churn.c), as a process of its own for every (run, allocator):
 
-    churn-<alloc> -threads T -rounds R -objects N -mix M -scale F
+    churn-system -threads T -rounds R -objects N -mix M -scale F
 
 The allocators are shardmm, shardmm built without the reserve an exiting thread leaves for the next
 one (shard-noreserve: an exiting thread returns all its free memory at once), mimalloc, jemalloc, the
@@ -66,7 +67,7 @@ def parse_args():
     parser = argparse.ArgumentParser(
         description="Run the shardmm thread-churn benchmark against other allocators.")
     runner.add_options(parser, runs=3, scale_help="multiplier of --objects: work and live memory per thread "
-                                                  "(default: 1.0)")
+                                                  "(default: 1.0)", linked=True)
     parser.add_argument("--threads", type=int, default=DEFAULTS["threads"],
                         help=f"threads per round (default: {DEFAULTS['threads']})")
     parser.add_argument("--rounds", type=int, default=DEFAULTS["rounds"],

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """bench/large.py - runner of the large-block benchmark (bench/large.c): shardmm against its peers.
 
-Runs <build-dir>/bench/large-<alloc> (one binary per allocator, built from bench/large.c by ninja) as a
-process of its own for every (run, scenario, allocator):
+Runs <build-dir>/bench/large-system with each allocator's library preloaded (shard-nolp's is
+build/nolp/libshardmm.so), as the peers run (--linked: large-<alloc>, the binary built for each allocator
+from bench/large.c), as a process of its own for every (run, scenario, allocator):
 
-    large-<alloc> <scenario> -scale <scale> [-cycles K -fill F | -blocks B]
+    large-system <scenario> -scale <scale> [-cycles K -fill F | -blocks B]
 
 Scenarios (bench/large.c says exactly what each does):
     grow   a buffer grown from 1 MB to 1 GB in steps of 1/16 of its size, new bytes written, then shrunk
@@ -111,7 +112,7 @@ def parse_args():
         description="Run the shardmm large-block benchmark against other allocators.")
     runner.add_options(parser, runs=3,
                        scale_help="multiplier of grow's top size (1 GB at 1.0) and of the rounds or steps of "
-                                  "burst and churn (default: 1.0)")
+                                  "burst and churn (default: 1.0)", linked=True)
     parser.add_argument("--scenarios", type=runner.comma_list, default=None,
                         help="comma-separated scenarios (default: all: " + ",".join(SCENARIOS) + ")")
     parser.add_argument("--cycles", type=int, default=2,

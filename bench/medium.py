@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """bench/medium.py - runner of the medium benchmark (bench/medium.c): shardmm against its peers.
 
-Runs <build-dir>/bench/medium-<alloc> <row> -scale <scale> (one binary per allocator, built from
-bench/medium.c) as a process of its own for every (run, row, allocator). Each process prints
+Runs <build-dir>/bench/medium-system <row> -scale <scale> with each allocator's library preloaded, as
+the peers run (--linked: medium-<alloc>, the binary built for each allocator from bench/medium.c), as a
+process of its own for every (run, row, allocator). Each process prints
 "row ms peak_rss_mb page_faults"; the runner prints a markdown table on stdout: the medians of the ms
 of the replacement loop, the peak RSS in MB and the page faults (minor + major, whole process) of each
 allocator, then peer/shard of time for each peer. Progress and the time estimate go to stderr. A binary
@@ -47,7 +48,8 @@ def parse_args():
     parser = argparse.ArgumentParser(
         description="Run the shardmm medium-block benchmark against other allocators.")
     runner.add_options(parser, runs=3,
-                       scale_help="multiplier of the replacement count, 1.0 = 2 million (default: 1.0)")
+                       scale_help="multiplier of the replacement count, 1.0 = 2 million (default: 1.0)",
+                       linked=True)
     parser.add_argument("--rows", type=runner.comma_list, default=None,
                         help="comma-separated rows (default: all: " + ",".join(ROWS) + ")")
     args = parser.parse_args()

@@ -66,15 +66,21 @@ def preload_env(library):
 
 def preload_library(build_dir, alloc):
     """The library that makes `alloc` a program's malloc when preloaded: shardmm's drop-in
-    (<build-dir>/libshardmm.so) or a Debian package's; None for the others (system: glibc's own)."""
-    return os.path.join(build_dir, "libshardmm.so") if alloc == BASELINE else PACKAGED.get(alloc)
+    (<build-dir>/libshardmm.so), a knob's build of it (shard-nolp: <build-dir>/nolp/libshardmm.so) or a
+    Debian package's; None for the others (system: glibc's own)."""
+    if alloc == BASELINE:
+        return os.path.join(build_dir, "libshardmm.so")
+    if alloc.startswith(BASELINE + "-"):
+        return os.path.join(build_dir, alloc[len(BASELINE) + 1:], "libshardmm.so")
+    return PACKAGED.get(alloc)
 
 
 def preload_allocators(args):
-    """For the runners that run one program under every allocator (engines, stress): each allocator of
-    args.allocs with a library of its own (preload_library) becomes a preloaded column as well, its
-    library and environment put in args.libraries and args.env before the peers'. Stops the runner when
-    such a library is missing."""
+    """For the runners that run one program under every allocator (engines, stress), and those whose
+    allocators run preloaded into the system build (check_options without --linked): each allocator of
+    args.allocs with a library of its own (preload_library) becomes a preloaded column, its library and
+    environment put in args.libraries and args.env before the peers'. Stops the runner when such a
+    library is missing."""
     libraries = {}
     for alloc in args.allocs:
         library = preload_library(args.build_dir, alloc)
@@ -129,9 +135,11 @@ def duration(seconds):
 
 # ---- options ----
 
-def add_options(parser, runs=None, scale_help=None):
+def add_options(parser, runs=None, scale_help=None, linked=False):
     """The options the runners share: --build-dir, --allocs, the preloaded columns (--peer, --no-peers,
-    --variant) and --save always; --runs when `runs` (its default) is given, --scale when `scale_help` is."""
+    --variant) and --save always; --runs when `runs` (its default) is given, --scale when `scale_help` is;
+    --linked when `linked` (a runner whose allocators run preloaded into the system build by default:
+    check_options)."""
     parser.add_argument("--build-dir", default="build",
                         help="directory holding bench/<benchmark>-<alloc> (default: build)")
     if runs is not None:
@@ -150,6 +158,11 @@ def add_options(parser, runs=None, scale_help=None):
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=LIBRARY",
                         help="one more column: the system build with LIBRARY (a libshardmm.so, say an "
                              "older build) preloaded, compared with shard like a peer; repeatable")
+    if linked:
+        parser.add_argument("--linked", action="store_true",
+                            help="run each allocator of --allocs in its own build, linked with it, rather "
+                                 "than the system build with its library preloaded as the peers run (the "
+                                 "default: one binary for every column)")
     parser.add_argument("--save", action="store_true",
                         help="also write the report to bench/results/DATE-COMMIT.md, with the command line, "
                              "the machine and the allocators' versions")
@@ -199,15 +212,21 @@ def check_options(parser, args, defaults, optional=(), bench=None, known=None, p
     args.libraries = {**peers, **variants}
     args.peers = list(peers)
     args.env = {name: preload_env(library) for name, library in args.libraries.items()}
+    # One binary for every column, the peers' way: the builds of a benchmark for each allocator differ in
+    # code layout, and a linked build's C library keeps glibc's malloc for itself; both moved cells, by
+    # up to twice (bench/results/2026-12-07-loop-alignment.md).
+    if getattr(args, "linked", True) is False:
+        preload_allocators(args)
 
 
 def columns(args, bench, path=binary_path):
     """The columns of the report, the allocators then the peers and variants, and the binary of each,
-    checked to exist: path(build_dir, bench, alloc), and for a peer or variant the system build (its
-    library preloaded)."""
-    binaries = existing({a: path(args.build_dir, bench, a) for a in args.allocs + ["system"] * bool(args.env)})
+    checked to exist: path(build_dir, bench, alloc), and for a peer, a variant or an allocator that runs
+    preloaded (check_options) the system build (its library preloaded)."""
+    own = [a for a in args.allocs if a not in args.env]
+    binaries = existing({a: path(args.build_dir, bench, a) for a in own + ["system"] * bool(args.env)})
     binaries.update({name: binaries["system"] for name in args.env})
-    return args.allocs + list(args.env), binaries
+    return args.allocs + [name for name in args.env if name not in args.allocs], binaries
 
 
 def choose(parser, given, known, what):

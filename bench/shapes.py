@@ -2,10 +2,12 @@
 """bench/shapes.py - runner of the shapes benchmark (bench/shapes.c): the allocation patterns where other
 allocators lead, shardmm against its peers.
 
-Runs <build-dir>/bench/shapes-<alloc> (one binary per allocator, built from bench/shapes.c) as a process
-of its own for every (run, scenario, thread count, allocator):
+Runs <build-dir>/bench/shapes-system with each allocator's library preloaded (shardmm's, Debian's; none
+for glibc), as the peers run (--linked: shapes-<alloc>, the binary built for each allocator from
+bench/shapes.c; bench/README.md says why), as a process of its own for every (run, scenario, thread
+count, allocator):
 
-    shapes-<alloc> <scenario> -threads N -scale F
+    shapes-system <scenario> -threads N -scale F
 
 The rows are the scenarios, each at the thread counts where it means something (SHAPES below: 1 and 2
 threads, and 8, more than this 2-core machine has; --threads replaces them); the columns shardmm,
@@ -82,7 +84,8 @@ def check_scenarios(binary):
 def parse_args():
     parser = argparse.ArgumentParser(
         description="Run the shardmm shapes benchmark (the patterns where peers lead) against other allocators.")
-    runner.add_options(parser, runs=3, scale_help="multiplier of every scenario's work (default: 1.0)")
+    runner.add_options(parser, runs=3, scale_help="multiplier of every scenario's work (default: 1.0)",
+                       linked=True)
     parser.add_argument("--shapes", type=runner.comma_list, default=None,
                         help="comma-separated scenarios (default: all: " + ",".join(SHAPES) + ")")
     parser.add_argument("--threads", type=runner.comma_list, default=None,
