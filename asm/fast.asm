@@ -12,7 +12,8 @@
 ; single-stepping; bench/instr.py counts them under callgrind): malloc up to 2 KB 15, 2-16 KB 22 (20 and
 ; 27 when the page's free list is dry and its local_free list is taken instead), free 22
 ; (also when it empties the only page of its class: that page's `used` counts one more, src/small.c),
-; realloc in place 24. Where free's go: the heap slot 2, "a small segment of mine" through the heap's
+; 33 for another heap's block onto the list of frees gathered for its page (src/fast.h), realloc in
+; place 24. Where free's go: the heap slot 2, "a small segment of mine" through the heap's
 ; own-segment table 6, the page descriptor's address 4, the item test (carved and at a multiple of the
 ; class size, so that an interior or never-handed-out pointer reaches the error hook rather than a free
 ; list) 4, `used` - 1 and its test 2, the push 3, ret 1. Windows adds 4 to each for the TLS index test
@@ -173,7 +174,7 @@ ENDFUNC shard_malloc
 ; void shard_free(void *p)
 FUNC shard_free
     HEAP_SLOT T1, .slow
-    OWN_PAGE .slow
+    OWN_PAGE .foreign
     ITEM_TEST T2, .own_slow
 %if SHARD_HARDENED
     LOOKS_FREE .own_slow                            ; perhaps a double free: the slow path decides
@@ -209,6 +210,36 @@ FUNC shard_free
     xchg rcx, r8                                    ; T1 is r8, the third argument's register
 %endif
     jmp small_free_local_slow
+.foreign:                                           ; rax: p's segment; another heap's block, or not ours
+%if SHARD_HARDENED
+    jmp api_free_slow
+%else                                               ; in the page whose frees this thread gathers?
+    mov T2, ARG0
+    shr T2, DESC_SHIFT
+    and T2D, DESC_MASK
+    add T2, rax                                     ; p's page descriptor
+    cmp T2, [T1 + SHARD_L_HEAP_GATHER_PAGE]
+    jne .slow
+    test T2, T2                                     ; 0: none gathered, and p below 64 KB (NULL)
+    jz .slow
+    movzx T4D, ARG0W                                ; an item of the page, as small_valid_foreign tests
+    mov rax, T4                                     ; from the descriptor's shared line: a multiple
+    imul rax, [T2 + SHARD_L_PAGE_SHARED_DIVISOR]    ; of the block size ...
+    cmp rax, [T2 + SHARD_L_PAGE_SHARED_DIVISOR]
+    jae .slow
+    add T4D, [T2 + SHARD_L_PAGE_SHARED_BLOCK_SIZE]  ; ... that ends inside the page
+    cmp T4D, 1 << SHARD_L_PAGE_SHIFT
+    ja .slow
+    mov T4D, [T1 + SHARD_L_HEAP_GATHER_COUNT]
+    add T4D, 1
+    cmp T4D, SHARD_L_GATHER_ITEMS                   ; the list's last item: the slow path pushes it
+    jae .slow
+    mov T3, [T1 + SHARD_L_HEAP_GATHER_HEAD]
+    mov [ARG0], T3                                  ; onto the gathered list
+    mov [T1 + SHARD_L_HEAP_GATHER_HEAD], ARG0
+    mov [T1 + SHARD_L_HEAP_GATHER_COUNT], T4D
+    ret
+%endif
 .slow:
     jmp api_free_slow
 ENDFUNC shard_free

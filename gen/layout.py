@@ -15,6 +15,9 @@ import sys
 import sizeclasses
 
 DIRECT_COUNT = sizeclasses.DIRECT_MAX // 16 + 1
+HEAP_CLASSES = DIRECT_COUNT * 8 + 1024 * 8
+HEAP_GATHER = (HEAP_CLASSES + len(sizeclasses.CLASSES) * 16 + 63) // 64 * 64  # its own line, after classes[]
+GATHER_ITEMS = 256  # config.h's SHARD_GATHER_ITEMS (src/api.c checks that they agree)
 
 # (name, value, what it is). Names get the prefix SHARD_L_ on both sides.
 CONSTANTS = [
@@ -24,6 +27,7 @@ CONSTANTS = [
     ("OWN_SLOTS", 1024, "entries of a heap's own-segment table, indexed by address bits 22..31"),
     ("DIRECT_MAX", sizeclasses.DIRECT_MAX, "largest size served through the page-per-size array"),
     ("SMALL_MAX", sizeclasses.SMALL_MAX, "largest small block"),
+    ("GATHER_ITEMS", GATHER_ITEMS, "a gathered list of foreign frees is pushed at this length"),
 ]
 
 # Offsets of the fields the fast paths read or write.
@@ -35,12 +39,18 @@ OFFSETS = [
     ("PAGE_ITEM_BOUND", 20, "page.item_bound (uint32): the item test's bound, carved * its step"),
     ("PAGE_ITEM_MUL", 24, "page.item_mul (uint32): the item test's multiplier, 2^32 / block_size + 1"),
     ("PAGE_BLOCK_SIZE", 32, "page.block_size (uint32)"),
+    # struct page: the line other threads read and write
+    ("PAGE_SHARED_DIVISOR", 80, "page.shared_divisor (uint64): the foreign item test's, 0 when no class"),
+    ("PAGE_SHARED_BLOCK_SIZE", 88, "page.shared_block_size (uint32)"),
     # struct segment (src/segment.h): descriptor 0
     ("SEGMENT_SECRET", 48, "segment.secret (uint64): the hardened build's key of its free lists"),
     # struct heap (src/heap.h)
     ("HEAP_DIRECT", 0, "heap.direct[]: page per (size + 15) >> 4, pointers"),
     ("HEAP_OWN", DIRECT_COUNT * 8, "heap.own[]: own small segments by address bits 22..31"),
-    ("HEAP_CLASSES", DIRECT_COUNT * 8 + 1024 * 8, "heap.classes[]: {first, last} per class"),
+    ("HEAP_CLASSES", HEAP_CLASSES, "heap.classes[]: {first, last} per class"),
+    ("HEAP_GATHER_PAGE", HEAP_GATHER, "heap.gather_page: the page whose foreign frees it gathers, or NULL"),
+    ("HEAP_GATHER_HEAD", HEAP_GATHER + 16, "heap.gather_head: the gathered list's first item"),
+    ("HEAP_GATHER_COUNT", HEAP_GATHER + 32, "heap.gather_count (uint32): its length"),
     ("PAGE_LIST_SHIFT", 4, "log2 of sizeof(page_list)"),
 ]
 

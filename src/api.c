@@ -32,16 +32,22 @@
 _Static_assert(FIELD_IS(page, free, SHARD_L_PAGE_FREE, 8) && FIELD_IS(page, local_free, SHARD_L_PAGE_LOCAL_FREE, 8) &&
                    FIELD_IS(page, used, SHARD_L_PAGE_USED, 4) && FIELD_IS(page, item_bound, SHARD_L_PAGE_ITEM_BOUND, 4) &&
                    FIELD_IS(page, item_mul, SHARD_L_PAGE_ITEM_MUL, 4) &&
-                   FIELD_IS(page, block_size, SHARD_L_PAGE_BLOCK_SIZE, 4),
+                   FIELD_IS(page, block_size, SHARD_L_PAGE_BLOCK_SIZE, 4) &&
+                   FIELD_IS(page, shared_divisor, SHARD_L_PAGE_SHARED_DIVISOR, 8) &&
+                   FIELD_IS(page, shared_block_size, SHARD_L_PAGE_SHARED_BLOCK_SIZE, 4),
                "struct page differs from gen/layout.py");
 _Static_assert(FIELD_IS(segment, secret, SHARD_L_SEGMENT_SECRET, 8), "struct segment differs from gen/layout.py");
 _Static_assert(offsetof(heap, direct) == SHARD_L_HEAP_DIRECT && offsetof(heap, own) == SHARD_L_HEAP_OWN &&
                    offsetof(heap, classes) == SHARD_L_HEAP_CLASSES && offsetof(page_list, first) == 0 &&
-                   sizeof(page_list) == (size_t)1 << SHARD_L_PAGE_LIST_SHIFT,
+                   sizeof(page_list) == (size_t)1 << SHARD_L_PAGE_LIST_SHIFT &&
+                   FIELD_IS(heap, gather_page, SHARD_L_HEAP_GATHER_PAGE, 8) &&
+                   FIELD_IS(heap, gather_head, SHARD_L_HEAP_GATHER_HEAD, 8) &&
+                   FIELD_IS(heap, gather_count, SHARD_L_HEAP_GATHER_COUNT, 4),
                "struct heap differs from gen/layout.py");
 _Static_assert(SEGMENT_SHIFT == SHARD_L_SEGMENT_SHIFT && PAGE_SHIFT == SHARD_L_PAGE_SHIFT &&
                    PAGE_DESC_SIZE == 1 << SHARD_L_PAGE_DESC_SHIFT && HEAP_OWN_SLOTS == SHARD_L_OWN_SLOTS &&
-                   SHARD_DIRECT_MAX == SHARD_L_DIRECT_MAX && SHARD_SMALL_MAX == SHARD_L_SMALL_MAX,
+                   SHARD_DIRECT_MAX == SHARD_L_DIRECT_MAX && SHARD_SMALL_MAX == SHARD_L_SMALL_MAX &&
+                   SHARD_GATHER_ITEMS == SHARD_L_GATHER_ITEMS,
                "segment geometry or size limits differ from gen/layout.py");
 
 /* ---- malloc -------------------------------------------------------------------------------------- */
@@ -257,6 +263,21 @@ void FAST_PATH(free)(void *p)
         small_free_local_slow(h, pg, b); /* the rest, or not an item (reported there) */
         return;
     }
+#if !SHARD_HARDENED
+    /* Another heap's block in the page whose frees this thread gathers (small.c, gathered frees): onto
+     * the list, as gather_free does, without the slow path's look-ups. That page is an item's, out in
+     * the list, so it stays a page of its class meanwhile; heap_none gathers nothing. */
+    page *gp = h->gather_page;
+    if (gp != NULL && page_of(p) == gp && small_valid_foreign(gp, p)) {
+        uint32_t n = h->gather_count + 1;
+        if (likely(n < SHARD_L_GATHER_ITEMS)) {
+            link_set((block *)p, h->gather_head);
+            h->gather_head = (block *)p;
+            store_relaxed(&h->gather_count, n);
+            return;
+        }
+    }
+#endif
     api_free_slow(p);
 }
 

@@ -29,7 +29,11 @@
  *          list counts one more in `used`, so emptying it stays fast); push p on page->free
  *          (last in, first out; small.h).
  *          The slow path after the own-segment test is small_free_local_slow(heap, page, p) (small.h),
- *          which needs no second lookup; before it, api_free_slow(p).
+ *          which needs no second lookup; before it, api_free_slow(p), but for one case (not in the
+ *          hardened build): p's page descriptor is heap->gather_page, another heap's page whose frees
+ *          this thread gathers (small.c), p an item there by the shared line's test
+ *          (small_valid_foreign), and heap->gather_count + 1 below SHARD_GATHER_ITEMS: p goes onto
+ *          heap->gather_head's list and the count grows.
  *   realloc(p, n): the same own-segment and item tests; bsize / 4 <= n <= bsize returns p.
  */
 #ifndef SHARD_FAST_H

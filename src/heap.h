@@ -41,6 +41,15 @@ typedef struct heap {
      * cleared (or given to another of its segments in that slot) when a segment leaves the heap. */
     uintptr_t own[HEAP_OWN_SLOTS];
     page_list classes[SHARD_CLASS_COUNT]; /* pages with (possibly) free items; refilled ones at the tail */
+    /* Its thread's frees into one page of another heap, gathered to go in one push (small.c, gathered
+     * frees): the page (a run's head; NULL: none), the list's ends and length; the page of its last
+     * foreign free and how many in a row went there (gathering starts at SHARD_GATHER_AFTER). On one
+     * line, which every foreign free of its thread reads, the fast paths too (gen/layout.py: right after
+     * classes[], at an offset that no option moves). */
+    page *gather_page __attribute__((aligned(64)));
+    page *gather_last;
+    block *gather_head, *gather_tail;
+    uint32_t gather_count, gather_run;
     page_list free_pages;    /* committed, no class; the oldest first */
     page_list cold_pages;    /* not committed; a new segment's in the order of the heap's colour */
     uint32_t free_count;     /* pages in free_pages */
@@ -101,14 +110,6 @@ typedef struct heap {
     /* What its thread's spare took off the large blocks' live counts less what it gave back (large.c),
      * two's complement; written by that thread alone, summed by large_live_counts. */
     size_t spare_blocks, spare_bytes;
-    /* Its thread's frees into one page of another heap, gathered to go in one push (small.c, gathered
-     * frees): the page (a run's head; NULL: none), the list's ends and length; the page of its last
-     * foreign free and how many in a row went there (gathering starts at SHARD_GATHER_AFTER). On one
-     * line, which every foreign free of its thread reads. */
-    page *gather_page __attribute__((aligned(64)));
-    page *gather_last;
-    block *gather_head, *gather_tail;
-    uint32_t gather_count, gather_run;
     /* Pages and arenas queued by foreign frees; written by other threads, so on a line of their own,
      * with the owner word, which those frees read (heap.c: generation << 32 | the thread's number,
      * 0 while no thread has the heap, PORT_THREAD_NONE for a parent's thread's heap in a fork child). */

@@ -10,16 +10,22 @@
 #define SHARD_L_OWN_SLOTS 1024           /* entries of a heap's own-segment table, indexed by address bits 22..31 */
 #define SHARD_L_DIRECT_MAX 2048          /* largest size served through the page-per-size array */
 #define SHARD_L_SMALL_MAX 16384          /* largest small block */
+#define SHARD_L_GATHER_ITEMS 256         /* a gathered list of foreign frees is pushed at this length */
 #define SHARD_L_PAGE_FREE 0              /* page.free: the list the owner allocates from */
 #define SHARD_L_PAGE_LOCAL_FREE 8        /* page.local_free: other threads' frees, once drained */
 #define SHARD_L_PAGE_USED 16             /* page.used (int32): items out, or while full the items to its wake */
 #define SHARD_L_PAGE_ITEM_BOUND 20       /* page.item_bound (uint32): the item test's bound, carved * its step */
 #define SHARD_L_PAGE_ITEM_MUL 24         /* page.item_mul (uint32): the item test's multiplier, 2^32 / block_size + 1 */
 #define SHARD_L_PAGE_BLOCK_SIZE 32       /* page.block_size (uint32) */
+#define SHARD_L_PAGE_SHARED_DIVISOR 80   /* page.shared_divisor (uint64): the foreign item test's, 0 when no class */
+#define SHARD_L_PAGE_SHARED_BLOCK_SIZE 88 /* page.shared_block_size (uint32) */
 #define SHARD_L_SEGMENT_SECRET 48        /* segment.secret (uint64): the hardened build's key of its free lists */
 #define SHARD_L_HEAP_DIRECT 0            /* heap.direct[]: page per (size + 15) >> 4, pointers */
 #define SHARD_L_HEAP_OWN 1032            /* heap.own[]: own small segments by address bits 22..31 */
 #define SHARD_L_HEAP_CLASSES 9224        /* heap.classes[]: {first, last} per class */
+#define SHARD_L_HEAP_GATHER_PAGE 9920    /* heap.gather_page: the page whose foreign frees it gathers, or NULL */
+#define SHARD_L_HEAP_GATHER_HEAD 9936    /* heap.gather_head: the gathered list's first item */
+#define SHARD_L_HEAP_GATHER_COUNT 9952   /* heap.gather_count (uint32): its length */
 #define SHARD_L_PAGE_LIST_SHIFT 4        /* log2 of sizeof(page_list) */
 
 #endif

@@ -1175,8 +1175,11 @@ static inline void push_items(page *pg, uint8_t *start, block *head, block *tail
  * frees into one page of another heap in a list of its own, once SHARD_GATHER_AFTER in a row went to
  * that page, and pushes the list whole: at a free into another page, at SHARD_GATHER_ITEMS items, at
  * its own allocation slow path, when its heap is drained (thread exit, shard_collect, memory pressure,
- * a trim) and before it walks heaps. What waits is one page's items at most: its owner sees them out a
- * little longer (the statistics count them free: small_count). Not in the hardened build, whose
+ * a trim) and before it walks heaps. While a list is gathered, the free fast paths (asm/fast.asm,
+ * api.c) add to it themselves: a block of the gathered page that passes the item test of the page's
+ * shared line goes on without the slow path's look-ups, but for the list's last item, which the slow path
+ * pushes (bench/results/2026-12-07-gathered-fast-path.md). What waits is one page's items at most: its
+ * owner sees them out a little longer (the statistics count them free: small_count). Not in the hardened build, whose
  * double-free test looks for an item in the page's lists, nor for a created heap's page
  * (shard_heap_destroy releases its memory whatever is out), nor where a free at once does more
  * (gather_may). A thread without a heap takes one for this (heap_for_frees, from api_free_slow). */

@@ -249,7 +249,8 @@ static void entries_setup(void)
  * them together. malloc above 2 KB adds the class table (7), a malloc that takes the page's local_free
  * list because its free list is dry adds that test and the swap (5). A free that empties the only page
  * of its class takes the ordinary path (that page counts one more in `used`, src/small.c). */
-enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_MALLOC_LOCAL = 5, FAST_FREE = 22, FAST_REALLOC = 24 };
+enum { FAST_MALLOC = 15, FAST_MALLOC_CLASS = 22, FAST_MALLOC_LOCAL = 5, FAST_FREE = 22, FAST_REALLOC = 24,
+       FAST_FREE_GATHERED = 33 };
 /* The hardened build (SHARD_HARDENED) adds to malloc the decoding of the next link and its test (10 when
  * it is the end of the list, 11 when it leads to an item: the item test), 1 more when local_free is
  * taken; to free the double-free test and the encoding (10), and the head's link (6 when it ends the
@@ -315,8 +316,19 @@ static expectation contract(int op, const void *p, size_t size)
 #endif
     } else {
         uintptr_t a = (uintptr_t)p, seg = a & ~(uintptr_t)SEGMENT_MASK;
-        if (h->own[(uint32_t)a >> SEGMENT_SHIFT] != seg)
+        if (h->own[(uint32_t)a >> SEGMENT_SHIFT] != seg) {
+#if !SHARD_HARDENED
+            /* Another heap's block in the page whose frees h gathers: onto the list, unless it would be
+             * the list's last (small.c, gathered frees). */
+            const page *gp = h->gather_page;
+            if (op == OP_FREE && gp != NULL && page_of(p) == gp && small_valid_foreign(gp, p) &&
+                h->gather_count + 1 < SHARD_GATHER_ITEMS) {
+                e.slow = SLOW_NONE;
+                e.instructions = FAST_FREE_GATHERED + SLOT_TEST_INSTRUCTIONS;
+            }
+#endif
             return e;
+        }
         const page *pg = page_of(p);
         uint64_t off = a & 0xffff;
         int item = (uint32_t)off * pg->item_mul < pg->item_bound;
@@ -1579,6 +1591,77 @@ TEST(thread_without_heap_through_asm)
     CHECK_PATTERN(t.theirs[1], 100, 8, "the block reallocated in place by the other thread");
     shard_free(t.theirs[1]);
     shard_free(keep);
+    CHECK_EQ(shard_check(), 0);
+}
+
+/* Another thread frees a run of blocks of one page of ours: from its SHARD_GATHER_AFTER-th it gathers
+ * them (src/small.c), and while a list is gathered the frees into that page stay on the fast path of
+ * both languages, up to the list's last item, which the slow path pushes. A pointer into the page that
+ * is not an item still reaches the error hook, and no block is lost: the page has every item back. */
+#define GATHERED_BLOCKS (SHARD_GATHER_ITEMS + 40)
+typedef struct gathered {
+    unsigned char *theirs[GATHERED_BLOCKS];
+} gathered;
+
+static void frees_gathered(void *arg)
+{
+    gathered *t = (gathered *)arg;
+    void *mine = shard_malloc(40); /* a heap of its own */
+    heap *h = my_heap();
+    CHECK(h != NULL);
+    int fast = 0, before = hook_calls();
+    for (int i = 0; i < GATHERED_BLOCKS; i++) {
+        if (i == 100) { /* an interior pointer into the gathered page: the hook, the list as it was */
+            uint32_t count = h->gather_count;
+            step_case bad = {"free(inside another thread's block, its page gathered)", OP_FREE, t->theirs[i] + 8, 0, 0};
+            step(&bad);
+            CHECK_EQ(hook_calls(), before + 1);
+            CHECK_EQ(h->gather_count, count);
+            before = hook_calls();
+        }
+        char what[80];
+        snprintf(what, sizeof what, "free(another thread's block %d of one page)", i);
+        if (i % 7 == 3 && h->gather_page == page_of(t->theirs[i]) && h->gather_count + 1 < SHARD_GATHER_ITEMS) {
+            uint32_t count = h->gather_count; /* the C entry, on the same state */
+            checked_call(c_entries.fn[OP_FREE], (uint64_t)(uintptr_t)t->theirs[i], 0, what);
+            CHECKF(h->gather_count == count + 1 && h->gather_head == (block *)t->theirs[i], "%s in C", what);
+            fast++;
+            continue;
+        }
+        step_case c = {what, OP_FREE, t->theirs[i], 0, -1};
+        uint32_t count = h->gather_count;
+        step(&c);
+        if (h->gather_count == count + 1 && h->gather_head == (block *)t->theirs[i])
+            fast++;
+    }
+    CHECK_EQ(hook_calls(), before);
+#if SHARD_HARDENED
+    CHECK_EQ(fast, 0); /* no gathering */
+#else
+    CHECKF(fast >= GATHERED_BLOCKS - SHARD_GATHER_AFTER - 2, "%d of %d frees gathered", fast, GATHERED_BLOCKS);
+#endif
+    void *slow = shard_malloc(3000); /* the first of its class: the slow path pushes the gathered list */
+    CHECK(h->gather_page == NULL);
+    shard_free(slow);
+    shard_free(mine);
+}
+
+TEST(another_threads_frees_into_one_page_stay_on_the_fast_path_once_gathered)
+{
+    gathered *t = (gathered *)calloc(1, sizeof *t);
+    for (int i = 0; i < GATHERED_BLOCKS; i++) {
+        t->theirs[i] = (unsigned char *)shard_malloc(48);
+        fill(t->theirs[i], 48, 50 + i % 100);
+    }
+    unsigned char *keep = (unsigned char *)shard_malloc(48); /* the page stays in use */
+    const page *pg = page_of(t->theirs[0]);
+    CHECK(page_of(t->theirs[GATHERED_BLOCKS - 1]) == pg); /* 1,365 items of 48 bytes a page */
+    uint32_t used = (uint32_t)(pg->thread_free >> 32);
+    run_parked(frees_gathered, t);
+    CHECKF((uint32_t)(pg->thread_free >> 32) == used + GATHERED_BLOCKS, "%u of the frees are in the page's thread_free",
+           (uint32_t)(pg->thread_free >> 32) - used);
+    shard_free(keep);
+    free(t);
     CHECK_EQ(shard_check(), 0);
 }
 
