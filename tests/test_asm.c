@@ -1619,6 +1619,7 @@ static void frees_gathered(void *arg)
             CHECK_EQ(h->gather_count, count);
             before = hook_calls();
         }
+        CHECK_PATTERN(t->theirs[i], 48, 50 + i % 100, "a block before another thread frees it");
         char what[80];
         snprintf(what, sizeof what, "free(another thread's block %d of one page)", i);
         if (i % 7 == 3 && h->gather_page == page_of(t->theirs[i]) && h->gather_count + 1 < SHARD_GATHER_ITEMS) {
@@ -1656,10 +1657,10 @@ TEST(another_threads_frees_into_one_page_stay_on_the_fast_path_once_gathered)
     unsigned char *keep = (unsigned char *)shard_malloc(48); /* the page stays in use */
     const page *pg = page_of(t->theirs[0]);
     CHECK(page_of(t->theirs[GATHERED_BLOCKS - 1]) == pg); /* 1,365 items of 48 bytes a page */
-    uint32_t used = (uint32_t)(pg->thread_free >> 32);
+    uint32_t queued = (uint32_t)(pg->thread_free >> 32);
     run_parked(frees_gathered, t);
-    CHECKF((uint32_t)(pg->thread_free >> 32) == used + GATHERED_BLOCKS, "%u of the frees are in the page's thread_free",
-           (uint32_t)(pg->thread_free >> 32) - used);
+    CHECKF((uint32_t)(pg->thread_free >> 32) == queued + GATHERED_BLOCKS, "%u of the frees are in the page's thread_free",
+           (uint32_t)(pg->thread_free >> 32) - queued);
     shard_free(keep);
     free(t);
     CHECK_EQ(shard_check(), 0);
