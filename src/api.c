@@ -268,14 +268,10 @@ void FAST_PATH(free)(void *p)
      * the list, as gather_free does, without the slow path's look-ups. That page is an item's, out in
      * the list, so it stays a page of its class meanwhile; heap_none gathers nothing. */
     page *gp = h->gather_page;
-    if (gp != NULL && page_of(p) == gp && small_valid_foreign(gp, p)) {
-        uint32_t n = h->gather_count + 1;
-        if (likely(n < SHARD_L_GATHER_ITEMS)) {
-            link_set((block *)p, h->gather_head);
-            h->gather_head = (block *)p;
-            store_relaxed(&h->gather_count, n);
-            return;
-        }
+    if (gp != NULL && page_of(p) == gp && small_valid_foreign(gp, p) &&
+        likely(h->gather_count + 1 < SHARD_GATHER_ITEMS)) {
+        heap_gather_link(h, (block *)p);
+        return;
     }
 #endif
     api_free_slow(p);

@@ -206,6 +206,17 @@ static inline void heap_own_segment(heap *h, segment *seg)
         h->own[i] = (uintptr_t)seg;
 }
 
+/* b, an item of h->gather_page, joins h's gathered list (small.c, gathered frees): the list's length now,
+ * which the caller pushes at SHARD_GATHER_ITEMS. */
+static inline uint32_t heap_gather_link(heap *h, block *b)
+{
+    link_set(b, h->gather_head);
+    h->gather_head = b;
+    uint32_t n = h->gather_count + 1;
+    store_relaxed(&h->gather_count, n); /* read by other threads' statistics */
+    return n;
+}
+
 /* Start-up, once per process (heap.c has the rule of what may run inside it): the options, the fork
  * hooks and the thread-exit hook. The first allocation of any kind calls it; heap_started() is one load after that. */
 void heap_start(void);

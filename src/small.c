@@ -1169,18 +1169,18 @@ static inline void push_items(page *pg, uint8_t *start, block *head, block *tail
 
 /* ---- gathered frees ------------------------------------------------------------------------------ */
 
-/* Every foreign free is a compare-and-swap on its page's thread_free word, a line the owner takes back
- * at each drain: a thread that frees what another made, block after block (xmalloc's consumers, a
- * batch handed on), pays a contended locked instruction for each. So a thread with a heap gathers its
- * frees into one page of another heap in a list of its own, once SHARD_GATHER_AFTER in a row went to
- * that page, and pushes the list whole: at a free into another page, at SHARD_GATHER_ITEMS items, at
- * its own allocation slow path, when its heap is drained (thread exit, shard_collect, memory pressure,
- * a trim) and before it walks heaps. While a list is gathered, the free fast paths (asm/fast.asm,
- * api.c) add to it themselves: a block of the gathered page that passes the item test of the page's
- * shared line goes on without the slow path's look-ups, but for the list's last item, which the slow path
- * pushes (bench/results/2026-12-07-gathered-fast-path.md). What waits is one page's items at most: its
- * owner sees them out a little longer (the statistics count them free: small_count). Not in the hardened build, whose
- * double-free test looks for an item in the page's lists, nor for a created heap's page
+/* Every foreign free is a compare-and-swap on its page's thread_free word, a line the owner takes back at
+ * each drain: a thread that frees what another made, block after block (xmalloc's consumers, a batch
+ * handed on), pays a contended locked instruction for each. So a thread with a heap gathers its frees
+ * into one page of another heap in a list of its own, once SHARD_GATHER_AFTER in a row went to that
+ * page, and pushes the list whole: at a free into another page, at SHARD_GATHER_ITEMS items, at its own
+ * allocation slow path, when its heap is drained (thread exit, shard_collect, memory pressure, a trim)
+ * and before it walks heaps. While a list is gathered, the free fast paths (asm/fast.asm, api.c) add to
+ * it themselves: a block of the gathered page that passes the item test of the page's shared line goes
+ * on without the slow path's look-ups, but for the list's last item, which the slow path pushes
+ * (bench/results/2026-12-07-gathered-fast-path.md). What waits is one page's items at most: its owner
+ * sees them out a little longer (the statistics count them free: small_count). Not in the hardened
+ * build, whose double-free test looks for an item in the page's lists, nor for a created heap's page
  * (shard_heap_destroy releases its memory whatever is out), nor where a free at once does more
  * (gather_may). A thread without a heap takes one for this (heap_for_frees, from api_free_slow). */
 
@@ -1212,11 +1212,7 @@ void small_flush_gathered(heap *h)
 static __attribute__((noinline)) void gather_free(heap *h, page *pg, uint8_t *start, block *b)
 {
     if (pg == h->gather_page) {
-        link_set(b, h->gather_head);
-        h->gather_head = b;
-        uint32_t n = h->gather_count + 1;
-        store_relaxed(&h->gather_count, n);
-        if (n >= SHARD_GATHER_ITEMS)
+        if (heap_gather_link(h, b) >= SHARD_GATHER_ITEMS)
             small_flush_gathered(h); /* gather_last stays: the next free starts a list again */
         return;
     }
