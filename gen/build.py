@@ -360,7 +360,7 @@ TESTS = [
          doc="deterministic tests of the small blocks (up to 16 KB), each test one documented behaviour."),
     Test("test-medium", "tests/test_medium.c", "api debug hardened system win win-debug win-hardened ubsan",
          doc="the medium blocks (above 16 KB up to 1 MB)."),
-    Test("test-large", "tests/test_large.c", "api debug hardened system win win-debug win-hardened ubsan",
+    Test("test-large", "tests/test_large.c", "api debug hardened system win win-debug win-hardened ubsan tsan",
          doc="the large blocks (above 1 MB) and their cache."),
     Test("test-thread", "tests/test_thread.c", "api debug hardened system win win-debug win-hardened ubsan",
          doc="thread lifecycle (heap reuse, the reserve and its expiry, shard_thread_done, shard_collect)."),
@@ -629,8 +629,9 @@ FUZZ_PRELUDE = r"""
 #   build/ubsan/stress    SHARD_DEBUG=0), tests and core with UndefinedBehaviorSanitizer; a finding ends the
 #                         program (no recovery)
 #   build/tsan/stress     the stress test over the single-file core (src/shardmm.c: the core and the Linux port
-#                         in one object, C fast paths, SHARD_ASM=0, SHARD_DEBUG=0, -O1) with ThreadSanitizer;
-#                         the first report ends the program (tests/fuzz: halt_on_error=1), and there is none
+#   build/tsan/test-large in one object, C fast paths, SHARD_ASM=0, SHARD_DEBUG=0, -O1) with ThreadSanitizer, and
+#                         the large blocks' tests (tests/fuzz runs their races); the first report ends the
+#                         program (tests/fuzz: halt_on_error=1), and there is none
 # The core's objects (but ThreadSanitizer's) keep -ffreestanding -fno-builtin -nostdinc (clang's own
 # stddef.h/stdint.h/stdbool.h only): the sanitizers' checks are calls the compiler inserts, which the program
 # links from the sanitizer's runtime.

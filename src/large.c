@@ -1464,13 +1464,17 @@ int large_check(void)
     problems += insist(cache.oldest_at == (cache.count ? cache.entry[0].freed_at : UINT64_MAX),
                        "large: the cache's published oldest time differs from its first entry's:", cache.oldest_at);
     spin_unlock(&cache.lock);
-    heap *me = heap_mine(); /* the caller's own spare: no other thread takes it meanwhile but a trim */
-    uintptr_t w = me != NULL ? load_relaxed(&me->large_spare) : 0;
+    /* The caller's own spare, taken for the look and put back after it: another thread's trim or collect
+     * takes a spare its thread has not taken (spare_seize) and may give the memory back, and another
+     * reservation write a header there, while the look reads this one. */
+    heap *me = heap_mine();
+    uintptr_t w = me != NULL && load_relaxed(&me->large_spare) != 0 ? spare_own(me) : 0;
     if (w != 0) {
         large_header *h = spare_block(w);
         problems += insist(h->mark == mark_freed(h) && h->committed == spare_committed(w) && !is_far(h) &&
                                segmap_kind((uintptr_t)h) == SEG_LARGE,
                            "large: the thread's spare does not match its block (mark, committed, map):", h);
+        store_release(&me->large_spare, w); /* 0 since spare_own: only this thread puts a spare */
     }
     return problems;
 }

@@ -3654,6 +3654,66 @@ TEST(spare_its_thread_takes_while_another_thread_collects_goes_to_one_of_them)
     check_allocator("after the spare races");
 }
 
+/* The collector above, which also makes and frees a large block each round: its reservations may take
+ * the memory of the blocks it gave back, and write their headers there. */
+__attribute__((unused)) static void *spare_race_reserver(void *arg)
+{
+    struct spare_race *r = arg;
+    while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
+#if SHARD_RULES
+        shard_collect();
+#endif
+        unsigned char *q = shard_malloc((3 * MB) / 2);
+        if (q != NULL)
+            q[0] = (unsigned char)r->collects;
+        shard_free(q);
+        r->collects++;
+    }
+    return NULL;
+}
+
+/* shard_check looks at the calling thread's spare (large.c's large_check) while another thread takes
+ * every spare to the OS as fast as it can and makes blocks of its own: the check must hold the spare
+ * while it reads the block's header, or the other thread may give the block's memory back and write a
+ * header of its own there meanwhile (a fault, or a problem reported for nothing; ThreadSanitizer saw the
+ * read race with that write, and tests/fuzz runs this test under it). Each block is written at every
+ * page and read back before its free, and every check must find nothing. */
+TEST(spare_its_thread_checks_while_another_thread_collects)
+{
+    if (!spares_on())
+        SKIP_TEST();
+    enum { ROUNDS = 4000, PAGE_WORDS = 4096 / 8 };
+    static const size_t sizes[2] = { (3 * MB) / 2, (5 * MB) / 4 };
+    struct spare_race r = { 0, 0 };
+    thread_t t;
+    int started = thread_start(&t, spare_race_reserver, &r) == 0;
+    CHECK(started);
+    if (!started)
+        return;
+    long bad = 0, problems = 0;
+    for (long i = 0; i < ROUNDS && bad == 0 && problems == 0; i++) {
+        size_t n = sizes[i % 2] / 8;
+        uint64_t *p = shard_malloc(n * 8);
+        CHECK(p != NULL);
+        if (p == NULL)
+            break;
+        for (size_t w = 0; w < n; w += PAGE_WORDS)
+            p[w] = (uint64_t)i * 0x9e3779b97f4a7c15u ^ w;
+        for (size_t w = 0; w < n; w += PAGE_WORDS)
+            bad += p[w] != ((uint64_t)i * 0x9e3779b97f4a7c15u ^ w);
+        shard_free(p);
+#if SHARD_RULES
+        problems += shard_check(); /* the block just freed is this thread's spare, unless taken already */
+#endif
+    }
+    __atomic_store_n(&r.done, 1, __ATOMIC_RELEASE);
+    thread_join(t);
+    CHECKF(bad == 0, "%ld words of this thread's blocks changed under it", bad);
+    CHECKF(problems == 0, "shard_check found %ld problems", problems);
+    CHECKF(r.collects > 10, "the collector ran %ld times", r.collects);
+    check_allocator("after the checks beside the collector");
+}
+
 /* The thread's block waits in its spare while this thread's cache calls look (two sizes that take turns,
  * so that its own spare goes to the cache each time: 2 MB and 9 MB, which commit 4 and 10 MB and never
  * take each other's block), and goes back to the OS between one and two delays after its free; then a
