@@ -37,8 +37,8 @@
  * `used` counts items handed out, including those waiting in thread_free, plus 1 (`sole`) while the
  * page is the only one of its class list, which keeps it even when empty. A page with no free item
  * left is taken out of its class list (`full`), and then `used` counts down to its wake: it holds the
- * wake count (a sixteenth of the page's items, at least one: page_wake) and `full_out` the rest of the
- * items out. So the owner's free fast path tests one thing: the decremented `used` is <= 0 when the
+ * wake count (page_wake: a sixteenth of the page's items, an eighth of a page of 32-64) and `full_out`
+ * the rest of the items out. So the owner's free fast path tests one thing: the decremented `used` is <= 0 when the
  * page became empty (not its class's only page) or when a full page has had its wake count of items
  * back, and the slow path retires the page or puts it at the tail of its list, with those items on
  * its free list. Until then the owner's frees into a full page are fast-path pushes: when frees land
@@ -226,10 +226,17 @@ static inline int32_t page_used(const page *pg)
 }
 
 /* How many of its items a full page waits for before it goes back into its list: a sixteenth (255 at
- * most, a byte: the 16-byte class waits for 255 of 4096). */
+ * most, a byte: the 16-byte class waits for 255 of 4096), but an eighth of a page of 32-64 items (the
+ * classes of 1-2 KB), one of a page of fewer. Each wake costs a slow free, and the next page to go full a
+ * slow malloc: where frees land at random in full pages of 64 items, a wake of 4 made that pair of
+ * slow paths every fourth replacement, and waiting for 8 took 3-7 % off bench/shapes.c's
+ * glibc-thread-fixed at every thread count, with the other cells level; an eighth of every page's items
+ * raised rptest@8's peak (bench/results/2026-12-07-wake-count.md). */
 static inline int32_t wake_of(uint32_t capacity)
 {
-    return capacity >= 16 * 255 ? 255 : capacity >= 32 ? (int32_t)capacity / 16 : 1; /* 255: a byte */
+    if (capacity >= 16 * 255)
+        return 255; /* a byte */
+    return capacity > 64 ? (int32_t)capacity / 16 : capacity >= 32 ? (int32_t)capacity / 8 : 1;
 }
 static inline int32_t page_wake(const page *pg) { return pg->wake; }
 

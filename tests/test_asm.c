@@ -1357,9 +1357,9 @@ static void fast_path_cases(void *unused)
         step_case f = {"free in the only page of the class", OP_FREE, x[i], 0, 1};
         step(&f);
     }
-    /* A full page of 1 KB blocks (64 items) waits for 4 of them (a sixteenth) before it goes back into
-     * its list: the owner's first 3 frees into it are fast, the 4th is slow. */
-    enum { KB_ITEMS = 64, KB_WAKE = 4 };
+    /* A full page of 1 KB blocks (64 items) waits for 8 of them (an eighth: small.h's wake_of) before it
+     * goes back into its list: the owner's first 7 frees into it are fast, the 8th is slow. */
+    enum { KB_ITEMS = 64, KB_WAKE = 8 };
     static unsigned char *y[KB_ITEMS + 1];
     for (int i = 0; i <= KB_ITEMS; i++)
         y[i] = (unsigned char *)(uintptr_t)checked_call(asm_entries.fn[OP_MALLOC], 1024, 0, "malloc");
