@@ -34,16 +34,16 @@
  * fifth of its time (bench/results/2026-12-02-lazy-pages.md). A page is free only with used == 0 and
  * no item in thread_free.
  *
- * `used` counts items handed out, including those waiting in thread_free, plus 1 (`sole`) while the
- * page is the only one of its class list, which keeps it even when empty. A page with no free item
- * left is taken out of its class list (`full`), and then `used` counts down to its wake: it holds the
- * wake count (page_wake: a sixteenth of the page's items, an eighth of a page of 32-64) and `full_out`
- * the rest of the items out. So the owner's free fast path tests one thing: the decremented `used` is <= 0 when the
- * page became empty (not its class's only page) or when a full page has had its wake count of items
- * back, and the slow path retires the page or puts it at the tail of its list, with those items on
- * its free list. Until then the owner's frees into a full page are fast-path pushes: when frees land
- * at random over many pages, a page that went back into its list at its first free would be drained
- * by the next allocation and go out again, a slow path per block (bench/shapes.py's glibc-thread-fixed:
+ * `used` counts items handed out, including those waiting in thread_free, plus 1 (`sole`) while the page
+ * is the only one of its class list, which keeps it even when empty. A page with no free item left is
+ * taken out of its class list (`full`), and then `used` counts down to its wake: it holds the wake count
+ * (page_wake: a sixteenth of the page's items, an eighth of a page of 32-64) and `full_out` the rest of
+ * the items out. So the owner's free fast path tests one thing: the decremented `used` is <= 0 when the
+ * page became empty (not its class's only page) or when a full page has had its wake count of items back,
+ * and the slow path retires the page or puts it at the tail of its list, with those items on its free
+ * list. Until then the owner's frees into a full page are fast-path pushes: when frees land at random
+ * over many pages, a page that went back into its list at its first free would be drained by the next
+ * allocation and go out again, a slow path per block (bench/shapes.py's glibc-thread-fixed:
  * bench/results/2026-12-02-spare.md). page_used() is the true count.
  *
  * A page of a thread heap that stays full and untouched (no free into it, by its owner or another
