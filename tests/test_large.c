@@ -3596,6 +3596,7 @@ TEST(spare_calloc_takes_the_dirty_spare_and_zeroes_it)
 
 struct spare_race {
     int done;
+    int reserve; /* the collector also makes and frees a large block each round */
     long collects;
 };
 
@@ -3606,9 +3607,43 @@ __attribute__((unused)) static void *spare_race_collector(void *arg)
 #if SHARD_RULES
         shard_collect(); /* takes every heap's spare to the OS: this thread's as the other's (large.c, spare_seize) */
 #endif
+        if (r->reserve) { /* its reservations may take the memory of blocks it gave back, headers and all */
+            unsigned char *q = shard_malloc((3 * MB) / 2);
+            if (q != NULL)
+                q[0] = (unsigned char)r->collects;
+            shard_free(q);
+        }
         r->collects++;
     }
     return NULL;
+}
+
+/* The collector's thread started for a spare race (a failed check when it could not be): 1 when it runs. */
+__attribute__((unused)) static int spare_race_start(struct spare_race *r, thread_t *t)
+{
+    int started = thread_start(t, spare_race_collector, r) == 0;
+    CHECK(started);
+    return started;
+}
+
+/* Round i's block of the spare races, of one of two sizes in turn, written at every page and at its last
+ * word and read back; *bad counts the words found changed. NULL (a failed check) out of memory. */
+__attribute__((unused)) static uint64_t *spare_race_block(long i, long *bad)
+{
+    enum { PAGE_WORDS = 4096 / 8 };
+    static const size_t sizes[2] = { (3 * MB) / 2, (5 * MB) / 4 };
+    size_t n = sizes[i % 2] / 8;
+    uint64_t *p = shard_malloc(n * 8);
+    CHECK(p != NULL);
+    if (p == NULL)
+        return NULL;
+    for (size_t w = 0; w < n; w += PAGE_WORDS)
+        p[w] = (uint64_t)i * 0x9e3779b97f4a7c15u ^ w;
+    p[n - 1] = ~(uint64_t)i;
+    for (size_t w = 0; w < n; w += PAGE_WORDS)
+        *bad += p[w] != ((uint64_t)i * 0x9e3779b97f4a7c15u ^ w);
+    *bad += p[n - 1] != ~(uint64_t)i;
+    return p;
 }
 
 /* One thread takes its spare back round after round (without a locked instruction where the port
@@ -3619,29 +3654,18 @@ TEST(spare_its_thread_takes_while_another_thread_collects_goes_to_one_of_them)
 {
     if (!spares_on())
         SKIP_TEST();
-    enum { ROUNDS = 40000, PAGE_WORDS = 4096 / 8 };
-    static const size_t sizes[2] = { (3 * MB) / 2, (5 * MB) / 4 };
-    struct spare_race r = { 0, 0 };
+    enum { ROUNDS = 40000 };
+    struct spare_race r = { 0, 0, 0 };
     thread_t t;
-    int started = thread_start(&t, spare_race_collector, &r) == 0;
-    CHECK(started);
-    if (!started)
+    if (!spare_race_start(&r, &t))
         return;
     long bad = 0, taken_back = 0;
     uint64_t *last = NULL;
     for (long i = 0; i < ROUNDS && bad == 0; i++) {
-        size_t n = sizes[i % 2] / 8;
-        uint64_t *p = shard_malloc(n * 8);
-        CHECK(p != NULL);
+        uint64_t *p = spare_race_block(i, &bad);
         if (p == NULL)
             break;
         taken_back += p == last;
-        for (size_t w = 0; w < n; w += PAGE_WORDS)
-            p[w] = (uint64_t)i * 0x9e3779b97f4a7c15u ^ w;
-        p[n - 1] = ~(uint64_t)i;
-        for (size_t w = 0; w < n; w += PAGE_WORDS)
-            bad += p[w] != ((uint64_t)i * 0x9e3779b97f4a7c15u ^ w);
-        bad += p[n - 1] != ~(uint64_t)i;
         last = p;
         shard_free(p);
     }
@@ -3654,24 +3678,6 @@ TEST(spare_its_thread_takes_while_another_thread_collects_goes_to_one_of_them)
     check_allocator("after the spare races");
 }
 
-/* The collector above, which also makes and frees a large block each round: its reservations may take
- * the memory of the blocks it gave back, and write their headers there. */
-__attribute__((unused)) static void *spare_race_reserver(void *arg)
-{
-    struct spare_race *r = arg;
-    while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE)) {
-#if SHARD_RULES
-        shard_collect();
-#endif
-        unsigned char *q = shard_malloc((3 * MB) / 2);
-        if (q != NULL)
-            q[0] = (unsigned char)r->collects;
-        shard_free(q);
-        r->collects++;
-    }
-    return NULL;
-}
-
 /* shard_check looks at the calling thread's spare (large.c's large_check) while another thread takes
  * every spare to the OS as fast as it can and makes blocks of its own: the check must hold the spare
  * while it reads the block's header, or the other thread may give the block's memory back and write a
@@ -3682,25 +3688,16 @@ TEST(spare_its_thread_checks_while_another_thread_collects)
 {
     if (!spares_on())
         SKIP_TEST();
-    enum { ROUNDS = 4000, PAGE_WORDS = 4096 / 8 };
-    static const size_t sizes[2] = { (3 * MB) / 2, (5 * MB) / 4 };
-    struct spare_race r = { 0, 0 };
+    enum { ROUNDS = 4000 };
+    struct spare_race r = { 0, 1, 0 };
     thread_t t;
-    int started = thread_start(&t, spare_race_reserver, &r) == 0;
-    CHECK(started);
-    if (!started)
+    if (!spare_race_start(&r, &t))
         return;
     long bad = 0, problems = 0;
     for (long i = 0; i < ROUNDS && bad == 0 && problems == 0; i++) {
-        size_t n = sizes[i % 2] / 8;
-        uint64_t *p = shard_malloc(n * 8);
-        CHECK(p != NULL);
+        uint64_t *p = spare_race_block(i, &bad);
         if (p == NULL)
             break;
-        for (size_t w = 0; w < n; w += PAGE_WORDS)
-            p[w] = (uint64_t)i * 0x9e3779b97f4a7c15u ^ w;
-        for (size_t w = 0; w < n; w += PAGE_WORDS)
-            bad += p[w] != ((uint64_t)i * 0x9e3779b97f4a7c15u ^ w);
         shard_free(p);
 #if SHARD_RULES
         problems += shard_check(); /* the block just freed is this thread's spare, unless taken already */
