@@ -65,6 +65,12 @@
  *   requests      request buffers: 2 slots per thread, random slots replaced by blocks of 1-2 MB (uniform)
  *                 of which a request uses 1-64 KB (written and checked), as a buffer sized for the largest
  *                 message serves mostly small ones: what a large block costs beyond its pages.
+ *   large-heads   the starts of many large blocks used in turn: 16 slots per thread of blocks of 1-2 MB
+ *                 (uniform) of which the first 1-16 KB are used (written and checked), as an engine's
+ *                 arrays or buffers whose headers it reads and updates; each round reads the first word
+ *                 of every block and adds one to its fifth, and every 4096 rounds a random slot is
+ *                 replaced. Where every block starts at the same offset of a 4 KB page, their first
+ *                 lines share one set of each cache.
  *   ring          a ring of threads: each makes blocks of 16 B - 256 KB (97 % 16 B - 16 KB, 3 % 16-256 KB,
  *                 log-uniform) and hands them to the next through a lock-free ring of 1024; the receiver
  *                 resizes an eighth of them by realloc first, then frees every one. On one thread the ring
@@ -1615,6 +1621,50 @@ static double scenario_requests(double scale, long *errors)
     return run_team(requests_thread);
 }
 
+/* ---- large-heads ---- */
+
+#define HEADS_ROUNDS 1000000L      /* rounds in all, at scale 1 (each uses every slot's block) */
+#define HEADS_SLOTS 16
+#define HEADS_REPLACE 4096         /* rounds between two replacements */
+
+static void large_heads_thread(struct worker *w)
+{
+    struct block slots[HEADS_SLOTS];
+    for (int k = 0; k < HEADS_SLOTS; k++) {
+        slots[k].p = alloc_block(rng_between(&w->rng, (1u << 20) + 1, 2u << 20));
+        slots[k].size = (uint32_t)rng_between(&w->rng, 1024, 16384); /* the part in use */
+        slots[k].cookie = (uint32_t)rng_next(&w->rng);
+        fill(slots[k].p, slots[k].size, slots[k].cookie);
+        slots[k].p[HEAD_WORDS] = 0;
+    }
+    uint64_t bad = 0;
+    for (long i = 0; i < w->share; i++) {
+        for (int k = 0; k < HEADS_SLOTS; k++) {
+            const struct block *b = &slots[k];
+            bad |= b->p[0] ^ pattern(b->cookie, 0);
+            b->p[HEAD_WORDS]++; /* a count beside the pattern, which the checks leave alone */
+        }
+        if (i % HEADS_REPLACE == HEADS_REPLACE - 1) {
+            struct block *b = &slots[rng_below(&w->rng, HEADS_SLOTS)];
+            w->errors += release(b);
+            b->p = alloc_block(rng_between(&w->rng, (1u << 20) + 1, 2u << 20));
+            b->size = (uint32_t)rng_between(&w->rng, 1024, 16384);
+            b->cookie = (uint32_t)rng_next(&w->rng);
+            fill(b->p, b->size, b->cookie);
+            b->p[HEAD_WORDS] = 0;
+        }
+    }
+    w->errors += bad != 0;
+    w->errors += release_slots(slots, HEADS_SLOTS);
+}
+
+static double scenario_large_heads(double scale, long *errors)
+{
+    (void)errors;
+    share_out(HEADS_ROUNDS, scale);
+    return run_team(large_heads_thread);
+}
+
 struct scenario {
     const char *name;
     double (*run)(double scale, long *errors); /* the ms of its work; adds errors of its own to *errors */
@@ -1636,6 +1686,7 @@ static const struct scenario scenarios[] = {
     {"large-ends", scenario_large_ends, 1},
     {"turnover", scenario_turnover, 1},
     {"requests", scenario_requests, 1},
+    {"large-heads", scenario_large_heads, 1},
     {"ring", scenario_ring, 2},
     {"mixed", scenario_mixed, 1},
     {"strings", scenario_strings, 1},

@@ -47,7 +47,7 @@ SHAPES = {
     "cache-thrash": (1, 2, 8), "cache-scratch": (1, 2, 8), "alloc-test": (1, 2, 8),
     "glibc-simple": (1,), "glibc-thread": (2, 8), "glibc-thread-fixed": (2, 8), "rptest": (2, 8),
     "malloc-large": (1,), "large-ends": (1,), "turnover": (1, 2, 8), "requests": (1, 2, 8),
-    "ring": (2, 8), "mixed": (1,), "strings": (1,),
+    "large-heads": (1, 8), "ring": (2, 8), "mixed": (1,), "strings": (1,),
 }
 MACHINE_CORES = 2  # the verdicts are counted apart above this many threads
 TIMEOUT_S = 600  # per process; a hung binary is an error too
