@@ -99,6 +99,7 @@ typedef struct heap {
      * frees of its own lately, SHARD_LOOSE_SKIP for each, SHARD_LOOSE_SKIP_MAX at most (small.h). Reset
      * when a thread takes the heap. */
     uint32_t loose_skip;
+    uint32_t large_colour;   /* the turn of its thread's next large block's colour (large.c) */
     /* The large block its thread freed last, kept for its next large allocation (large.c: the spare):
      * the header's address | its committed bytes / PORT_PAGE, 0 when none. An atomic word: other threads
      * take it too (a trim, memory pressure, the heap's retirement, a look that finds it waited). */

@@ -4,11 +4,13 @@
  *
  * A block is one reservation, aligned to 4 MB so that the segment map can mark it (SEG_LARGE, one
  * entry: the rest of the reservation stays SEG_NONE, so an address in it is not a block); a 32-byte
- * header at the start, the block after it. The reservation comes from os_reserve_block: where the port
- * keeps pools (Linux), carved from one without a system call (port.h: reserve_pooled):
+ * header at the start, the block after it, at one of 64 cache lines from there (its colour, below). The
+ * reservation comes from os_reserve_block: where the port keeps pools (Linux), carved from one without
+ * a system call (port.h: reserve_pooled):
  *
  *   start + 0     mark | size | committed | layout (span, offset)     header, 32 bytes
- *   start + 32    the block: `size` usable bytes (start + align for an aligned block, below)
+ *   start + 32 + 64 k   the block: `size` usable bytes, k its colour, 0 .. 63 (start + align for an
+ *                 aligned block, below)
  *   ...           committed up to start + committed, then address space only up to start + span
  *
  * What a block needs is committed, and where the platform gives large pages up to the next 2 MB from the
@@ -40,12 +42,12 @@
  * them (port_caps.move_release); Windows has no such call and copies. Shrinking to less than half of what is
  * committed gives the tail back at once; shrinking by less leaves it.
  *
- * An aligned block (shard_malloc_aligned, align 64 B .. 2 MB) starts at start + align instead of
- * start + 32: the layout keeps log2 of the block's offset, and everything from the header up to the
- * block's end is committed as for any block (up to 2 MB - 32 bytes of it unused). A block aligned to
- * 4 MB or more (a "far" block) cannot have its header in its own 4 MB: it starts a 4 MB granule itself.
- * Its reservation is align bytes more than the block, at a multiple of align; the block starts align
- * bytes into it, and its header fills the page just below the block:
+ * An aligned block (shard_malloc_aligned, align 64 B .. 2 MB) starts at start + align, with no colour:
+ * the layout keeps log2 of the block's offset, and everything from the header up to the block's end is
+ * committed as for any block (up to 2 MB - 32 bytes of it unused). A block aligned to 4 MB or more (a
+ * "far" block) cannot have its header in its own 4 MB: it starts a 4 MB granule itself. Its reservation
+ * is align bytes more than the block, at a multiple of align; the block starts align bytes into it, and
+ * its header fills the page just below the block:
  *
  *   start                     address space only (align - 4 KB), never committed
  *   start + align - 4 KB      the header page (the header in its first 32 bytes)
@@ -173,7 +175,8 @@ typedef struct large_header {
     size_t size;       /* usable bytes after the header: the last request, rounded up to the page */
     size_t committed;  /* bytes committed from the header on, a multiple of PORT_PAGE */
     size_t layout;     /* span (bytes from the header to the reservation's end, a multiple of PORT_PAGE)
-                        * | log2(block offset) | LAYOUT_FAR | log2(align) << LAYOUT_ALIGN_SHIFT (far)
+                        * | log2(the block offset's lowest set bit: offset_of) | LAYOUT_FAR
+                        * | log2(align) << LAYOUT_ALIGN_SHIFT (far)
                         * | LAYOUT_PIECE | LAYOUT_GROWN | LAYOUT_SPLIT (near) */
 } large_header;
 _Static_assert(sizeof(large_header) == LARGE_HEADER, "the block follows a 32-byte header");
@@ -198,11 +201,15 @@ _Static_assert(LAYOUT_ALIGN_SHIFT + 6 <= 12 && LAYOUT_SPLIT < 4096, "the layout'
 
 static size_t span_of(const large_header *h) { return h->layout & ~(PORT_PAGE - 1); }
 static int is_far(const large_header *h) { return (h->layout & LAYOUT_FAR) != 0; }
-/* Where the block starts, from the header: 32, the alignment of an aligned block, a page for a far one.
- * An atomic load, as owner_of's: the walks read it (below). */
+/* Where the block starts, from the header: 32 plus its colour (below), 64 plus its colour for a created
+ * heap's block, the alignment of an aligned block, a page for a far one. The layout keeps log2 of the
+ * offset's lowest set bit; an offset below a page is the rest of the page after the block's size, since
+ * the block ends on a page boundary (size = need - offset, need whole pages, everywhere a size is
+ * stored). Atomic loads, as owner_of's: the walks read them (below). */
 static size_t offset_of(const large_header *h)
 {
-    return (size_t)1 << (load_relaxed(&h->layout) & LAYOUT_OFFSET_MASK);
+    size_t low = (size_t)1 << (load_relaxed(&h->layout) & LAYOUT_OFFSET_MASK);
+    return low >= PORT_PAGE ? low : (size_t)-load_relaxed(&h->size) & (PORT_PAGE - 1);
 }
 static uint8_t *block_of(large_header *h) { return (uint8_t *)h + offset_of(h); }
 /* The reservation starts `lead` bytes below the header (0 but for a far block). */
@@ -244,6 +251,32 @@ static heap *owner_at(large_header *h, size_t offset)
 static heap *owner_of(large_header *h) { return owner_at(h, offset_of(h)); }
 
 static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
+
+/* Colours (SHARDMM_LARGE_COLOURS). Every block starts at the same place in its 4 MB granule, so without
+ * them the first lines of all large blocks share one set of each cache: a program that touches the
+ * starts of many blocks in turn (their headers, their first elements) misses there every time once the
+ * set's ways are full, and a store to a line at the same offset of a 4 KB page (another block's start,
+ * or a structure placed so) makes a load of a block's start wait for it on x86 (4K aliasing). So a
+ * block without an alignment of its own starts LARGE_COLOUR_STEP * k bytes later than its base (32, or
+ * 64 for a created heap's), k one of LARGE_COLOURS, taken by the calling thread's heap in turn along a
+ * golden-ratio sequence, which spreads any run of consecutive blocks over the colours; jemalloc offsets
+ * its large blocks by a random cache line within their first page for the same reason. It costs address
+ * space and commitment only, up to a page a block, and no block more than its need rounded up to pages
+ * (bench/results/2026-12-07-large-colours.md). A block keeps its colour while it lives, moves included;
+ * taken again from the cache or a spare it gets a new one. */
+#define LARGE_COLOUR_BITS 6
+#define LARGE_COLOURS ((size_t)1 << LARGE_COLOUR_BITS)
+#define LARGE_COLOUR_STEP ((size_t)64)
+_Static_assert(LARGE_HEAP_OFFSET + LARGE_COLOUR_STEP * (LARGE_COLOURS - 1) <= PORT_PAGE,
+               "a coloured block starts in its header's page, or a created heap's at the next");
+
+static size_t coloured(heap *me, size_t base)
+{
+    if (me == NULL || !options_values.large_colours)
+        return base;
+    uint32_t turn = me->large_colour++;
+    return base + LARGE_COLOUR_STEP * (size_t)((uint32_t)(turn * 0x9e3779b9u) >> (32 - LARGE_COLOUR_BITS));
+}
 /* The bytes from the header to the block's end, whole pages. */
 static size_t need_of(size_t size, size_t offset) { return round_up(size + offset, PORT_PAGE); }
 
@@ -1223,14 +1256,16 @@ static void *spare_alloc(size_t size, int zero)
     if (me == NULL || size > LARGE_SIZE_MAX)
         return NULL;
     uintptr_t w = load_relaxed(&me->large_spare);
-    size_t need = need_of(size, LARGE_HEADER), c = spare_committed(w);
-    if (w == 0 || c < need || commits_too_much(c, need) || may_split(c))
+    if (w == 0)
+        return NULL;
+    size_t offset = coloured(me, LARGE_HEADER), need = need_of(size, offset), c = spare_committed(w);
+    if (c < need || commits_too_much(c, need) || may_split(c))
         return NULL;
     note_asked(need);
     if (spare_own(me) == 0)
         return NULL; /* another thread took it meanwhile */
     large_header *h = spare_block(w);
-    reuse_as(h, need, LARGE_HEADER, c, zero);
+    reuse_as(h, need, offset, c, zero);
     return go_live(h, NULL, me, c);
 }
 
@@ -1246,7 +1281,9 @@ void *large_alloc_in(heap *owner, size_t size, size_t align, int zero)
         return NULL;
     if (align > LARGE_ALIGN_NEAR)
         return far_alloc(size, align, owner);
-    return near_alloc(size, align > LARGE_HEADER ? align : LARGE_HEADER, zero, HEADROOM_FRESH, owner);
+    size_t base = owner != NULL ? LARGE_HEAP_OFFSET : LARGE_HEADER;
+    size_t offset = align > LARGE_HEADER ? align : coloured(heap_mine(), base);
+    return near_alloc(size, offset, zero, HEADROOM_FRESH, owner);
 }
 
 static large_header *live_header(const void *p)

@@ -28,6 +28,8 @@ typedef struct options {
     uint32_t large_cache_fixed;    /* SHARDMM_LARGE_CACHE_MB is set: large_cache_bytes and no more */
     uint32_t large_spares;         /* SHARDMM_LARGE_SPARES: a thread keeps the large block it freed last
                                       for its next large allocation (large.c's spare); 1 by default */
+    uint32_t large_colours;        /* SHARDMM_LARGE_COLOURS: large blocks start at one of 64 cache lines of
+                                      their first page (large.c's colours); 1 by default */
     uint32_t huge_pages;           /* SHARDMM_HUGE_PAGES: which segments and arenas go on large pages where
                                       the platform has them, SHARD_HUGE_PAGES_* (config.h; segment.h's
                                       segment_large_from) */

@@ -267,11 +267,20 @@ static void refill(live_block *b)
     fill_block(b);
 }
 
-static size_t large_need(size_t n) { return (n + LARGE_HEADER + LARGE_PAGE - 1) & ~(LARGE_PAGE - 1); }
+/* Where a large block starts in its 4 MB granule: the 32-byte header and the block's colour (64-byte steps,
+ * under 4 KB), or a page for a block that starts a granule itself (aligned to 4 MB and more). */
+static size_t large_offset(const void *p)
+{
+    size_t off = (uintptr_t)p & (4 * MB - 1);
+    return off != 0 ? off : LARGE_PAGE;
+}
+
+static size_t large_need(size_t n, size_t offset) { return (n + offset + LARGE_PAGE - 1) & ~(LARGE_PAGE - 1); }
 
 /* What a block the allocator hands out for a request of n bytes must be: 16-byte aligned, at least n usable
- * bytes, a small one no more than 16 KB, a large one exactly need(t) - 32 usable bytes (need: t and the 32-byte
- * header rounded up to 4 KB), where t is n, or for a realloc that moved into the large range n + n/16. */
+ * bytes, a small one no more than 16 KB, a large one exactly need(t) - offset usable bytes (need: t and the
+ * block's offset into its granule, which holds the header, rounded up to 4 KB), where t is n, or for a realloc
+ * that moved into the large range n + n/16. */
 static void expect_block(const void *p, size_t n, size_t usable, enum kind k, size_t t, const char *what)
 {
     if (p == NULL)
@@ -280,9 +289,9 @@ static void expect_block(const void *p, size_t n, size_t usable, enum kind k, si
         fail("%s(%zu) = %p, not 16-byte aligned", what, n, p);
     if (usable < n || (k == KIND_SMALL && usable > SMALL_MAX))
         fail("%s(%zu) = %p: a %s block of usable size %zu", what, n, p, kind_names[k], usable);
-    if (k == KIND_LARGE && usable != large_need(t) - LARGE_HEADER)
+    if (k == KIND_LARGE && usable != large_need(t, large_offset(p)) - large_offset(p))
         fail("%s(%zu) = %p: a large block of usable size %zu, expected %zu", what, n, p, usable,
-             large_need(t) - LARGE_HEADER);
+             large_need(t, large_offset(p)) - large_offset(p));
 }
 
 static void expect_fresh(const void *p, size_t n, size_t usable, const char *what)

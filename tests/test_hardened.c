@@ -320,13 +320,16 @@ TEST(a_damaged_medium_header_is_reported_and_the_block_kept)
 TEST(a_damaged_large_header_is_reported)
 {
     char *p = shard_malloc(3 << 20);
+    /* The header starts the block's 4 MB granule (the block itself starts at one of 64 cache lines after
+     * it: its colour). */
+    char *header = (char *)((uintptr_t)p & ~(uintptr_t)((4u << 20) - 1));
     uint64_t saved;
-    memcpy(&saved, p - 32, 8);
+    memcpy(&saved, header, 8);
     watch();
-    memset(p - 32, 0x7f, 8);
+    memset(header, 0x7f, 8);
     shard_free(p);
     CHECK_ONE_REPORT(SHARD_ERROR_INVALID_FREE, p);
-    memcpy(p - 32, &saved, 8);
+    memcpy(header, &saved, 8);
     unwatch();
     shard_free(p);
 }

@@ -51,6 +51,12 @@
  *   goes to the cache. tests/run runs the tests above with SHARDMM_LARGE_SPARES=0 and
  *   those of the spares (the end of this file) without it; the two that count the cache's blocks one by
  *   one skip when spares are on, so that the file run alone passes either way.
+ * - With SHARDMM_LARGE_COLOURS=0, as above: every block of a thread starts 32 bytes into its granule. By
+ *   default a block with no alignment asked beyond 32 bytes starts at 32 + 64 k, k one of 64 (a created
+ *   heap's at 64 + 64 k), needs round_up(n + 32 + 64 k, 4 KB) and has that less 32 + 64 k usable, and keeps
+ *   k through realloc in place and moves. tests/run runs every test above with SHARDMM_LARGE_COLOURS=0
+ *   and the colours' own tests (the end of this file) without it; the tests of exact addresses and
+ *   sizes skip when colours are on.
  * - calloc of a large size is zero over the whole usable size, also on a dirty cached block.
  * - A double free, an interior pointer, realloc and usable_size of them reach the error hook and change
  *   nothing; a double-freed block comes back from the cache once. Impossible sizes give NULL and leave
@@ -413,6 +419,23 @@ __attribute__((unused)) static int spares_on(void)
             SKIP_TEST();                                                                                 \
     } while (0)
 
+/* Whether large blocks take colours (SHARDMM_LARGE_COLOURS, on by default): a block then starts 32 + 64 k
+ * bytes into its granule, k one of 64, and needs round_up(n + 32 + 64 k, 4 KB). The rules above are those
+ * of colour 0, which every block takes with SHARDMM_LARGE_COLOURS=0: tests/run runs this file so, and
+ * the tests of the colours (the end of this file) without it. */
+__attribute__((unused)) static int colours_on(void)
+{
+    const char *v = getenv("SHARDMM_LARGE_COLOURS");
+    return SHARD_RULES && !(v != NULL && strcmp(v, "0") == 0);
+}
+
+/* Ends a test of the rules above, which place every block at colour 0. */
+#define NEEDS_NO_COLOURS()                                                                               \
+    do {                                                                                                 \
+        if (colours_on())                                                                                \
+            SKIP_TEST();                                                                                 \
+    } while (0)
+
 #if SHARD_RULES
 
 static size_t live_of(const shard_stats *s, enum kind k)
@@ -649,6 +672,7 @@ static unsigned char *alloc_checked(size_t n, int how)
  * usable size need - 32, committing need; none overlaps another; contents intact. */
 TEST(sizes_above_1mb_are_large_blocks_at_32_bytes_into_4mb_with_usable_size_need_minus_32)
 {
+    NEEDS_NO_COLOURS();
     static const size_t sizes[] = { MB,          MB + 1,       MB + 4064,    MB + 4065,   2 * MB,
                                     3 * MB + 17, 4 * MB - 32,  4 * MB,       4 * MB + 1,  16 * MB - 32,
                                     16 * MB,     40 * MB + 5,  64 * MB };
@@ -703,6 +727,7 @@ TEST(sizes_above_1mb_are_large_blocks_at_32_bytes_into_4mb_with_usable_size_need
  * taken for a smaller size keeps its committed memory, and growing into that commits nothing. */
 TEST(a_freed_large_block_stays_committed_in_the_cache_and_the_next_malloc_that_fits_takes_it)
 {
+    NEEDS_NO_COLOURS();
     const size_t n = 3 * MB, smaller = 2 * MB;
     drained d;
     cache_drain(&d);
@@ -790,6 +815,7 @@ TEST(a_freed_large_block_stays_committed_in_the_cache_and_the_next_malloc_that_f
  * 200 MB below half it is cached. */
 TEST(a_block_holding_more_than_128mb_committed_is_released_at_once_and_128mb_is_cached)
 {
+    NEEDS_NO_COLOURS();
     NEEDS_FIXED_LIMIT();
     const size_t at_limit = with_need(CACHE_MAX_BYTES), big = 200 * MB;
     drained d;
@@ -1022,6 +1048,7 @@ static void check_large_pair(size_t from, size_t to, uint64_t seed)
  * the reservation rules put it. */
 TEST(realloc_pairs_into_and_out_of_the_large_range_stay_within_the_reservation_and_keep_contents)
 {
+    NEEDS_NO_COLOURS();
     for (size_t k = 0; k < REALLOC_LARGE_PAIR_COUNT; k++)
         check_large_pair(realloc_large_pairs[k][0], realloc_large_pairs[k][1], 0x3000 + k);
 #if SHARD_RULES
@@ -1323,6 +1350,7 @@ TEST(a_fresh_block_that_fills_less_than_a_quarter_of_its_last_2mb_leaves_it_on_s
 
 TEST(realloc_grows_a_large_block_in_place_up_to_its_reservation_and_moves_with_1_16_beyond)
 {
+    NEEDS_NO_COLOURS();
     static const struct {
         size_t first;
         size_t steps[5];
@@ -1354,6 +1382,7 @@ TEST(realloc_grows_a_large_block_in_place_up_to_its_reservation_and_moves_with_1
  * touched beyond the first MB. */
 TEST(the_reservation_of_a_large_block_is_need_plus_need_but_at_most_1gb_more)
 {
+    NEEDS_NO_COLOURS();
     const size_t n = GB + GB / 2, r = reservation(n);
     drained d;
     cache_drain(&d);
@@ -1418,6 +1447,7 @@ TEST(a_fresh_block_of_1_1mb_reserves_its_size_and_its_headroom_not_16mb)
  * A 2 MB block after a 64 MB one takes room for 4 times its need, not 64 MB. */
 TEST(a_fresh_block_made_after_a_larger_request_takes_headroom_for_it_up_to_4_times_its_need)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES
     SKIP_TEST();
 #else
@@ -1478,6 +1508,7 @@ TEST(a_fresh_block_made_after_a_larger_request_takes_headroom_for_it_up_to_4_tim
  * a block that kept its tail grows back into it without committing. To 1 MB or less the block moves. */
 TEST(shrinking_below_half_of_the_committed_size_decommits_the_tail_and_less_keeps_it)
 {
+    NEEDS_NO_COLOURS();
     static const struct {
         size_t first;
         size_t steps[8];
@@ -1540,6 +1571,7 @@ static void *check_and_free_held(void *arg)
 
 TEST(live_large_bytes_and_committed_follow_allocation_resize_move_and_free)
 {
+    NEEDS_NO_COLOURS();
     enum { TRACKED = 2 };
     static const size_t first[TRACKED] = { LARGE_MIN, 8 * MB };
     static const size_t steps[TRACKED][3] = { { 2 * MB, MB, 0 }, { 6 * MB, 2 * MB, 20 * MB } };
@@ -1670,6 +1702,7 @@ TEST(live_large_bytes_and_committed_follow_allocation_resize_move_and_free)
  * (committed up to need in place) - with the count and the size given either way round. */
 TEST(calloc_of_a_large_size_is_zero_over_its_usable_size_on_a_dirty_cached_block)
 {
+    NEEDS_NO_COLOURS();
     static const struct {
         size_t dirty;        /* the block freed full of 0xA5 */
         size_t count, size;  /* the calloc that takes it */
@@ -1751,6 +1784,7 @@ TEST(calloc_of_a_large_size_is_zero_over_its_usable_size_on_a_dirty_cached_block
  * none and is fresh; 1 MB + 1 takes the last. */
 TEST(malloc_takes_the_smallest_cached_block_committed_enough_else_the_most_committed_that_fits)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES
     SKIP_TEST();
 #else
@@ -1841,6 +1875,7 @@ TEST(malloc_takes_the_smallest_cached_block_committed_enough_else_the_most_commi
  * turnover took 1.3-1.6 times as long on 1-8 threads (bench/results/2026-12-05-cache-recent.md). */
 TEST(of_cached_blocks_that_fit_equally_malloc_takes_the_one_freed_last)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES
     SKIP_TEST();
 #else
@@ -1907,6 +1942,7 @@ static void *take_one(void *arg)
 
 TEST(of_cached_blocks_that_fit_equally_a_thread_takes_one_it_freed_itself)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES
     SKIP_TEST();
 #else
@@ -2036,6 +2072,7 @@ static void check_not_live(void *p, const char *what);
 
 TEST(a_cached_block_taken_for_much_less_is_split_and_the_parts_join_when_freed)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES
     SKIP_TEST();
 #else
@@ -2176,6 +2213,7 @@ TEST(a_cached_block_taken_for_much_less_is_split_and_the_parts_join_when_freed)
  * (bench/results/2026-12-06-large-sparse.md). */
 TEST(a_split_block_keeps_the_pages_of_its_granules)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES || defined _WIN32
     SKIP_TEST();
 #else
@@ -2228,6 +2266,7 @@ __attribute__((unused)) static int one_of(const void *p, unsigned char *const *b
  * limit, where the blocks' own high makes room for them. */
 TEST(the_cache_keeps_at_most_128_blocks_releasing_the_oldest_first)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES
     SKIP_TEST();
 #else
@@ -2298,6 +2337,7 @@ TEST(the_cache_keeps_at_most_128_blocks_releasing_the_oldest_first)
  * back, the cached ones are exactly the 64 MB block and the four 16 MB blocks freed last. */
 TEST(the_cache_keeps_at_most_128mb_releasing_the_oldest_first)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES
     SKIP_TEST();
 #else
@@ -2407,6 +2447,7 @@ static void high_free(unsigned char **blocks, size_t n, size_t c, uint64_t seed)
 
 TEST(past_128mb_live_and_cached_blocks_hold_up_to_an_eighth_above_the_live_high)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES
     SKIP_TEST();
 #else
@@ -2652,6 +2693,7 @@ TEST(a_free_past_128mb_looks_at_the_address_space_limit_at_most_once_in_100ms)
  * shard_get_stats at any time, release nothing. */
 TEST(cached_blocks_expire_a_second_after_their_free_on_a_large_call_a_freed_small_page_or_a_thread_exit)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES
     SKIP_TEST(); /* only the rules to check; and 3 s of sleeping */
 #else
@@ -2834,6 +2876,7 @@ static void *check_offsets(void *arg)
  * cached block comes back from the cache once: the next malloc of its size is a fresh block. */
 TEST(a_double_free_of_a_large_block_reaches_the_error_hook_and_the_block_comes_back_once)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES
     SKIP_TEST();
 #else
@@ -2968,6 +3011,7 @@ TEST(racing_frees_of_a_large_block_reach_the_hook_once_each_in_the_hardened_buil
  * block once cached. The blocks keep their contents and usable sizes, and the cached one comes back. */
 TEST(interior_pointers_of_live_and_cached_large_blocks_reach_the_error_hook_and_change_nothing)
 {
+    NEEDS_NO_COLOURS();
 #if !SHARD_RULES
     SKIP_TEST();
 #else
@@ -3182,6 +3226,7 @@ static void *resize_handed(void *arg)
  * main thread's next malloc of its size takes it. */
 TEST(large_blocks_resized_and_freed_by_another_thread_keep_contents_and_share_one_cache)
 {
+    NEEDS_NO_COLOURS();
     struct handover h = {
         { 0 },
         { 2 * MB + 1, 6 * MB, 17 * MB, 40 * MB, 3 * MB },
@@ -3491,6 +3536,7 @@ __attribute__((unused)) static int spare_start(struct spare_run *r, thread_t *t)
 
 TEST(spare_a_thread_takes_back_the_block_it_freed_last_and_others_get_it_once_the_thread_exits)
 {
+    NEEDS_NO_COLOURS();
     if (!spares_on())
         SKIP_TEST();
 #if SHARD_RULES
@@ -3536,6 +3582,7 @@ TEST(spare_a_thread_takes_back_the_block_it_freed_last_and_others_get_it_once_th
  * lock twice a call, and blocks of just under 2 MB went round for good (src/large.c, spare_take). */
 TEST(spare_serves_a_smaller_request_than_it_commits_while_the_cache_holds_a_closer_fit)
 {
+    NEEDS_NO_COLOURS();
     if (!spares_on())
         SKIP_TEST();
 #if SHARD_RULES
@@ -3575,6 +3622,7 @@ TEST(spare_serves_a_smaller_request_than_it_commits_while_the_cache_holds_a_clos
  * usable size, though the block was freed dirty. */
 TEST(spare_calloc_takes_the_dirty_spare_and_zeroes_it)
 {
+    NEEDS_NO_COLOURS();
     if (!spares_on())
         SKIP_TEST();
     const size_t dirty = 3 * MB / 2, asked = 5 * MB / 4;
@@ -3665,7 +3713,7 @@ TEST(spare_its_thread_takes_while_another_thread_collects_goes_to_one_of_them)
         uint64_t *p = spare_race_block(i, &bad);
         if (p == NULL)
             break;
-        taken_back += p == last;
+        taken_back += last != NULL && ((uintptr_t)p ^ (uintptr_t)last) < LARGE_GRANULE; /* its header's: the same block */
         last = p;
         shard_free(p);
     }
@@ -3766,5 +3814,193 @@ TEST(spare_goes_back_to_the_os_after_waiting_the_delay_and_at_shard_collect)
     __atomic_store_n(&r.step, 4, __ATOMIC_RELEASE);
     thread_join(t);
     check_allocator("after the spares went back");
+#endif
+}
+
+/* ---- colours (SHARDMM_LARGE_COLOURS: tests/run runs these without it, the rules above with it 0) ---- */
+
+#if SHARD_RULES
+/* Where block p starts in its 4 MB granule, whose start holds its header. */
+static size_t granule_offset(const void *p) { return (uintptr_t)p & (LARGE_GRANULE - 1); }
+
+/* The usable size a block of n bytes starting `offset` bytes into its granule has: its need, the request
+ * and the bytes before it rounded up to whole pages, less those bytes. */
+static size_t coloured_usable(size_t n, size_t offset) { return round_up(n + offset, 4096) - offset; }
+
+/* p, a block of n bytes with no alignment of its own, starts at a colour: 32 (64 for a created heap's,
+ * which has a field there) plus a multiple of 64 bytes, within its header's page; its usable size is its
+ * need less that. Its colour, or -1. */
+static int check_colour(const void *p, size_t n, size_t base, const char *what)
+{
+    size_t off = granule_offset(p), u = shard_usable_size(p);
+    int ok = off >= base && (off - base) % 64 == 0 && off - base < 64 * 64 && u == coloured_usable(n, off);
+    CHECKF(ok, "%s: malloc(%zu) = %p, %zu bytes into its granule (base %zu), usable %zu, expected %zu", what, n, p, off,
+           base, u, coloured_usable(n, off));
+    return ok ? (int)((off - base) / 64) : -1;
+}
+#endif
+
+/* Consecutive blocks start at many of the 64 cache lines of their first page, not all at 32 bytes in, so
+ * that their first lines do not share one set of every cache; each block's usable size is what its pages
+ * hold after its colour, and it keeps the colour through realloc in place and through a move. */
+TEST(colours_spread_consecutive_blocks_over_the_cache_lines_of_their_first_page)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    if (!colours_on())
+        SKIP_TEST();
+    enum { N = 64 };
+    unsigned char *blocks[N];
+    size_t sizes[N];
+    int seen[64] = { 0 }, distinct = 0;
+    drained d;
+    cache_drain(&d);
+    for (size_t i = 0; i < N; i++) {
+        sizes[i] = MB + 1 + i * 40 * KB;
+        blocks[i] = shard_malloc(sizes[i]);
+        CHECK(blocks[i] != NULL);
+        if (blocks[i] == NULL)
+            continue;
+        int c = check_colour(blocks[i], sizes[i], 32, "a fresh block");
+        if (c >= 0 && !seen[c]++)
+            distinct++;
+        fill64(blocks[i], shard_usable_size(blocks[i]), 0xc000 + i);
+        for (size_t j = 0; j < i; j++)
+            CHECKF(blocks[j] == NULL || ((uintptr_t)blocks[j] ^ (uintptr_t)blocks[i]) >= LARGE_GRANULE,
+                   "blocks %zu and %zu share a granule: %p, %p", j, i, (void *)blocks[j], (void *)blocks[i]);
+    }
+    /* A golden-ratio turn gives 54-56 of the 64 colours to any 64 blocks in a row. */
+    CHECKF(distinct >= 48, "64 blocks in a row took %d colours", distinct);
+    for (size_t i = 0; i < N; i++) {
+        if (blocks[i] == NULL)
+            continue;
+        size_t off = granule_offset(blocks[i]), u = shard_usable_size(blocks[i]);
+        CHECK_BLOCK(blocks[i], u, 0xc000 + i, "block %zu", i);
+        /* In place: up and down within what its reservation holds (need + need). */
+        size_t up = sizes[i] + 300 * KB, down = sizes[i] + 100 * KB;
+        unsigned char *q = shard_realloc(blocks[i], up);
+        CHECKF(q == blocks[i], "realloc of block %zu to %zu moved it: %p -> %p", i, up, (void *)blocks[i], (void *)q);
+        if (q == NULL)
+            continue;
+        blocks[i] = q;
+        CHECK_BLOCK(q, u, 0xc000 + i, "block %zu grown in place", i);
+        CHECK_EQ(shard_usable_size(q), coloured_usable(up, off));
+        q = shard_realloc(q, down);
+        CHECKF(q == blocks[i], "realloc of block %zu to %zu moved it", i, down);
+        if (q == NULL)
+            continue;
+        blocks[i] = q;
+        CHECK_EQ(shard_usable_size(q), coloured_usable(down, off));
+        CHECK_BLOCK(q, u < down ? u : down, 0xc000 + i, "block %zu shrunk in place", i);
+    }
+    /* A move: beyond what the reservation holds, to a block of the same colour. */
+    for (size_t i = 0; i < N; i += 9) {
+        if (blocks[i] == NULL)
+            continue;
+        size_t off = granule_offset(blocks[i]), kept = shard_usable_size(blocks[i]), beyond = 6 * sizes[i];
+        fill64(blocks[i], kept, 0xc100 + i);
+        unsigned char *q = shard_realloc(blocks[i], beyond);
+        CHECK(q != NULL);
+        if (q == NULL)
+            continue;
+        blocks[i] = q;
+        CHECKF(granule_offset(q) == off, "block %zu moved from %zu to %zu bytes into its granule", i, off,
+               granule_offset(q));
+        CHECK_BLOCK(q, kept, 0xc100 + i, "block %zu after its move", i);
+        CHECK(shard_usable_size(q) >= beyond);
+        fill64(q, shard_usable_size(q), 0xc200 + i);
+        CHECK_BLOCK(q, shard_usable_size(q), 0xc200 + i, "block %zu moved, written whole", i);
+    }
+    for (size_t i = 0; i < N; i++)
+        shard_free(blocks[i]);
+    /* Taken again from the cache, a block takes a new colour and is whole and zero where calloc says. */
+    for (size_t i = 0; i < 8; i++) {
+        unsigned char *z = shard_calloc(1, sizes[i]);
+        CHECK(z != NULL);
+        if (z == NULL)
+            continue;
+        check_colour(z, sizes[i], 32, "a block taken again by calloc");
+        CHECK_ZERO(z, shard_usable_size(z), "calloc(%zu) of a cached block", sizes[i]);
+        shard_free(z);
+    }
+    cache_undrain(&d);
+    check_allocator("after coloured blocks");
+#endif
+}
+
+/* The other colours of a live or cached block's granule are not blocks: free, realloc and usable_size
+ * of them reach the error hook and change nothing, from this thread and another. */
+TEST(the_other_colours_of_a_blocks_granule_reach_the_error_hook)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    if (!colours_on())
+        SKIP_TEST();
+    const size_t n = 3 * MB;
+    unsigned char *p = shard_malloc(n);
+    CHECK(p != NULL);
+    if (p == NULL)
+        return;
+    size_t u = shard_usable_size(p), off = granule_offset(p);
+    check_colour(p, n, 32, "a block");
+    fill64(p, u, 0xc300);
+    long offsets[64];
+    size_t count = 0;
+    for (size_t c = 0; c < 64; c++)
+        if (32 + 64 * c != off)
+            offsets[count++] = (long)(32 + 64 * c) - (long)off;
+    struct not_live live = { p, offsets, count, "another colour of a live block" };
+    shard_error_fn previous = shard_set_error_hook(recording_hook, &hook_cookie);
+    check_offsets(&live);
+    run_thread(check_offsets, &live);
+    shard_set_error_hook(previous, NULL);
+    CHECK_BLOCK(p, u, 0xc300, "the block after frees of its granule's other colours");
+    CHECK_EQ(shard_usable_size(p), u);
+    shard_free(p);
+    struct not_live cached = { p, offsets, count, "another colour of a cached block" };
+    previous = shard_set_error_hook(recording_hook, &hook_cookie);
+    check_offsets(&cached);
+    shard_set_error_hook(previous, NULL);
+    check_allocator("after the other colours of a granule");
+#endif
+}
+
+/* A created heap's large blocks take colours too, after the field that names their heap: 64 bytes into
+ * their granule plus a multiple of 64, the last colour a page in. */
+TEST(a_created_heaps_large_blocks_take_colours_after_its_field)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    if (!colours_on())
+        SKIP_TEST();
+    enum { N = 16 };
+    shard_heap *h = shard_heap_create(NULL);
+    CHECK(h != NULL);
+    if (h == NULL)
+        return;
+    unsigned char *blocks[N];
+    int seen[64] = { 0 }, distinct = 0;
+    for (size_t i = 0; i < N; i++) {
+        size_t n = 2 * MB + i * 4096;
+        blocks[i] = shard_heap_malloc(h, n);
+        CHECK(blocks[i] != NULL);
+        if (blocks[i] == NULL)
+            continue;
+        int c = check_colour(blocks[i], n, 64, "a created heap's block");
+        if (c >= 0 && !seen[c]++)
+            distinct++;
+        fill64(blocks[i], shard_usable_size(blocks[i]), 0xc400 + i);
+    }
+    CHECKF(distinct >= 12, "16 blocks of a created heap took %d colours", distinct);
+    for (size_t i = 0; i < N; i++)
+        if (blocks[i] != NULL)
+            CHECK_BLOCK(blocks[i], shard_usable_size(blocks[i]), 0xc400 + i, "created heap's block %zu", i);
+    for (size_t i = 0; i < N; i += 2)
+        shard_free(blocks[i]);
+    shard_heap_destroy(h); /* the rest with it */
+    check_allocator("after a created heap's coloured blocks");
 #endif
 }
