@@ -42,12 +42,13 @@
  * them (port_caps.move_release); Windows has no such call and copies. Shrinking to less than half of what is
  * committed gives the tail back at once; shrinking by less leaves it.
  *
- * An aligned block (shard_malloc_aligned, align 64 B .. 2 MB) starts at start + align, with no colour:
- * the layout keeps log2 of the block's offset, and everything from the header up to the block's end is
- * committed as for any block (up to 2 MB - 32 bytes of it unused). A block aligned to 4 MB or more (a
- * "far" block) cannot have its header in its own 4 MB: it starts a 4 MB granule itself. Its reservation
- * is align bytes more than the block, at a multiple of align; the block starts align bytes into it, and
- * its header fills the page just below the block:
+ * An aligned block (shard_malloc_aligned, align 64 B .. 2 MB) starts at start + align, or, aligned to
+ * 64 B - 1 KB, at a multiple of align below a page, taken in turn as the colours are (coloured_aligned):
+ * the layout keeps log2 of the offset's lowest set bit, and everything from the header up to the block's
+ * end is committed as for any block (up to 2 MB - 32 bytes of it unused). A block aligned to 4 MB or
+ * more (a "far" block) cannot have its header in its own 4 MB: it starts a 4 MB granule itself. Its
+ * reservation is align bytes more than the block, at a multiple of align; the block starts align bytes
+ * into it, and its header fills the page just below the block:
  *
  *   start                     address space only (align - 4 KB), never committed
  *   start + align - 4 KB      the header page (the header in its first 32 bytes)
@@ -263,7 +264,8 @@ static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
  * its large blocks by a random cache line within their first page for the same reason. It costs address
  * space and commitment only, up to a page a block, and no block more than its need rounded up to pages
  * (bench/results/2026-12-07-large-colours.md). A block keeps its colour while it lives, moves included;
- * taken again from the cache or a spare it gets a new one. */
+ * taken again from the cache or a spare it gets a new one. A block aligned to 64 B - 1 KB takes a
+ * multiple of its alignment below a page in the same turn (coloured_aligned). */
 #define LARGE_COLOUR_BITS 6
 #define LARGE_COLOURS ((size_t)1 << LARGE_COLOUR_BITS)
 #define LARGE_COLOUR_STEP ((size_t)64)
@@ -276,6 +278,18 @@ static size_t coloured(heap *me, size_t base)
         return base;
     uint32_t turn = me->large_colour++;
     return base + LARGE_COLOUR_STEP * (size_t)((uint32_t)(turn * 0x9e3779b9u) >> (32 - LARGE_COLOUR_BITS));
+}
+
+/* The offset of a near block aligned to `align` (64 B .. 2 MB): below a page, a multiple of its alignment
+ * taken in turn as the colours are (one of 63 for 64 bytes, one of 3 for 1 KB); from 2 KB on the
+ * alignment itself. */
+static size_t coloured_aligned(heap *me, size_t align)
+{
+    size_t count = align < PORT_PAGE ? PORT_PAGE / align - 1 : 1; /* the multiples below a page */
+    if (me == NULL || !options_values.large_colours || count == 1)
+        return align;
+    uint32_t turn = me->large_colour++;
+    return align * (1 + (size_t)((uint64_t)(uint32_t)(turn * 0x9e3779b9u) * count >> 32));
 }
 /* The bytes from the header to the block's end, whole pages. */
 static size_t need_of(size_t size, size_t offset) { return round_up(size + offset, PORT_PAGE); }
@@ -1282,7 +1296,7 @@ void *large_alloc_in(heap *owner, size_t size, size_t align, int zero)
     if (align > LARGE_ALIGN_NEAR)
         return far_alloc(size, align, owner);
     size_t base = owner != NULL ? LARGE_HEAP_OFFSET : LARGE_HEADER;
-    size_t offset = align > LARGE_HEADER ? align : coloured(heap_mine(), base);
+    size_t offset = align > LARGE_HEADER ? coloured_aligned(heap_mine(), align) : coloured(heap_mine(), base);
     return near_alloc(size, offset, zero, HEADROOM_FRESH, owner);
 }
 

@@ -3929,6 +3929,65 @@ TEST(colours_spread_consecutive_blocks_over_the_cache_lines_of_their_first_page)
 #endif
 }
 
+/* Blocks aligned to 64 B - 1 KB start at a multiple of their alignment below a page, taken in turn: 32
+ * in a row take 24 of the 63 multiples of 64 at least (the golden-ratio turn gives all 32 different
+ * ones), and every one of the 15 of 256 and the 3 of 1 KB; each is aligned, has the usable size its pages
+ * give after its offset, and keeps its place through realloc in place. 2 KB and more: the alignment. */
+TEST(colours_spread_aligned_blocks_over_the_multiples_of_their_alignment)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    if (!colours_on())
+        SKIP_TEST();
+    static const struct {
+        size_t align;
+        int least;
+    } cases[] = { { 64, 24 }, { 256, 15 }, { 1024, 3 }, { 2048, 1 }, { 64 * KB, 1 } };
+    enum { N = 32 };
+    drained d;
+    cache_drain(&d);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t align = cases[c].align, offsets[N];
+        unsigned char *blocks[N];
+        int distinct = 0;
+        for (size_t i = 0; i < N; i++) {
+            size_t n = 2 * MB + i * 12345;
+            blocks[i] = shard_malloc_aligned(n, align);
+            CHECK(blocks[i] != NULL);
+            offsets[i] = 0;
+            if (blocks[i] == NULL)
+                continue;
+            size_t off = granule_offset(blocks[i]), u = shard_usable_size(blocks[i]);
+            CHECKF((uintptr_t)blocks[i] % align == 0 && off % align == 0 && off >= align &&
+                       (align >= 2048 ? off == align : off < 4096) && u == coloured_usable(n, off),
+                   "aligned(%zu, %zu) = %p, %zu bytes into its granule, usable %zu, expected %zu", n, align,
+                   (void *)blocks[i], off, u, coloured_usable(n, off));
+            offsets[i] = off;
+            int fresh = 1;
+            for (size_t j = 0; j < i; j++)
+                fresh &= offsets[j] != off;
+            distinct += fresh;
+            fill64(blocks[i], u, 0xc500 + i);
+        }
+        CHECKF(distinct >= cases[c].least, "32 blocks aligned to %zu took %d offsets", align, distinct);
+        for (size_t i = 0; i < N; i++) {
+            if (blocks[i] == NULL)
+                continue;
+            size_t u = shard_usable_size(blocks[i]), up = 2 * MB + 300 * KB + i * 12345;
+            unsigned char *q = shard_realloc(blocks[i], up);
+            CHECKF(q == blocks[i], "realloc of aligned block %zu to %zu moved it", i, up);
+            if (q != NULL)
+                blocks[i] = q;
+            CHECK_BLOCK(blocks[i], u, 0xc500 + i, "aligned(%zu) block %zu grown in place", align, i);
+            shard_free(blocks[i]);
+        }
+    }
+    cache_undrain(&d);
+    check_allocator("after coloured aligned blocks");
+#endif
+}
+
 /* The other colours of a live or cached block's granule are not blocks: free, realloc and usable_size
  * of them reach the error hook and change nothing, from this thread and another. */
 TEST(the_other_colours_of_a_blocks_granule_reach_the_error_hook)
