@@ -1214,23 +1214,30 @@ TEST(a_moved_block_keeps_each_aligned_2mb_within_one_mapping)
 }
 
 #if SHARD_RULES && defined(__linux__)
-/* The KB of huge pages (AnonHugePages of /proc/self/smaps) in the mapping that holds the whole aligned
- * 2 MB at `unit` and starts at most 2 MB below it (a moved block's 2 MB units map apart); 0 when no
- * mapping holds it whole. */
+/* The KB of huge pages (AnonHugePages of /proc/self/smaps) in the aligned 2 MB at `unit`, read/write
+ * memory of a block: made read-only while smaps is read, the unit is a mapping of its own there (a
+ * huge page stays whole under a change of protection that covers it), and read/write again after. The
+ * mapping around it may be as large as a pool, whose other huge pages smaps would count with it; an
+ * earlier helper took the mapping that started at most 2 MB below the unit, and failed whenever what
+ * earlier tests left in the pools placed it otherwise (the test alone). 0 when the unit is not one
+ * read/write mapping. */
 static unsigned long huge_kb_at(uintptr_t unit)
 {
+    if (mprotect((void *)unit, 2 * MB, PROT_READ) != 0)
+        return 0;
     FILE *f = fopen("/proc/self/smaps", "r");
     char line[512];
     unsigned long lo = 0, hi = 0, kb, huge = 0;
     int inside = 0;
     while (f != NULL && fgets(line, sizeof line, f)) {
         if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
-            inside = lo <= unit && unit + 2 * MB <= hi && lo >= unit - 2 * MB;
+            inside = lo == unit && hi == unit + 2 * MB;
         else if (inside && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1)
             huge += kb;
     }
     if (f != NULL)
         fclose(f);
+    CHECK(mprotect((void *)unit, 2 * MB, PROT_READ | PROT_WRITE) == 0);
     return huge;
 }
 #endif
