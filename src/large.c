@@ -272,25 +272,28 @@ static size_t round_up(size_t n, size_t to) { return (n + to - 1) & ~(to - 1); }
 _Static_assert(LARGE_HEAP_OFFSET + LARGE_COLOUR_STEP * (LARGE_COLOURS - 1) <= PORT_PAGE,
                "a coloured block starts in its header's page, or a created heap's at the next");
 
-static size_t coloured(heap *me, size_t base)
+/* The next of `count` places in the turn of heap me (0 .. count - 1), or 0 with colours off, without a
+ * heap or with one place: the golden-ratio sequence's fraction scaled to count. */
+static size_t colour_turn(heap *me, size_t count)
 {
-    if (me == NULL || !options_values.large_colours)
-        return base;
+    if (me == NULL || !options_values.large_colours || count <= 1)
+        return 0;
     uint32_t turn = me->large_colour++;
-    return base + LARGE_COLOUR_STEP * (size_t)((uint32_t)(turn * 0x9e3779b9u) >> (32 - LARGE_COLOUR_BITS));
+    return (size_t)((uint64_t)(uint32_t)(turn * 0x9e3779b9u) * count >> 32);
 }
+
+/* The offset of a block with no alignment of its own beyond 32 bytes, from its base (LARGE_HEADER, or
+ * LARGE_HEAP_OFFSET for a created heap's). */
+static size_t coloured(heap *me, size_t base) { return base + LARGE_COLOUR_STEP * colour_turn(me, LARGE_COLOURS); }
 
 /* The offset of a near block aligned to `align` (64 B .. 2 MB): below a page, a multiple of its alignment
  * taken in turn as the colours are (one of 63 for 64 bytes, one of 3 for 1 KB); from 2 KB on the
  * alignment itself. */
 static size_t coloured_aligned(heap *me, size_t align)
 {
-    size_t count = align < PORT_PAGE ? PORT_PAGE / align - 1 : 1; /* the multiples below a page */
-    if (me == NULL || !options_values.large_colours || count == 1)
-        return align;
-    uint32_t turn = me->large_colour++;
-    return align * (1 + (size_t)((uint64_t)(uint32_t)(turn * 0x9e3779b9u) * count >> 32));
+    return align * (1 + colour_turn(me, align < PORT_PAGE ? PORT_PAGE / align - 1 : 1));
 }
+
 /* The bytes from the header to the block's end, whole pages. */
 static size_t need_of(size_t size, size_t offset) { return round_up(size + offset, PORT_PAGE); }
 
@@ -1295,8 +1298,9 @@ void *large_alloc_in(heap *owner, size_t size, size_t align, int zero)
         return NULL;
     if (align > LARGE_ALIGN_NEAR)
         return far_alloc(size, align, owner);
-    size_t base = owner != NULL ? LARGE_HEAP_OFFSET : LARGE_HEADER;
-    size_t offset = align > LARGE_HEADER ? coloured_aligned(heap_mine(), align) : coloured(heap_mine(), base);
+    heap *me = heap_mine();
+    size_t offset = align > LARGE_HEADER ? coloured_aligned(me, align)
+                                         : coloured(me, owner != NULL ? LARGE_HEAP_OFFSET : LARGE_HEADER);
     return near_alloc(size, offset, zero, HEADROOM_FRESH, owner);
 }
 
