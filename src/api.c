@@ -214,7 +214,8 @@ void api_free_slow(void *p)
     unsigned kind = segmap_kind((uintptr_t)p);
     heap *h = heap_mine();
     if (h == NULL && (kind == SEG_SMALL || kind == SEG_MEDIUM)) {
-        heap *owner = load_relaxed(&segment_of(p)->owner); /* NULL: a spare segment */
+        /* NULL: a spare segment */
+        heap *owner = kind == SEG_SMALL ? page_user(page_of(p)) : load_relaxed(&segment_of(p)->owner);
         if (owner != NULL) {
             h = heap_claim(owner); /* the heap of an ended thread whose blocks this thread frees: its own */
             /* A running heap's small block: a heap to gather this thread's frees in (small.c). */
@@ -224,6 +225,11 @@ void api_free_slow(void *p)
     }
     if (kind == SEG_SMALL) {
         page *pg = page_of(p);
+        /* A page another heap's segment lent to h (small.h), whose own-segment test failed */
+        if (h != NULL && unlikely(load_relaxed(&pg->lend) == LEND_GUEST) && load_relaxed(&pg->guest_of) == h) {
+            small_free_guest(h, pg, p);
+            return;
+        }
         /* h's segment, or one h gave to the orphans, which is h's again from this free on */
         if (h != NULL && (load_relaxed(&segment_of(p)->owner) == h || small_take_back(h, segment_of(p)) == 0)) {
             small_free_local_slow(h, pg, p); /* tests the item; takes the ordinary case too */

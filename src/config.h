@@ -73,6 +73,12 @@
 #define SHARD_KEEP_FREE_PAGES 16
 #endif
 
+/* Lent pages (src/small.h): a thread heap that retires a page of its own while it holds this many free
+ * pages lends the page to the pool that every thread heap takes pages from; 0 lends none. */
+#ifndef SHARD_LEND_AFTER
+#define SHARD_LEND_AFTER SHARD_KEEP_FREE_PAGES
+#endif
+
 /* How long a free page beyond those stays committed, ms. Without the delay a "free everything, allocate
  * again" cycle pays a decommit, a commit and 16 page faults per page (the seed measured it slower: the
  * numbers in bench/results/2026-11-30-quoted-in-code.md). */

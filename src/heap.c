@@ -371,6 +371,9 @@ void heap_reserve_expire(uint64_t due)
     uint64_t orphan_due = small_orphan_expire(os_clock_ms());
     if (orphan_due != 0)
         arm_due(orphan_due);
+    uint64_t pool_due = small_pool_expire(os_clock_ms());
+    if (pool_due != 0)
+        arm_due(pool_due);
     uint64_t created_due = created_reserve_expire(os_clock_ms());
     if (created_due != 0)
         arm_due(created_due);
@@ -413,6 +416,7 @@ static void retire(heap *h)
     /* First its empty segments and arenas become spare ones, committed, for whichever heap needs one
      * next (segment.h); what stays is in segments that still hold live blocks. */
     trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* the queues taken in, the class pages kept retired */
+    small_pool_reclaim(h); /* its pages lent to the pool: its own free pages, so that its segments may go */
     spare_empty(h);
     if (counted(__atomic_fetch_add(&reserves_held, 1u, __ATOMIC_RELAXED)) < SHARD_RESERVE_HEAPS) {
         h->reserve_held = 1;
@@ -521,8 +525,14 @@ static void empty_stack(void)
 void heap_collect(void)
 {
     heap *h = heap_mine();
-    if (h != NULL)
+    if (h != NULL) {
+        small_pool_reclaim(h);
         trim_to(h, SHARD_KEEP_FREE_PAGES, 1, 0);
+    }
+    empty_stack();
+    /* Every lent page home, and the waiting heaps trimmed again: their guests' pages, which the first
+     * trim sent home, and those of the pool, let their segments go (small.h, lent pages). */
+    small_pool_expire(UINT64_MAX);
     empty_stack();
     small_orphan_expire(UINT64_MAX);
     created_reserve_expire(UINT64_MAX);
@@ -535,8 +545,14 @@ int heap_relieve(void)
     os_get_totals(&before);
     large_cache_release_all();
     heap *h = heap_mine();
-    if (h != NULL)
+    if (h != NULL) {
+        small_pool_reclaim(h);
         trim_all(h, 0);
+    }
+    empty_stack();
+    /* Every lent page home, and the waiting heaps trimmed again: their guests' pages, which the first
+     * trim sent home, and those of the pool, let their segments go (small.h, lent pages). */
+    small_pool_expire(UINT64_MAX);
     empty_stack();
     small_orphan_expire(UINT64_MAX);
     created_reserve_expire(UINT64_MAX);
@@ -598,6 +614,7 @@ static void fork_prepare(void)
     created_lock_for_fork(1); /* first: it is held around calls that take the others (engine.c) */
     spin_lock_for_fork(&trim_lock);
     small_orphan_lock_for_fork(1); /* after trim_lock: a retire under it gives segments to the orphans */
+    small_pool_lock_for_fork(1);   /* after both: a heap that takes an orphan segment may lend its pages */
     meta_lock_for_fork(1);
     large_lock_for_fork(1);
     error_lock_for_fork(1);
@@ -612,6 +629,7 @@ static void fork_unlock(void)
     error_lock_for_fork(0);
     large_lock_for_fork(0);
     meta_lock_for_fork(0);
+    small_pool_lock_for_fork(0);
     small_orphan_lock_for_fork(0);
     spin_unlock_for_fork(&trim_lock);
     created_lock_for_fork(0);
@@ -835,13 +853,18 @@ int heap_check(heap *h)
         entered += h->own[slot] == (uintptr_t)s;
         problems += insist(h->own[slot] != 0 || slot == 0, "heap: a segment missing from its free own-segment entry:", s);
         unsigned full = 0;
+        unsigned lent = 0;
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
+            lent += pg->state == PAGE_LENT;
+            if (pg->state == PAGE_LENT)
+                continue; /* its guest's, or the pool's: checked there (small.h, lent pages) */
             problems += small_check_page(pg);
             all_cold += pg->state == PAGE_COLD;
             full += pg->state == PAGE_IN_USE && pg->full ? page_span(pg) : 0;
         }
         problems += insist(s->full_pages == full, "heap: a segment's count of full pages is wrong:", s);
+        problems += insist(s->lent == lent, "heap: a segment's count of lent pages is wrong:", s);
     }
     problems += insist(taken_early == h->early_held, "heap: segments taken as given early, against its mark:",
                        taken_early);
@@ -852,11 +875,18 @@ int heap_check(heap *h)
     problems += insist(h->own[0] == 1 && entries == entered && entered <= segments,
                        "heap: the own-segment table differs from the heap's segments; entries:", entries);
     int runs = OWNER_THREAD(load_relaxed(&h->owner)) != 0; /* else its frees must queue (small.h) */
+    uint32_t guests = 0;
     for (unsigned cls = 0; cls < SHARD_CLASS_COUNT; cls++)
         for (const page *pg = h->classes[cls].first; pg != NULL; pg = pg->next) {
-            problems += insist(pg->state == PAGE_IN_USE && pg->cls == cls && !pg->full && pg->used >= 0 && segment_of(pg)->owner == h &&
+            int guest = pg->state == PAGE_LENT; /* another segment's page lent to h (small.h) */
+            guests += (uint32_t)guest;
+            problems += insist((guest ? load_relaxed(&pg->lend) == LEND_GUEST && load_relaxed(&pg->guest_of) == h
+                                      : pg->state == PAGE_IN_USE && segment_of(pg)->owner == h) &&
+                                   pg->cls == cls && !pg->full && pg->used >= 0 &&
                                    pg->sole == (h->classes[cls].first == h->classes[cls].last),
                                "heap: a page in the wrong class list, or its only-page mark wrong:", pg);
+            if (guest)
+                problems += small_check_page(pg);
             problems += insist(runs || !(load_relaxed(&pg->thread_free) & THREAD_FREE_LAZY),
                                "heap: a lazy page in a heap no thread runs:", pg);
         }
@@ -883,6 +913,13 @@ int heap_check(heap *h)
         problems += insist(own, "heap: a recent full page of a segment that is not the heap's:", pg);
     }
     problems += insist(cold_pages == all_cold, "heap: the cold pages listed differ from the segments' cold pages:", cold_pages);
+    for (const page *pg = h->guest_full.first; pg != NULL; pg = pg->next, guests++) {
+        problems += insist(pg->state == PAGE_LENT && load_relaxed(&pg->lend) == LEND_GUEST &&
+                               load_relaxed(&pg->guest_of) == h && pg->full && (pg->next == NULL || pg->next->prev == pg),
+                           "heap: a page in the full guest pages that is not a full page lent to the heap:", pg);
+        problems += small_check_page(pg);
+    }
+    problems += insist(guests == h->guests, "heap: the count of pages lent to the heap differs from its lists:", guests);
     return problems;
 }
 

@@ -53,6 +53,8 @@ typedef struct heap {
     page_list free_pages;    /* committed, no class; the oldest first */
     page_list cold_pages;    /* not committed; a new segment's in the order of the heap's colour */
     uint32_t free_count;     /* pages in free_pages */
+    uint32_t guests;         /* pages lent to it by other heaps' segments (small.h: lent pages) */
+    page_list guest_full;    /* those of them out of their class lists as full */
     segment *segments;
     uint64_t pages_retired;  /* times a page of this heap became free */
     struct heap *next_all;   /* every heap ever made, for statistics */

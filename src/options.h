@@ -30,6 +30,9 @@ typedef struct options {
                                       for its next large allocation (large.c's spare); 1 by default */
     uint32_t large_colours;        /* SHARDMM_LARGE_COLOURS: large blocks start at one of 64 cache lines of
                                       their first page (large.c's colours); 1 by default */
+    uint32_t lend_pages;           /* SHARDMM_LEND_PAGES: a thread heap lends the free small pages it holds
+                                      beyond SHARD_LEND_AFTER to the other heaps (small.h, lent pages); 1 by
+                                      default */
     uint32_t huge_pages;           /* SHARDMM_HUGE_PAGES: which segments and arenas go on large pages where
                                       the platform has them, SHARD_HUGE_PAGES_* (config.h; segment.h's
                                       segment_large_from) */

@@ -68,7 +68,9 @@ typedef struct segment {
     uint8_t taken_early;            /* small: its owner took it from the orphans as given early, and gives it
                                      * early no more: 1 another heap's, 2 its own (small.c's adopt_orphan);
                                      * the owner's */
-    uint8_t pad_line0[2];
+    uint8_t lent;                   /* small: its pages lent (small.h), in the pool or to a guest heap; kept
+                                     * by its owner, which neither moves nor releases it while any are */
+    uint8_t pad_line0[1];
     /* line 1, which the owner's slow paths write: not the line of the owner word and the secret, which
      * other threads' frees read */
     uint32_t full_pages;            /* small: its pages out of their class lists as full (small.c) */

@@ -222,12 +222,14 @@ static void page_init(page *pg, unsigned cls, unsigned span)
     pg->wake = (uint8_t)wake_of(pg->capacity);
     pg->span = (uint8_t)span;
     pg->carved = 0;
-    store_relaxed(&pg->item_bound, 0u);
     pg->block_size = size;
     pg->item_mul = item_mul_of(size);
     pg->cls = (uint8_t)cls;
     pg->back = 0;
-    pg->state = PAGE_IN_USE;
+    if (likely(pg->state != PAGE_LENT)) { /* a guest's page: both stay its segment owner's (small.h) */
+        store_relaxed(&pg->item_bound, 0u);
+        pg->state = PAGE_IN_USE;
+    }
     store_relaxed(&pg->shared_back, (uint8_t)0);
     store_relaxed(&pg->shared_divisor, divisor);
     store_relaxed(&pg->shared_block_size, size);
@@ -237,8 +239,9 @@ static void page_init(page *pg, unsigned cls, unsigned span)
         tail_init(pg, pg + j, j);
 }
 
-/* pg leaves its class list with no free item: `used` counts down to its wake (small.h). */
-static void page_set_full(page *pg)
+/* pg leaves its class list in h with no free item: `used` counts down to its wake (small.h). A page of
+ * h's segments counts in its segment's full pages; a guest page waits in h's guest_full list. */
+static void page_set_full(heap *h, page *pg)
 {
     int32_t wake = page_wake(pg);
     if (wake > pg->used)
@@ -246,16 +249,22 @@ static void page_set_full(page *pg)
     pg->full_out = pg->used - wake;
     pg->used = wake;
     pg->full = 1;
-    segment_of(pg)->full_pages += page_span(pg);
+    if (likely(pg->state != PAGE_LENT))
+        segment_of(pg)->full_pages += page_span(pg);
+    else
+        list_append(&h->guest_full, pg);
 }
 
 /* pg goes back into its list, or is retired: `used` is the items out again. */
-static void page_clear_full(page *pg)
+static void page_clear_full(heap *h, page *pg)
 {
     pg->used += pg->full_out;
     pg->full_out = 0;
     pg->full = 0;
-    segment_of(pg)->full_pages -= page_span(pg);
+    if (likely(pg->state != PAGE_LENT))
+        segment_of(pg)->full_pages -= page_span(pg);
+    else
+        list_remove(&h->guest_full, pg);
 }
 
 /* A carve in spared segment s (on small pages until its heap fills the unit: segment.h) is about to write
@@ -316,7 +325,8 @@ static void page_carve(heap *h, page *pg)
     }
     first = page_start(bound) + (size_t)in * size;
     segment *s = segment_of(pg);
-    if (unlikely(segment_spared(s)))
+    int lent = pg->state == PAGE_LENT; /* a guest's page: its segment's fields are its owner's (small.h) */
+    if (unlikely(!lent && segment_spared(s)))
         carve_reach(h, s, bound, (size_t)(in + n - 1) * size, size);
     uint8_t *last = first + (size_t)(n - 1) * size;
     for (uint8_t *p = first; p < last; p += size)
@@ -324,7 +334,8 @@ static void page_carve(heap *h, page *pg)
     link_set((block *)last, pg->free);
     pg->free = (block *)first;
     pg->carved = (uint16_t)(had + n);
-    store_relaxed(&bound->item_bound, (in + n) * page_item_step(pg));
+    if (likely(!lent))
+        store_relaxed(&bound->item_bound, (in + n) * page_item_step(pg));
 }
 
 /* Decommit the oldest free pages beyond `keep`: those free for the delay, or all of them with `now`
@@ -403,7 +414,7 @@ unsigned small_release_empty(heap *h, int spare)
             free_pages += state == PAGE_FREE;
             in_use += state == PAGE_IN_USE;
         }
-        if (in_use != 0) {
+        if (in_use != 0 || s->lent != 0) { /* pages lent: small.h */
             link = &s->next;
             continue;
         }
@@ -539,22 +550,217 @@ static void page_set_free(page *pg)
     store_relaxed(&pg->shared_back, (uint8_t)0);
     pg->back = 0;
     pg->span = 0;
-    pg->state = PAGE_FREE;
     pg->free = pg->local_free = NULL;
     pg->used = 0;
     pg->carved = 0;
-    store_relaxed(&pg->item_bound, 0u);
+    if (likely(pg->state != PAGE_LENT)) { /* a guest's page: both stay its segment owner's (small.h) */
+        pg->state = PAGE_FREE;
+        store_relaxed(&pg->item_bound, 0u);
+    }
+}
+
+/* ---- the pool of lent pages (small.h) -------------------------------------------------------------- */
+
+/* Committed free pages lent by their segments' owners, the oldest first, linked by next and prev; under
+ * pool_lock, but for pool_count's look before the lock. A page's freed_at is when it came. */
+static spinlock pool_lock;
+static page_list pool;
+static uint32_t pool_count;
+/* The heap that last committed a page afresh, having none free and finding none in the pool, or NULL:
+ * a heap lends only while another heap needs pages (page_lends), so that a thread alone, or a heap that
+ * grows while the others stay level, keeps its free pages as before. Pages that wait in the pool for
+ * the delay untaken end the demand (small_pool_expire). A relaxed word; a stale value costs a lend. */
+static heap *pool_wanted;
+
+static void page_queue(heap *owner, page *pg);
+
+/* pg, lent and free, in no list, goes back to its segment's owner, decommitted: queued there, its drain
+ * makes it a cold page (page_home), or a free one if the OS kept it. */
+static void page_send_home(page *pg)
+{
+    pg->next = NULL;
+    int kept = os_decommit(page_start(pg), PAGE_SIZE) != 0;
+    store_relaxed(&pg->lend, (uint8_t)(kept ? LEND_HOME_KEPT : LEND_HOME));
+    page_queue(load_acquire(&segment_of(pg)->owner), pg);
+}
+
+/* pg, free (page_set_free) and in no list, goes to the pool: 1, or 0 when a fork holds the pool (the
+ * caller keeps the page). The first page arms the trim that sends it home (small_pool_expire). */
+static int pool_put(page *pg)
+{
+    if (!spin_lock_unless_fork(&pool_lock))
+        return 0;
+    uint64_t now = os_clock_ms();
+    pg->freed_at = now;
+    store_relaxed(&pg->lend, (uint8_t)LEND_POOL);
+    list_append(&pool, pg);
+    uint32_t n = pool_count + 1;
+    store_relaxed(&pool_count, n);
+    int due = now - pool.first->freed_at >= options_values.decommit_delay_ms;
+    spin_unlock(&pool_lock);
+    if (n == 1)
+        heap_arm_reserve_due(now + options_values.decommit_delay_ms);
+    else if (due) /* as a retire checks the age of its heap's free pages */
+        small_pool_expire(now);
+    return 1;
+}
+
+/* Whether h (a thread heap, on its thread) lends pg, a page of its own just retired: when it holds
+ * SHARD_LEND_AFTER free pages already, and the page is not a run's. */
+static int page_lends(heap *h, const page *pg)
+{
+    if (SHARD_LEND_AFTER == 0 || SHARD_HARDENED || h->free_count < SHARD_LEND_AFTER || page_span(pg) != 1)
+        return 0;
+    heap *wanted = load_relaxed(&pool_wanted);
+    return wanted != NULL && wanted != h && options_values.lend_pages && !h->created && h == heap_mine();
+}
+
+/* The pool's most recently lent page for h (a thread heap, on its thread), or NULL: one of h's own
+ * segments' becomes a free page of h's again, in no list; another's a guest page of h (small.h). */
+static page *pool_take(heap *h)
+{
+    if (h->created || load_relaxed(&pool_count) == 0 || !spin_lock_unless_fork(&pool_lock))
+        return NULL;
+    page *pg = pool.last;
+    if (pg != NULL) {
+        list_remove(&pool, pg);
+        store_relaxed(&pool_count, pool_count - 1);
+    }
+    spin_unlock(&pool_lock);
+    if (pg == NULL)
+        return NULL;
+    segment *s = segment_of(pg);
+    if (load_relaxed(&s->owner) == h) { /* no segment with pages lent changes owner */
+        s->lent--;
+        store_relaxed(&pg->lend, (uint8_t)LEND_NONE);
+        pg->state = PAGE_FREE;
+        return pg;
+    }
+    h->guests++;
+    store_relaxed(&pg->guest_of, h);
+    store_release(&pg->lend, (uint8_t)LEND_GUEST);
+    return pg;
+}
+
+void small_pool_reclaim(heap *h)
+{
+    if (load_relaxed(&pool_count) == 0 || !spin_lock_unless_fork(&pool_lock))
+        return;
+    uint32_t n = pool_count;
+    for (page *pg = pool.first, *next; pg != NULL; pg = next) {
+        next = pg->next;
+        segment *s = segment_of(pg);
+        if (load_relaxed(&s->owner) != h)
+            continue;
+        list_remove(&pool, pg);
+        n--;
+        s->lent--;
+        store_relaxed(&pg->lend, (uint8_t)LEND_NONE);
+        pg->state = PAGE_FREE;
+        list_append(&h->free_pages, pg); /* keeps its freed_at: its delay goes on */
+        h->free_count++;
+    }
+    store_relaxed(&pool_count, n);
+    spin_unlock(&pool_lock);
+}
+
+uint64_t small_pool_expire(uint64_t now)
+{
+    if (now == UINT64_MAX)
+        store_relaxed(&pool_wanted, (heap *)NULL);
+    if (load_relaxed(&pool_count) == 0 || !spin_lock_unless_fork(&pool_lock))
+        return 0;
+    page *home = NULL;
+    uint64_t due = 0;
+    uint32_t n = pool_count;
+    while (pool.first != NULL) {
+        page *pg = pool.first;
+        if (now != UINT64_MAX && now - pg->freed_at < options_values.decommit_delay_ms) {
+            due = pg->freed_at + options_values.decommit_delay_ms;
+            break;
+        }
+        list_remove(&pool, pg);
+        n--;
+        pg->next = home;
+        home = pg;
+    }
+    store_relaxed(&pool_count, n);
+    spin_unlock(&pool_lock);
+    if (home != NULL) /* untaken for the delay: no heap needs them */
+        store_relaxed(&pool_wanted, (heap *)NULL);
+    while (home != NULL) {
+        page *pg = home;
+        home = pg->next;
+        page_send_home(pg);
+    }
+    return due;
+}
+
+void small_pool_lock_for_fork(int take)
+{
+    if (take)
+        spin_lock_for_fork(&pool_lock);
+    else
+        spin_unlock_for_fork(&pool_lock);
+}
+
+/* pg, lent and back from the pool (LEND_HOME, LEND_HOME_KEPT), was drained from h's `delayed` list: one
+ * of h's cold pages, or of its free pages if the decommit failed. */
+static void page_home(heap *h, page *pg)
+{
+    segment_of(pg)->lent--;
+    int kept = load_relaxed(&pg->lend) == LEND_HOME_KEPT;
+    store_relaxed(&pg->lend, (uint8_t)LEND_NONE);
+    if (kept) {
+        pg->state = PAGE_FREE;
+        list_append(&h->free_pages, pg);
+        h->free_count++;
+        return;
+    }
+    pg->state = PAGE_COLD;
+    list_push_front(&h->cold_pages, pg);
 }
 
 /* All items of pg are back: it leaves its class (and its list, if in one) for the free pages, and so
- * do the other pages of its run. */
+ * do the other pages of its run. A guest page goes back to the pool, and so does a page h lends. */
 static void page_retire(heap *h, page *pg, int in_list)
 {
     if (in_list)
         class_remove(h, pg); /* takes the extra one of an only page away */
     shard_assert(pg->used == 0 && pg->sole == 0 && (load_relaxed(&pg->thread_free) & ~THREAD_FREE_LAZY) == 0,
                  "a retired page has no item out");
-    unsigned span = page_span(pg);
+    unsigned span = page_span(pg); /* before page_set_free, which clears it */
+    if (unlikely(pg->state == PAGE_LENT)) {
+        page_set_free(pg);
+        if (h != heap_mine()) { /* a trim of a heap no thread runs: the page goes home, not to the pool */
+            h->guests--;
+            h->pages_retired++;
+            page_send_home(pg);
+            return;
+        }
+        if (pool_put(pg)) {
+            h->guests--;
+            h->pages_retired++;
+            large_cache_expire();
+            return;
+        }
+        page_init(pg, pg->cls, 1); /* a fork holds the pool: the page stays h's, empty, in its class */
+        class_append(h, pg);
+        return;
+    }
+    if (unlikely(page_lends(h, pg))) {
+        page_set_free(pg);
+        pg->state = PAGE_LENT;
+        segment_of(pg)->lent++;
+        if (pool_put(pg)) {
+            h->pages_retired++;
+            large_cache_expire();
+            return;
+        }
+        segment_of(pg)->lent--; /* a fork holds the pool: a free page of h's, as any other */
+        store_relaxed(&pg->lend, (uint8_t)LEND_NONE);
+        pg->state = PAGE_FREE;
+    }
     /* The clock whenever this retire takes h past the pages it keeps: trim_at measures the delay of
      * every waiting page from it (a 0 there would make every delay look long over). */
     uint64_t now = h->free_count + span > SHARD_KEEP_FREE_PAGES ? os_clock_ms() : 0;
@@ -612,9 +818,14 @@ static page *page_acquire(heap *h)
         h->free_count--;
         return pg;
     }
-    /* Memory another thread left committed comes before a page committed afresh: it is resident
-     * already, so it costs neither faults nor more of the process's memory. With cold pages of its
-     * own, h takes only a spare segment that has a free page. */
+    /* Memory another heap left committed comes before a page committed afresh: it is resident
+     * already, so it costs neither faults nor more of the process's memory. First a page lent to the
+     * pool (small.h); with cold pages of its own, h takes only a spare segment that has a free page. */
+    pg = pool_take(h);
+    if (pg != NULL)
+        return pg;
+    if (!h->created && load_relaxed(&pool_wanted) != h)
+        store_relaxed(&pool_wanted, h); /* pages afresh: the other heaps lend (page_lends) */
     size_t least = h->cold_pages.first == NULL ? 0 : SEGMENT_DESC_BYTES + PAGE_SIZE;
     if (adopt_spare(h, least) == 0) {
         pg = h->free_pages.last;
@@ -986,7 +1197,11 @@ static __attribute__((noinline)) page *class_page_new(heap *h, unsigned cls)
         return &small_empty_page;
     small_trim(h);
     unsigned span = 1; /* run_acquire sets it when it gives a run */
-    page *pg = class_span(cls) > 1 ? run_acquire(h, &span) : NULL;
+    /* A run of h's free or cold pages, unless h has no free page and the pool has one: a run leaves
+     * the pool's pages to go home while it commits pages of its own (small.h, lent pages). */
+    page *pg = class_span(cls) > 1 && (h->free_pages.last != NULL || load_relaxed(&pool_count) == 0)
+                   ? run_acquire(h, &span)
+                   : NULL;
     if (pg == NULL)
         pg = page_acquire(h);
     if (pg == NULL)
@@ -1026,7 +1241,9 @@ void *small_alloc_slow(heap *h, unsigned cls)
             break;
         }
         class_remove_first(h, pg); /* full: out of the list until its wake count of items comes back */
-        page_set_full(pg);
+        page_set_full(h, pg);
+        if (unlikely(pg->state == PAGE_LENT))
+            continue; /* a guest page: never loose, and its segment is not h's to give */
         if (h->loose_skip != 0)
             h->loose_skip--; /* its thread's frees took loose pages back lately: this one may not go loose */
         else if (!h->created && page_span(pg) == 1) /* runs never go loose (small.h) */
@@ -1042,8 +1259,63 @@ void *small_alloc_slow(heap *h, unsigned cls)
     return b;
 }
 
+/* b, an item pg (a page of h's or lent to h) handed out, goes onto its free list; the page empties or
+ * goes back into its class list when that was its last item out or its wake count (small.h). */
+static void free_push(heap *h, page *pg, block *b)
+{
+#if SHARD_HARDENED
+    block *head = pg->free;
+    if (head != NULL && unlikely(!link_fits(pg, head, link_get(head))))
+        small_link_damaged(pg, head, b);
+#endif
+    link_set(b, pg->free);
+    pg->free = b;
+    pg->used--;
+    debug_check_page(pg, "page inconsistent after a free");
+    if (pg->used > 0)
+        return; /* an ordinary free: the C fast path sends none here, a caller that skips its tests may */
+    if (!pg->full) {
+        page_emptied(h, pg, 1);
+        return;
+    }
+    page_clear_full(h, pg); /* a full page had its wake count of items back: to the tail of its class */
+    if (pg->used == 0)
+        page_emptied(h, pg, 0);
+    else
+        class_append(h, pg);
+}
+
+void small_free_guest(heap *h, page *pg, block *b)
+{
+    uint32_t off = (uint32_t)((uintptr_t)b & (PAGE_SIZE - 1));
+    if (unlikely(!small_valid_foreign(pg, b) || off / pg->block_size >= pg->carved || page_used(pg) == pg->sole)) {
+        error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b); /* not an item out: also a second free of the
+                                                            * page's last one */
+        return;
+    }
+    free_push(h, pg, b);
+}
+
+/* A free by h into a lent page, which h's item test refused (item_bound stays 0 there): h's own guest
+ * page's, or another heap's item, which goes as another thread's free (small.h, lent pages). */
+static __attribute__((noinline)) void free_into_lent(heap *h, page *pg, block *b)
+{
+    if (load_relaxed(&pg->lend) == LEND_GUEST && page_user(pg) == h)
+        small_free_guest(h, pg, b);
+    else if (small_valid_foreign(pg, b))
+        small_free_foreign(h, pg, b);
+    else
+        error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b);
+}
+
 void small_free_local_slow(heap *h, page *pg, block *b)
 {
+    /* A page lent to the pool or a guest keeps item_bound 0, its segment owner's to write; the owner's
+     * fast paths and a heap that claimed it for a free send those frees here. */
+    if (unlikely(load_relaxed(&pg->item_bound) == 0) && load_relaxed(&pg->lend) != LEND_NONE) {
+        free_into_lent(h, pg, b);
+        return;
+    }
     page *in = pg; /* the page b lies in, whose descriptor has b's item test */
     if (pg->used == USED_TAIL) { /* a run's tail: the free goes to its head, as the fast path's would */
         pg = run_head(pg);
@@ -1072,26 +1344,7 @@ void small_free_local_slow(heap *h, page *pg, block *b)
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b);
         return;
     }
-#if SHARD_HARDENED
-    block *head = pg->free;
-    if (head != NULL && unlikely(!link_fits(pg, head, link_get(head))))
-        small_link_damaged(pg, head, b);
-#endif
-    link_set(b, pg->free);
-    pg->free = b;
-    pg->used--;
-    debug_check_page(pg, "page inconsistent after a free");
-    if (pg->used > 0)
-        return; /* an ordinary free: the C fast path sends none here, a caller that skips its tests may */
-    if (!pg->full) {
-        page_emptied(h, pg, 1);
-        return;
-    }
-    page_clear_full(pg); /* a full page had its wake count of items back: to the tail of its class */
-    if (pg->used == 0)
-        page_emptied(h, pg, 0);
-    else
-        class_append(h, pg);
+    free_push(h, pg, b);
 }
 
 /* Put pg, whose thread_free word is not 0, on owner's `delayed` list. */
@@ -1144,7 +1397,7 @@ __attribute__((cold, noinline)) static void free_foreign_loose(page *pg, block *
     if (THREAD_FREE_COUNT(word) == HOLD_OUT(hold))
         page_release_loose(pg, hold); /* the last item of a loose page is back */
     if (old == 0)
-        page_queue(load_acquire(&segment_of(pg)->owner), pg); /* as in push_items */
+        page_queue(page_user(pg), pg); /* as in push_items */
 }
 
 /* head..tail, n items of pg (a run's head) whose items start at `start`, go to pg's thread-free list. */
@@ -1164,7 +1417,7 @@ static inline void push_items(page *pg, uint8_t *start, block *head, block *tail
     /* First items since the owner's last drain: queue the page at its owner, exactly once. The CAS that
      * found 0 read the owner's exchange in small_drain_delayed and acquired with it, so the owner's read
      * of next_delayed there comes before this write (on x86 the same lock cmpxchg as a release CAS). */
-    page_queue(load_acquire(&segment_of(pg)->owner), pg);
+    page_queue(page_user(pg), pg);
 }
 
 /* ---- gathered frees ------------------------------------------------------------------------------ */
@@ -1188,10 +1441,10 @@ static inline void push_items(page *pg, uint8_t *start, block *head, block *tail
  * free that brings the last item back releases it) of a heap that a thread runs (one that waits is
  * taken with the frees made into it), not an embedder's. Read at a gathering's start only: a page that
  * goes loose meanwhile, or whose heap's thread ends, takes the list as it would a free. */
-static int gather_may(const page *pg)
+static int gather_may(const heap *h, const page *pg)
 {
-    return HOLD_STATE(load_relaxed(&pg->hold)) == HOLD_OWNER &&
-           heap_has_thread(load_acquire(&segment_of(pg)->owner));
+    heap *user = page_user(pg);
+    return HOLD_STATE(load_relaxed(&pg->hold)) == HOLD_OWNER && user != h && heap_has_thread(user);
 }
 
 void small_flush_gathered(heap *h)
@@ -1220,7 +1473,7 @@ static __attribute__((noinline)) void gather_free(heap *h, page *pg, uint8_t *st
     if (pg != h->gather_last) {
         h->gather_last = pg;
         h->gather_run = 1;
-    } else if (++h->gather_run >= SHARD_GATHER_AFTER && gather_may(pg)) {
+    } else if (++h->gather_run >= SHARD_GATHER_AFTER && gather_may(h, pg)) {
         h->gather_head = h->gather_tail = b;
         store_relaxed(&h->gather_count, 1u);
         store_relaxed(&h->gather_page, pg);
@@ -1266,11 +1519,16 @@ void small_drain_delayed(heap *h, int lazy)
         store_relaxed(&h->drains, h->drains + 1); /* its loose pages are not idle ones (small.h) */
     while (pg != NULL) {
         page *next = pg->next_delayed; /* before the exchange: then the page may be queued again */
+        if (unlikely(pg->state == PAGE_LENT) && load_relaxed(&pg->lend) >= LEND_HOME) {
+            page_home(h, pg); /* back from the pool (small.h, lent pages) */
+            pg = next;
+            continue;
+        }
         if (unlikely(h->forwards)) {
             /* A page of a segment h gave to the orphans was queued here by a free that read the owner
              * before the change: it goes on to the segment's owner now, still queued (thread_free is
              * not 0, so no free queues it again meanwhile). Only h's own thread moves a segment to h. */
-            heap *owner = load_acquire(&segment_of(pg)->owner);
+            heap *owner = page_user(pg);
             if (owner != h) {
                 page_queue(owner, pg);
                 pg = next;
@@ -1291,7 +1549,7 @@ void small_drain_delayed(heap *h, int lazy)
         shard_assert(w != 0 && !(w & THREAD_FREE_LAZY), "a queued page has items in thread_free, and no lazy mark");
         int was_full = pg->full;
         if (was_full)
-            page_clear_full(pg); /* other threads' frees bring a full page back at once */
+            page_clear_full(h, pg); /* other threads' frees bring a full page back at once */
         take_items(pg, w);
         debug_check_page(pg, "page inconsistent after taking its thread-free list");
         if (was_full) {
@@ -1384,8 +1642,11 @@ void small_orphan_give(heap *h)
     if (h->segments == NULL || !spin_lock_unless_fork(&orphan_lock))
         return; /* nothing to give; or another thread's fork holds the orphans: h keeps its segments */
     h->forwards = 1; /* before the first owner word changes */
-    while (h->segments != NULL)
-        segment_move(h, &orphans, h->segments);
+    for (segment *s = h->segments, *next; s != NULL; s = next) {
+        next = s->next;
+        if (s->lent == 0) /* else its lent pages tie it to h (small.h) */
+            segment_move(h, &orphans, s);
+    }
     if (orphans.free_count > SHARD_ORPHAN_PAGES)
         trim_at(&orphans, UINT64_MAX, SHARD_ORPHAN_PAGES); /* the oldest first */
     int due = orphans.free_count != 0;
@@ -1401,8 +1662,8 @@ void small_orphan_give(heap *h)
  * threads free there come back to whichever heap takes the segment. */
 static void give_full_segment(heap *h, segment *s, int early)
 {
-    if (h->created)
-        return; /* a created heap keeps what is charged to it */
+    if (h->created || s->lent != 0)
+        return; /* a created heap keeps what is charged to it; lent pages tie s to h (small.h) */
     if (early) /* the orphans' pages are not lazy: a free into one queues it there (small.h) */
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             page *pg = (page *)((uint8_t *)s + i * PAGE_DESC_SIZE);
@@ -1574,6 +1835,17 @@ void small_count(heap *h, small_counts *c)
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
             unsigned state = load_relaxed(&pg->state);
+            if (state == PAGE_LENT) { /* its guest's, counted here, once, or the pool's */
+                unsigned lend = load_relaxed(&pg->lend);
+                if (lend != LEND_GUEST) {
+                    if (lend == LEND_POOL || lend == LEND_HOME_KEPT)
+                        c->free++;
+                    else
+                        c->decommitted++;
+                    continue;
+                }
+                state = PAGE_IN_USE;
+            }
             if (state == PAGE_IN_USE) {
                 long used = load_relaxed(&pg->used);
                 if (used == USED_LOOSE) {
@@ -1610,7 +1882,11 @@ void small_count(heap *h, small_counts *c)
 static long item_index(const page *pg, const block *b)
 {
     uintptr_t off = (uintptr_t)b - (uintptr_t)page_start(pg); /* below the start: wraps, and fails */
-    if (off >= (uintptr_t)page_span(pg) * PAGE_SIZE || !page_has_item(pg + (off >> PAGE_SHIFT), b))
+    if (off >= (uintptr_t)page_span(pg) * PAGE_SIZE)
+        return -1;
+    if (pg->state == PAGE_LENT) /* a guest's page (a page of its own): item_bound stays 0 */
+        return off % pg->block_size == 0 && off / pg->block_size < pg->carved ? (long)(off / pg->block_size) : -1;
+    if (!page_has_item(pg + (off >> PAGE_SHIFT), b))
         return -1;
     return (long)((off >> PAGE_SHIFT) * class_capacity[pg->cls] + (off & (PAGE_SIZE - 1)) / pg->block_size);
 }
@@ -1633,35 +1909,51 @@ static void mark_free(const page *pg, const block *b, const block *last, long li
     }
 }
 
+/* Reports pg's live items to v (bits: room for an index per item). */
+static void visit_page(const page *pg, visitor *v, uint64_t *bits)
+{
+    if (pg->carved == 0)
+        return;
+    /* A loose page: its items as its thread_free list shows them, unless it was released, or is
+     * released while they are read (its memory gone, the list with it): no item is live then. */
+    uint64_t hold = load_acquire(&pg->hold);
+    if (pg->used == USED_LOOSE && HOLD_STATE(hold) != HOLD_LOOSE)
+        return;
+    mem_zero(bits, PAGE_SIZE / 16 / 8);
+    mark_free(pg, pg->free, NULL, pg->carved, bits);
+    mark_free(pg, pg->local_free, NULL, pg->carved, bits);
+    uint64_t w = load_acquire(&pg->thread_free); /* others push meanwhile: what was there now */
+    if (THREAD_FREE_COUNT(w) != 0) {
+        uint8_t *start = page_start(pg);
+        mark_free(pg, (const block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4)),
+                  (const block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4)), pg->carved, bits);
+    }
+    if (pg->used == USED_LOOSE && load_acquire(&pg->hold) != hold)
+        return;
+    for (unsigned k = 0; k < pg->carved; k++)
+        if (!(bits[k / 64] >> (k % 64) & 1) && visit_block(v, page_item(pg, k), pg->block_size, VISIT_SMALL))
+            return;
+}
+
 void small_visit(heap *h, visitor *v)
 {
     uint64_t bits[PAGE_SIZE / 16 / 64]; /* an item index each: 16 bytes is the least class */
     for (segment *s = h->segments; s != NULL && !v->stop; s = s->next) {
         for (unsigned i = 1; i < SEGMENT_PAGES && !v->stop; i++) {
             const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
-            if (pg->state != PAGE_IN_USE || pg->carved == 0)
-                continue;
-            /* A loose page: its items as its thread_free list shows them, unless it was released, or is
-             * released while they are read (its memory gone, the list with it): no item is live then. */
-            uint64_t hold = load_acquire(&pg->hold);
-            if (pg->used == USED_LOOSE && HOLD_STATE(hold) != HOLD_LOOSE)
-                continue;
-            mem_zero(bits, sizeof bits);
-            mark_free(pg, pg->free, NULL, pg->carved, bits);
-            mark_free(pg, pg->local_free, NULL, pg->carved, bits);
-            uint64_t w = load_acquire(&pg->thread_free); /* others push meanwhile: what was there now */
-            if (THREAD_FREE_COUNT(w) != 0) {
-                uint8_t *start = page_start(pg);
-                mark_free(pg, (const block *)(start + ((size_t)THREAD_FREE_HEAD(w) << 4)),
-                          (const block *)(start + ((size_t)THREAD_FREE_TAIL(w) << 4)), pg->carved, bits);
-            }
-            if (pg->used == USED_LOOSE && load_acquire(&pg->hold) != hold)
-                continue;
-            for (unsigned k = 0; k < pg->carved; k++)
-                if (!(bits[k / 64] >> (k % 64) & 1) && visit_block(v, page_item(pg, k), pg->block_size, VISIT_SMALL))
-                    return;
+            if (pg->state == PAGE_IN_USE) /* not a lent one: its guest's walk reports it */
+                visit_page(pg, v, bits);
         }
     }
+    /* Pages lent to h: in its class lists, or full in guest_full */
+    if (h->guests == 0)
+        return;
+    for (unsigned cls = 0; cls < SHARD_CLASS_COUNT && !v->stop; cls++)
+        for (const page *pg = h->classes[cls].first; pg != NULL && !v->stop; pg = pg->next)
+            if (pg->state == PAGE_LENT)
+                visit_page(pg, v, bits);
+    for (const page *pg = h->guest_full.first; pg != NULL && !v->stop; pg = pg->next)
+        visit_page(pg, v, bits);
 }
 
 /* Length of a free list whose items must lie in pg at class offsets below `carved`; -1 if not. */
@@ -1702,7 +1994,12 @@ int small_check_page(const page *pg)
 {
     if (pg->state == PAGE_TAIL)
         return check_tail(pg);
-    if (pg->state != PAGE_IN_USE)
+    int guest = pg->state == PAGE_LENT;
+    if (guest && load_relaxed(&pg->lend) != LEND_GUEST) /* in the pool, or on its way home */
+        return insist(load_relaxed(&pg->lend) != LEND_NONE && pg->free == NULL && pg->used == 0 &&
+                          load_relaxed(&pg->item_bound) == 0 && load_relaxed(&pg->shared_divisor) == 0,
+                      "small: a lent page out of use with items, or not marked lent:", pg);
+    if (pg->state != PAGE_IN_USE && !guest)
         return insist(pg->state == PAGE_FREE || pg->state == PAGE_COLD, "small: a page with an unknown state:", pg);
     /* What a release changes is read before `hold`: unchanged if `hold` still shows the page loose. */
     uint32_t item_bound = load_acquire(&pg->item_bound);
@@ -1747,7 +2044,7 @@ int small_check_page(const page *pg)
     problems += insist(pg->wake == wake_of(pg->capacity), "small: the wake count differs from its capacity's in page", pg);
     problems += insist(pg->back == 0 && pg->span >= 1 && pg->span <= SHARD_RUN_PAGES &&
                            pg->capacity == pg->span * class_capacity[pg->cls] && pg->carved <= pg->capacity &&
-                           item_bound == run_item_bound(pg, 0),
+                           item_bound == (guest ? 0u : run_item_bound(pg, 0)) && (!guest || pg->span == 1),
                        "small: a span, capacity or carved count out of range, or item_bound not carved's, in page", pg);
     problems += insist(pg->block_size == class_size[pg->cls] && load_relaxed(&pg->shared_block_size) == pg->block_size &&
                            shared_divisor == UINT64_MAX / pg->block_size + 1 &&

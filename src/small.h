@@ -78,6 +78,31 @@
  * and a main thread that builds what others free loosens as before. A created heap's pages never go
  * loose: their memory is charged to it.
  *
+ * Lent pages. Pages belong to segments and segments to heaps, so a page that empties in one heap served
+ * only that heap: at rptest's peak at 8 threads some heaps held 18-75 MB of free pages that they would
+ * not need for a while, committed, as others committed pages anew (bench/results/2026-12-07-lent-pages.md).
+ * A thread heap that retires a page of its own (a page, not a run) while it holds SHARD_LEND_AFTER free
+ * pages, and while another heap lately committed a page afresh (small.c's pool_wanted: a thread alone
+ * keeps its pages and takes no lock), lends it to the pool, a list of committed free pages for the whole
+ * process under a spin lock; a thread heap that needs a page and has no free one takes the most recently
+ * lent page of the pool before a spare segment or a cold page. The segment's owner takes its own back as a free page (the
+ * segment counts its pages lent, `lent`); any other heap uses it as a guest (`lend` LEND_GUEST,
+ * `guest_of`): the descriptor, owner line and all, is the guest's to write as its own page's, but for
+ * `state`, which only the segment's owner writes and which stays PAGE_LENT, so that the owner's walks of
+ * its segments pass the page by. A guest's carve leaves item_bound 0, so the owner's free and realloc
+ * fast paths, whose own-segment test passes there, fail the item test and go to small_free_local_slow,
+ * which sends the free on as another thread's. The guest's own frees fail the own-segment test and reach
+ * small_free_guest through api_free_slow; the slow paths' item test for a guest page is
+ * small_valid_foreign's (and `carved`, for the guest's own frees). Every push queues the page at its
+ * user (page_user): the guest. A guest page never goes loose, counts in no segment's full pages, and
+ * waits in its guest's guest_full list while full (the walks find it there); when its items are all
+ * back it goes back to the pool. A page that waited in the pool for the decommit delay is decommitted and
+ * goes home (LEND_HOME): queued on its segment owner's `delayed` list, whose drain makes it a cold page.
+ * A heap whose thread ends, or that collects, first takes its own pages out of the pool, so that its
+ * segments may go; one with pages lent is not moved (to the orphans, the spare segments) nor released.
+ * A created heap neither lends nor takes: its memory is charged to it; nor does the hardened build, whose
+ * link checks are item tests (SHARDMM_LEND_PAGES=0 turns lending off).
+ *
  * Runs. A class whose page holds at most SHARD_RUN_CAPACITY items (7.5-16 KB: 4-8) is served by runs
  * of up to SHARD_RUN_PAGES pages (config.h), one descriptor for the whole run: its head's, which holds the
  * lists, the counts and thread_free, and which is what class lists, `full`, `hold` and the slow paths
@@ -140,7 +165,18 @@ enum page_state {
     PAGE_COLD = 0,   /* memory not committed (never, or decommitted) */
     PAGE_FREE = 1,   /* committed, no class, in the heap's free pages */
     PAGE_IN_USE = 2, /* serves class `cls` (alone, or as the head of a run) */
-    PAGE_TAIL = 3    /* a page of a run after its head: the head's descriptor serves for it */
+    PAGE_TAIL = 3,   /* a page of a run after its head: the head's descriptor serves for it */
+    PAGE_LENT = 4    /* lent (see the top): in the pool, or a guest heap's page, or on its way home */
+};
+
+/* A page's `lend` byte: where a lent page is (any thread reads it; the pool's lock, the guest, the
+ * expiry write it). 0 for every page its segment's owner uses. */
+enum page_lend {
+    LEND_NONE = 0,
+    LEND_POOL = 1,  /* in the pool, committed, free */
+    LEND_GUEST = 2, /* a page of guest_of, which uses it as its own */
+    LEND_HOME = 3,  /* decommitted after its time in the pool, queued at its segment's owner */
+    LEND_HOME_KEPT = 4 /* the same, but the OS refused the decommit: committed */
 };
 
 typedef struct page {
@@ -178,12 +214,16 @@ typedef struct page {
     uint32_t loose_drains;     /* while loose: the owner's `drains` when the page went loose */
     uint64_t freed_at;         /* ms when the page became free; 0 = not yet stamped (rarely read) */
     uint64_t hold;             /* who counts the page's items: HOLD_* below, with `out` and a generation */
-    uint64_t loose_at;         /* while loose: os_clock_ms() when the page went loose */
+    union {
+        uint64_t loose_at;        /* while loose: os_clock_ms() when the page went loose */
+        struct heap *guest_of;    /* while lent to a guest: that heap (a guest page never goes loose) */
+    };
     uint32_t full_seq;         /* its heap's `fulls` when it last went full (heap.h's full_ring) */
     uint8_t shared_back;       /* `back`, for a foreign free (line 1 only) */
     uint8_t touched;           /* while its segment is spared: the OS pages from its start that carving has
                                 * reached or populated since its commit (small.c: carve_reach); the owner's */
-    uint8_t pad2[2];
+    uint8_t lend;              /* LEND_* above: 0 unless lent */
+    uint8_t pad2[1];
 } page;
 _Static_assert(sizeof(page) == PAGE_DESC_SIZE, "page descriptors are two cache lines");
 _Static_assert(offsetof(page, used) >= 16 && offsetof(page, item_mul) + sizeof(uint32_t) <= 32,
@@ -290,6 +330,18 @@ static inline int page_has_item(const page *pg, const void *p)
     return off * pg->item_mul < pg->item_bound;
 }
 
+/* page_has_item() for another thread's page, from the descriptor's second line only (the owner's line
+ * stays with the owner). It does not see `carved`: an offset the page never handed out passes. */
+static inline int small_valid_foreign(const page *pg, const void *p)
+{
+    uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
+    uint64_t divisor = load_relaxed(&pg->shared_divisor);
+    uint32_t size = load_relaxed(&pg->shared_block_size);
+    /* A page not in use has divisor 0 and fails; so does page 0, whose descriptor is the segment
+     * header (zero there). The item must lie whole inside the page (no tail item). */
+    return (uint64_t)off * divisor < divisor && off + size <= PAGE_SIZE;
+}
+
 /* page_has_item() from a thread that need not own pg (usable size, realloc of another thread's block):
  * the owner may carve meanwhile, so item_bound is read as an atomic, relaxed (the owner stores it so).
  * A thread holds an item only after the carve that made it, so the bound it reads is at least that
@@ -299,6 +351,8 @@ static inline int page_has_item(const page *pg, const void *p)
 static inline int page_has_item_any_thread(const page *pg, const void *p)
 {
     uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
+    if (unlikely(load_relaxed(&pg->lend) == LEND_GUEST))
+        return small_valid_foreign(pg, p); /* a guest's page: its item_bound stays 0 (see the top) */
     return off * pg->item_mul < load_relaxed(&pg->item_bound);
 }
 
@@ -309,6 +363,16 @@ extern page small_empty_page;
 static inline page *page_of(const void *p)
 {
     return (page *)((uintptr_t)segment_of(p) + (((uintptr_t)p >> PAGE_SHIFT) & (SEGMENT_PAGES - 1)) * PAGE_DESC_SIZE);
+}
+
+/* The heap that uses pg (a page in use, or a run's head): its guest while it is lent to one, else its
+ * segment's owner. Any thread; a thread that holds an item of pg reads the guest that handed it out. */
+struct heap;
+static inline struct heap *page_user(const page *pg)
+{
+    if (unlikely(load_relaxed(&pg->lend) == LEND_GUEST))
+        return load_relaxed(&pg->guest_of);
+    return load_acquire(&segment_of(pg)->owner);
 }
 
 /* ---- links (encoded in the hardened build: see the top) ---- */
@@ -413,19 +477,11 @@ void small_free_local_slow(struct heap *h, page *pg, block *b);
 /* A free of an item of a segment the calling thread does not own; h is the thread's heap, NULL when it
  * has none (then the free goes at once). */
 void small_free_foreign(struct heap *h, page *pg, block *b);
+/* h frees b into pg, a page lent to h (page_user(pg) == h, LEND_GUEST): as small_free_local_slow for a
+ * page of its own; a b that is not an item the page handed out goes to the error hook. */
+void small_free_guest(struct heap *h, page *pg, block *b);
 /* The frees h's thread gathered (small.c) go to their page now. */
 void small_flush_gathered(struct heap *h);
-/* page_has_item() for another thread's page, from the descriptor's second line only (the owner's line
- * stays with the owner). It does not see `carved`: an offset the page never handed out passes. */
-static inline int small_valid_foreign(const page *pg, const void *p)
-{
-    uint32_t off = (uint32_t)((uintptr_t)p & (PAGE_SIZE - 1));
-    uint64_t divisor = load_relaxed(&pg->shared_divisor);
-    uint32_t size = load_relaxed(&pg->shared_block_size);
-    /* A page not in use has divisor 0 and fails; so does page 0, whose descriptor is the segment
-     * header (zero there). The item must lie whole inside the page (no tail item). */
-    return (uint64_t)off * divisor < divisor && off + size <= PAGE_SIZE;
-}
 /* Take the thread-free lists of every page other threads queued at h; with `lazy` (h's thread, on its
  * slow path) the pages come back lazy. */
 void small_drain_delayed(struct heap *h, int lazy);
@@ -492,6 +548,14 @@ void small_orphan_count(small_counts *c, size_t *segments); /* statistics: betwe
 void small_orphan_visit(visitor *v);
 int small_orphan_check(void);
 void small_orphan_lock_for_fork(int take);
+/* The pool of lent pages (the top):
+ *   small_pool_expire: pages that waited there for the decommit delay (all of them with now UINT64_MAX)
+ *     are decommitted and go home; when the next one is due, or 0.
+ *   small_pool_reclaim: h's own pages in the pool become its free pages again (its thread ends, a collect).
+ *   small_pool_lock_for_fork: as small_orphan_lock_for_fork. */
+uint64_t small_pool_expire(uint64_t now);
+void small_pool_reclaim(struct heap *h);
+void small_pool_lock_for_fork(int take);
 /* Report h's live small blocks to v, page by page: the items carved but on none of the page's three free
  * lists. Only for the calling thread's heap or one that no thread uses (the walk takes it from the stack
  * meanwhile); other threads' frees pushed during the walk may be reported still live. */

@@ -29,6 +29,10 @@
  *    path. Without this, a fast case sent to the slow path would go unseen: the slow paths give the
  *    same answers.
  *
+ * Per heap: the thread heaps' free small pages are lent to no other heap here (options_values.lend_pages
+ * 0, set before the first allocation; src/small.h, lent pages), or thread B would take pages thread A
+ * emptied, at other offsets than A's own.
+ *
  * Seeds: SHARD_ASM_SEED=n in the environment replaces the default seed of the long sequence; every
  * failure message names the seed and the operation.
  *
@@ -53,6 +57,11 @@
 #include "shardmm.h"
 #include "../src/fast.h"
 #include "../src/heap.h"
+#include "../src/options.h"
+
+/* Each heap its own pages (see the top): before the first allocation, which reads the environment's
+ * options (those set there only), so this stays. */
+__attribute__((constructor)) static void lend_no_pages(void) { options_values.lend_pages = 0; }
 
 /* ---- random numbers ------------------------------------------------------------------------------ */
 

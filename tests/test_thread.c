@@ -3183,3 +3183,301 @@ TEST(take_backs_after_a_drain_of_other_threads_frees_do_not_keep_pages_from_goin
            "%d expected)", back, SKIP_MORE);
 #endif
 }
+
+/* ---- lent pages (src/small.h): the free pages of one thread's heap serve another's ---- */
+
+#if SHARD_RULES
+#define LEND_SIZE ((size_t)1024)                  /* 64 items to a page */
+#define LEND_PER_PAGE (PAGE_BYTES / LEND_SIZE)
+#define LEND_PAGES 48                             /* the lender's pages */
+#define LEND_KEPT 16                              /* free pages a heap keeps before it lends (src/config.h) */
+#define LEND_LENT (LEND_PAGES - LEND_KEPT - 1)    /* the class keeps its last page, empty, while its thread runs */
+#define LEND_TAKEN 24                             /* pages the borrower fills: fewer than were lent */
+#define LEND_STALE_PAGE 30                        /* a page the lender lent: retired after the 16 it keeps */
+
+struct lend {
+    struct blk a[LEND_PAGES * LEND_PER_PAGE]; /* the lender's blocks, page after page */
+    struct blk b[LEND_TAKEN * LEND_PER_PAGE]; /* the borrower's */
+    size_t seen, strays;                      /* the borrower's walk: its blocks found, other blocks */
+    int part;                                 /* which third of b[] a free job takes */
+};
+
+static void lend_fill_job(void *arg)
+{
+    struct lend *l = arg;
+    for (size_t i = 0; i < LEND_PAGES * LEND_PER_PAGE; i++)
+        blk_alloc(&l->a[i], LEND_SIZE, 0x4c000 + i);
+}
+
+/* The lender frees its blocks page after page: the first pages retired stay its free pages, the later
+ * ones go to the pool. */
+static void lend_free_job(void *arg)
+{
+    struct lend *l = arg;
+    for (size_t i = 0; i < LEND_PAGES * LEND_PER_PAGE; i++) {
+        blk_check(&l->a[i], "1024-byte block of the lender");
+        blk_free(&l->a[i]);
+    }
+}
+
+static void borrow_job(void *arg)
+{
+    struct lend *l = arg;
+    for (size_t i = 0; i < LEND_TAKEN * LEND_PER_PAGE; i++)
+        blk_alloc(&l->b[i], LEND_SIZE, 0x4d000 + i);
+}
+
+static int borrow_visit(void *arg, void *block, size_t usable, int kind)
+{
+    struct lend *l = arg;
+    int mine = 0;
+    for (size_t i = 0; i < LEND_TAKEN * LEND_PER_PAGE && !mine; i++)
+        mine = l->b[i].p == block;
+    if (mine && usable == LEND_SIZE && kind == SHARD_BLOCK_SMALL)
+        l->seen++;
+    else
+        l->strays++;
+    return 0;
+}
+
+static void borrow_visit_job(void *arg)
+{
+    struct lend *l = arg;
+    l->seen = l->strays = 0;
+    shard_visit(SHARD_VISIT_THREAD, borrow_visit, l);
+    check_allocator("in the thread whose pages came from another thread's segments");
+}
+
+/* Every third block of b[], from l->part on: checked, resized within its class, freed. */
+static void borrow_free_part_job(void *arg)
+{
+    struct lend *l = arg;
+    for (size_t i = (size_t)l->part; i < LEND_TAKEN * LEND_PER_PAGE; i += 3) {
+        blk_check(&l->b[i], "1024-byte block in a lent page");
+        CHECKF(shard_usable_size(l->b[i].p) == LEND_SIZE, "usable size %zu of a block in a lent page",
+               shard_usable_size(l->b[i].p));
+        unsigned char *was = l->b[i].p;
+        blk_resize(&l->b[i], LEND_SIZE - 24, "1024-byte block in a lent page");
+        CHECKF(l->b[i].p == was, "a block in a lent page moved when it shrank within its class");
+        blk_free(&l->b[i]);
+    }
+    shard_collect(); /* what this thread gathered of them goes now (src/small.c, gathered frees) */
+    check_allocator("after frees into lent pages");
+}
+
+static void check_allocator_job(void *arg) { check_allocator(arg); }
+
+/* A lender that filled and emptied LEND_PAGES pages and a borrower, both new heaps (the waiting ones are
+ * held); the pool holds nothing from before. A heap lends while another needs pages: the borrower's
+ * first allocation, a page committed afresh, comes before the lender's frees. */
+static void lend_begin(struct lend *l, struct holders *h, struct agent *lender, struct agent *borrower)
+{
+    memset(l, 0, sizeof *l);
+    shard_collect(); /* every page lent before goes home */
+    hold_waiting_heaps(h);
+    agent_start(lender);
+    agent_do(lender, lend_fill_job, l);
+    agent_start(borrower);
+    agent_do(borrower, small_op_job, NULL);
+    agent_do(lender, lend_free_job, l);
+}
+
+__attribute__((unused)) static size_t all_small_pages(const shard_stats *s)
+{
+    return s->small_pages_used + s->small_pages_free + s->small_pages_decommitted;
+}
+#endif
+
+/* A thread that needs pages takes those another thread's heap emptied and lent, before it makes a segment:
+ * its blocks there are its own to walk, and any thread checks, resizes and frees them (the borrower, the
+ * lender whose segment holds them, a third). Fails where pages serve only the heap of their segment: the
+ * borrower made a segment of its own. */
+TEST(pages_one_thread_emptied_serve_another_before_new_memory)
+{
+#if !SHARD_RULES || defined(TEST_HARDENED) /* the hardened build lends no page */
+    SKIP_TEST();
+#else
+    static struct lend l;
+    struct holders h;
+    struct agent lender, borrower;
+    lend_begin(&l, &h, &lender, &borrower);
+    shard_stats s0 = stats_now();
+    agent_do(&borrower, borrow_job, &l);
+    shard_stats s1 = stats_now();
+    CHECKF(all_small_pages(&s1) == all_small_pages(&s0) && s1.reserved == s0.reserved,
+           "the borrower's %d pages: small pages %zu -> %zu, reserved %zu -> %zu (a new segment: no page lent)",
+           LEND_TAKEN, all_small_pages(&s0), all_small_pages(&s1), s0.reserved, s1.reserved);
+    CHECKF(s1.committed <= s0.committed, "committed %zu -> %zu while the borrower used lent pages", s0.committed,
+           s1.committed);
+    CHECKF(s1.small_pages_used >= s0.small_pages_used + LEND_TAKEN, "pages in use %zu -> %zu",
+           s0.small_pages_used, s1.small_pages_used);
+    agent_do(&borrower, borrow_visit_job, &l);
+    CHECKF(l.seen == LEND_TAKEN * LEND_PER_PAGE && l.strays == 0,
+           "the borrower's walk found %zu of its %zu blocks and %zu others", l.seen,
+           (size_t)(LEND_TAKEN * LEND_PER_PAGE), l.strays);
+    l.part = 0;
+    agent_do(&borrower, borrow_free_part_job, &l); /* the borrower's own frees */
+    l.part = 1;
+    agent_do(&lender, borrow_free_part_job, &l);   /* the frees of the heap whose segments hold them */
+    l.part = 2;
+    borrow_free_part_job(&l);                      /* a third thread's */
+    agent_do(&borrower, medium_op_job, NULL);      /* takes in the others' frees */
+    agent_do(&borrower, borrow_visit_job, &l);
+    CHECKF(l.seen == 0 && l.strays == 0, "after every free the borrower's walk found %zu blocks", l.seen + l.strays);
+    agent_do(&lender, lend_fill_job, &l); /* the pages come back to their lender */
+    agent_do(&lender, lend_free_job, &l);
+    agent_do(&lender, check_allocator_job, "in the lender after its pages came back");
+    agent_stop(&borrower);
+    agent_stop(&lender);
+    release_holders(&h);
+    check_allocator("after lent pages went back");
+#endif
+}
+
+/* Pages lent and taken by no one go back to the system after the delay, at any thread's slow path (the
+ * lender's thread does nothing), and the lender's segments go when it ends. Fails where free pages wait in
+ * their heap: an idle lender's stay committed. */
+TEST(pages_lent_and_not_taken_go_back_to_the_system_after_the_delay)
+{
+#if !SHARD_RULES || defined(TEST_HARDENED) /* the hardened build lends no page */
+    SKIP_TEST();
+#else
+    static struct lend l;
+    struct holders h;
+    struct agent lender, wanter;
+    medium_op(); /* this thread's arena, which a collect keeps, is there before the count */
+    shard_collect();
+    shard_stats sb = stats_now();
+    lend_begin(&l, &h, &lender, &wanter);
+    shard_stats s0 = stats_now();
+    sleep_ms(PAST_THE_DELAY_MS);
+    medium_op(); /* a slow path of this thread: the trims that are due */
+    shard_stats s1 = stats_now();
+    CHECKF(s1.small_pages_decommitted >= s0.small_pages_decommitted + LEND_LENT,
+           "decommitted pages %zu -> %zu after the delay (%d lent)", s0.small_pages_decommitted,
+           s1.small_pages_decommitted, LEND_LENT);
+    /* (the slow path's medium block may commit 64 KB of an arena) */
+    CHECKF(s0.committed - s1.committed >= (size_t)(LEND_LENT - 1) * PAGE_BYTES,
+           "committed %zu -> %zu after the delay", s0.committed, s1.committed);
+    agent_do(&lender, small_op_job, NULL); /* takes its pages back, cold */
+    agent_do(&lender, check_allocator_job, "in the lender after its lent pages came home");
+    agent_stop(&wanter);
+    agent_stop(&lender);
+    release_holders(&h);
+    shard_collect();
+    shard_stats s2 = stats_now();
+    CHECKF(s2.reserved <= sb.reserved, "reserved %zu before the lender, %zu after it ended and a collect",
+           sb.reserved, s2.reserved);
+    check_allocator("after the lender ended");
+#endif
+}
+
+/* A thread alone lends nothing: no other heap needed pages, so its free pages stay its own, and wait for
+ * its own slow paths (another thread's, after the delay, decommits none of them). */
+TEST(a_thread_whose_free_pages_no_other_heap_needs_keeps_them)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    static struct lend l;
+    struct holders h;
+    struct agent lender;
+    memset(&l, 0, sizeof l);
+    shard_collect(); /* the pool empty, and no heap's need of pages left over */
+    hold_waiting_heaps(&h);
+    agent_start(&lender);
+    agent_do(&lender, lend_fill_job, &l);
+    agent_do(&lender, lend_free_job, &l);
+    shard_stats s0 = stats_now();
+    sleep_ms(PAST_THE_DELAY_MS);
+    medium_op(); /* a slow path of this thread: the trims that are due */
+    shard_stats s1 = stats_now();
+    CHECKF(s1.small_pages_decommitted == s0.small_pages_decommitted && s1.small_pages_free == s0.small_pages_free,
+           "decommitted pages %zu -> %zu, free %zu -> %zu: pages of a thread no other heap asked for went",
+           s0.small_pages_decommitted, s1.small_pages_decommitted, s0.small_pages_free, s1.small_pages_free);
+    agent_do(&lender, small_op_job, NULL); /* its own slow path: its free pages beyond 16 go now */
+    shard_stats s2 = stats_now();
+    CHECKF(s2.small_pages_decommitted >= s1.small_pages_decommitted + LEND_LENT,
+           "decommitted pages %zu -> %zu at the thread's own slow path", s1.small_pages_decommitted,
+           s2.small_pages_decommitted);
+    agent_stop(&lender);
+    release_holders(&h);
+    check_allocator("after a thread that lent nothing ended");
+#endif
+}
+
+/* The borrower ends with its blocks in lent pages: they stay valid, other threads free them, and once they
+ * are all back the pages go home and the lender's segments can go. */
+TEST(blocks_in_lent_pages_outlive_their_thread)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    static struct lend l;
+    struct holders h;
+    struct agent lender, borrower, freer;
+    shard_collect();
+    shard_stats sb = stats_now();
+    lend_begin(&l, &h, &lender, &borrower);
+    agent_do(&borrower, borrow_job, &l);
+    agent_stop(&borrower); /* its heap waits, holding blocks in pages of the lender's segments */
+    check_allocator("with a waiting heap that holds lent pages");
+    l.part = 0;
+    borrow_free_part_job(&l);
+    l.part = 1;
+    agent_start(&freer);
+    agent_do(&freer, borrow_free_part_job, &l);
+    l.part = 2;
+    agent_do(&lender, borrow_free_part_job, &l);
+    agent_stop(&freer);
+    agent_stop(&lender);
+    release_holders(&h);
+    shard_collect();
+    shard_stats s1 = stats_now();
+    CHECKF(s1.reserved <= sb.reserved, "reserved %zu before, %zu after every block in lent pages was freed and a "
+           "collect", sb.reserved, s1.reserved);
+    check_allocator("after the blocks in lent pages were freed");
+#endif
+}
+
+static void stale_free_job(void *arg) { shard_free(arg); }
+
+/* A pointer into a page lent to the pool is no block: its free and realloc reach the error hook, from the
+ * lender's thread (whose segment holds the page) and from another, and the pool's pages serve as before. */
+TEST(a_free_into_a_lent_page_that_holds_no_block_reaches_the_error_hook)
+{
+#if !SHARD_RULES
+    SKIP_TEST();
+#else
+    static struct lend l;
+    struct holders h;
+    struct agent lender, borrower;
+    memset(&l, 0, sizeof l);
+    shard_collect();
+    hold_waiting_heaps(&h);
+    agent_start(&lender);
+    agent_do(&lender, lend_fill_job, &l);
+    void *stale = l.a[LEND_STALE_PAGE * LEND_PER_PAGE + 5].p; /* in a page the lender lends when it frees */
+    agent_start(&borrower);
+    agent_do(&borrower, small_op_job, NULL); /* a heap that needs pages: the lender lends */
+    agent_do(&lender, lend_free_job, &l);
+    hook_reset();
+    shard_error_fn old = shard_set_error_hook(recording_hook, &l);
+    shard_free(stale);
+    CHECK_HOOK(SHARD_ERROR_INVALID_FREE, stale, "free of a pointer into a lent page, by another thread");
+    hook_reset();
+    CHECK(shard_realloc(stale, 100) == NULL);
+    CHECK_HOOK(SHARD_ERROR_INVALID_REALLOC, stale, "realloc of a pointer into a lent page");
+    hook_reset();
+    agent_do(&lender, stale_free_job, stale);
+    CHECK_HOOK(SHARD_ERROR_INVALID_FREE, stale, "free of a pointer into a lent page, by its segment's owner");
+    shard_set_error_hook(old, NULL);
+    agent_do(&borrower, borrow_job, &l);
+    for (l.part = 0; l.part < 3; l.part++)
+        agent_do(&borrower, borrow_free_part_job, &l);
+    agent_do(&borrower, check_allocator_job, "in the borrower after the error hook's calls");
+    agent_stop(&borrower);
+    agent_stop(&lender);
+    release_holders(&h);
+#endif
+}
