@@ -915,11 +915,13 @@ int heap_check(heap *h)
     problems += insist(cold_pages == all_cold, "heap: the cold pages listed differ from the segments' cold pages:", cold_pages);
     for (const page *pg = h->guest_full.first; pg != NULL; pg = pg->next, guests++) {
         problems += insist(pg->state == PAGE_LENT && load_relaxed(&pg->lend) == LEND_GUEST &&
-                               load_relaxed(&pg->guest_of) == h && pg->full && (pg->next == NULL || pg->next->prev == pg),
+                               load_relaxed(&pg->guest_of) == h && pg->full &&
+                               (pg->next == NULL || pg->next->prev == pg),
                            "heap: a page in the full guest pages that is not a full page lent to the heap:", pg);
         problems += small_check_page(pg);
     }
-    problems += insist(guests == h->guests, "heap: the count of pages lent to the heap differs from its lists:", guests);
+    problems += insist(guests == h->guests, "heap: the count of pages lent to the heap differs from its lists:",
+                       guests);
     return problems;
 }
 

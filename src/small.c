@@ -7,8 +7,8 @@
  *   else carves more items from the untouched part in ascending address order (4 KB of them, or as many
  *   again as the page has carved), else takes the page out of the list as full (and biases `used`, see
  *   small.h) and looks at the next page. With no page left it takes a page: the most
- *   recently freed committed one, else an orphan segment's (small.h), else a cold one (committing it),
- *   else a new segment. A segment whose every page went out of its list as full goes to the orphans,
+ *   recently freed committed one, else an orphan segment's (small.h), else one lent to the pool
+ *   (small.h, lent pages), else a cold one (committing it), else a new segment. A segment whose every page went out of its list as full goes to the orphans,
  *   and comes back at its heap's first free into it.
  * - A page that gets items back after being full goes to the tail of its list, so that by the time
  *   allocation reaches it more than one item has gathered. Only a brand-new page goes to the head.

@@ -80,28 +80,30 @@
  *
  * Lent pages. Pages belong to segments and segments to heaps, so a page that empties in one heap served
  * only that heap: at rptest's peak at 8 threads some heaps held 18-75 MB of free pages that they would
- * not need for a while, committed, as others committed pages anew (bench/results/2026-12-07-lent-pages.md).
- * A thread heap that retires a page of its own (a page, not a run) while it holds SHARD_LEND_AFTER free
- * pages, and while another heap lately committed a page afresh (small.c's pool_wanted: a thread alone
- * keeps its pages and takes no lock), lends it to the pool, a list of committed free pages for the whole
- * process under a spin lock; a thread heap that needs a page and has no free one takes the most recently
- * lent page of the pool before a spare segment or a cold page. The segment's owner takes its own back as a free page (the
- * segment counts its pages lent, `lent`); any other heap uses it as a guest (`lend` LEND_GUEST,
- * `guest_of`): the descriptor, owner line and all, is the guest's to write as its own page's, but for
- * `state`, which only the segment's owner writes and which stays PAGE_LENT, so that the owner's walks of
- * its segments pass the page by. A guest's carve leaves item_bound 0, so the owner's free and realloc
- * fast paths, whose own-segment test passes there, fail the item test and go to small_free_local_slow,
- * which sends the free on as another thread's. The guest's own frees fail the own-segment test and reach
+ * not need for a while, committed, as others committed pages anew
+ * (bench/results/2026-12-07-lent-pages.md). A thread heap that retires a page of its own (a page, not a
+ * run) while it holds SHARD_LEND_AFTER free pages, and while another heap lately committed a page
+ * afresh (small.c's pool_wanted: a thread alone keeps its pages and takes no lock), lends it to the
+ * pool, a list of committed free pages for the whole process under a spin lock; a thread heap that
+ * needs a page and has no free one takes the most recently lent page of the pool before a spare segment
+ * or a cold page. The segment's owner takes its own back as a free page (the segment counts its pages
+ * lent, `lent`); any other heap uses it as a guest (`lend` LEND_GUEST, `guest_of`): the descriptor,
+ * owner line and all, is the guest's to write as its own page's, but for `state`, which only the
+ * segment's owner writes and which stays PAGE_LENT, so that the owner's walks of its segments pass the
+ * page by. A guest's carve leaves item_bound 0, so the owner's free and realloc fast paths, whose
+ * own-segment test passes there, fail the item test and go to small_free_local_slow, which sends the
+ * free on as another thread's. The guest's own frees fail the own-segment test and reach
  * small_free_guest through api_free_slow; the slow paths' item test for a guest page is
  * small_valid_foreign's (and `carved`, for the guest's own frees). Every push queues the page at its
  * user (page_user): the guest. A guest page never goes loose, counts in no segment's full pages, and
  * waits in its guest's guest_full list while full (the walks find it there); when its items are all
- * back it goes back to the pool. A page that waited in the pool for the decommit delay is decommitted and
- * goes home (LEND_HOME): queued on its segment owner's `delayed` list, whose drain makes it a cold page.
- * A heap whose thread ends, or that collects, first takes its own pages out of the pool, so that its
- * segments may go; one with pages lent is not moved (to the orphans, the spare segments) nor released.
- * A created heap neither lends nor takes: its memory is charged to it; nor does the hardened build, whose
- * link checks are item tests (SHARDMM_LEND_PAGES=0 turns lending off).
+ * back it goes back to the pool (home at once from a trim of a heap no thread runs). A page that waited
+ * in the pool for the decommit delay is decommitted and goes home (LEND_HOME): queued on its segment
+ * owner's `delayed` list, whose drain makes it a cold page. A heap whose thread ends, or that collects,
+ * first takes its own pages out of the pool, so that its segments may go; one with pages lent is not
+ * moved (to the orphans, the spare segments) nor released. A created heap neither lends nor takes: its
+ * memory is charged to it; nor does the hardened build, whose link checks are item tests
+ * (SHARDMM_LEND_PAGES=0 turns lending off).
  *
  * Runs. A class whose page holds at most SHARD_RUN_CAPACITY items (7.5-16 KB: 4-8) is served by runs
  * of up to SHARD_RUN_PAGES pages (config.h), one descriptor for the whole run: its head's, which holds the
