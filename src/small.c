@@ -2,14 +2,14 @@
  *
  * The fast paths (api.c, asm/fast.asm) pop from `free` of the first page of a class and push the
  * owner's frees back onto it; everything else happens here:
- * - A class list holds the pages of a class that may have free items. When its first page has no
- *   `free` item, the slow path takes the page's `local_free`, else what other threads freed into it,
- *   else carves more items from the untouched part in ascending address order (4 KB of them, or as many
+ * - A class list holds the pages of a class that may have free items. When its first page has no `free`
+ *   item, the slow path takes the page's `local_free`, else what other threads freed into it, else
+ *   carves more items from the untouched part in ascending address order (4 KB of them, or as many
  *   again as the page has carved), else takes the page out of the list as full (and biases `used`, see
- *   small.h) and looks at the next page. With no page left it takes a page: the most
- *   recently freed committed one, else an orphan segment's (small.h), else one lent to the pool
- *   (small.h, lent pages), else a cold one (committing it), else a new segment. A segment whose every page went out of its list as full goes to the orphans,
- *   and comes back at its heap's first free into it.
+ *   small.h) and looks at the next page. With no page left it takes a page: the most recently freed
+ *   committed one, else an orphan segment's (small.h), else one lent to the pool (small.h, lent pages),
+ *   else a cold one (committing it), else a new segment. A segment whose every page went out of its
+ *   list as full goes to the orphans, and comes back at its heap's first free into it.
  * - A page that gets items back after being full goes to the tail of its list, so that by the time
  *   allocation reaches it more than one item has gathered. Only a brand-new page goes to the head.
  * - Other threads' frees into a lazy page (small.h) wait in it until the page is its class's first and
@@ -1287,8 +1287,9 @@ static void free_push(heap *h, page *pg, block *b)
 
 void small_free_guest(heap *h, page *pg, block *b)
 {
-    uint32_t off = (uint32_t)((uintptr_t)b & (PAGE_SIZE - 1));
-    if (unlikely(!small_valid_foreign(pg, b) || off / pg->block_size >= pg->carved || page_used(pg) == pg->sole)) {
+    uint32_t off = (uint32_t)((uintptr_t)b & (PAGE_SIZE - 1)); /* an item's (tested first): below the carved */
+    if (unlikely(!small_valid_foreign(pg, b) || off >= (uint32_t)pg->carved * pg->block_size ||
+                 page_used(pg) == pg->sole)) {
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b); /* not an item out: also a second free of the
                                                             * page's last one */
         return;
