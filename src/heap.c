@@ -856,9 +856,10 @@ int heap_check(heap *h)
         unsigned lent = 0;
         for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
             const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
-            lent += pg->state == PAGE_LENT;
-            if (pg->state == PAGE_LENT)
-                continue; /* its guest's, or the pool's: checked there (small.h, lent pages) */
+            if (pg->state == PAGE_LENT) { /* its guest's, or the pool's: checked there (small.h, lent pages) */
+                lent++;
+                continue;
+            }
             problems += small_check_page(pg);
             all_cold += pg->state == PAGE_COLD;
             full += pg->state == PAGE_IN_USE && pg->full ? page_span(pg) : 0;

@@ -605,6 +605,14 @@ static int pool_put(page *pg)
     return 1;
 }
 
+/* pg, lent by its segment's owner, is the owner's again, in `state` (and in none of its lists yet). */
+static void page_unlend(page *pg, uint8_t state)
+{
+    segment_of(pg)->lent--;
+    store_relaxed(&pg->lend, (uint8_t)LEND_NONE);
+    pg->state = state;
+}
+
 /* Whether h (a thread heap, on its thread) lends pg, a page of its own just retired: when it holds
  * SHARD_LEND_AFTER free pages already, and the page is not a run's. */
 static int page_lends(heap *h, const page *pg)
@@ -629,11 +637,8 @@ static page *pool_take(heap *h)
     spin_unlock(&pool_lock);
     if (pg == NULL)
         return NULL;
-    segment *s = segment_of(pg);
-    if (load_relaxed(&s->owner) == h) { /* no segment with pages lent changes owner */
-        s->lent--;
-        store_relaxed(&pg->lend, (uint8_t)LEND_NONE);
-        pg->state = PAGE_FREE;
+    if (load_relaxed(&segment_of(pg)->owner) == h) { /* no segment with pages lent changes owner */
+        page_unlend(pg, PAGE_FREE);
         return pg;
     }
     h->guests++;
@@ -649,14 +654,11 @@ void small_pool_reclaim(heap *h)
     uint32_t n = pool_count;
     for (page *pg = pool.first, *next; pg != NULL; pg = next) {
         next = pg->next;
-        segment *s = segment_of(pg);
-        if (load_relaxed(&s->owner) != h)
+        if (load_relaxed(&segment_of(pg)->owner) != h)
             continue;
         list_remove(&pool, pg);
         n--;
-        s->lent--;
-        store_relaxed(&pg->lend, (uint8_t)LEND_NONE);
-        pg->state = PAGE_FREE;
+        page_unlend(pg, PAGE_FREE);
         list_append(&h->free_pages, pg); /* keeps its freed_at: its delay goes on */
         h->free_count++;
     }
@@ -708,16 +710,13 @@ void small_pool_lock_for_fork(int take)
  * of h's cold pages, or of its free pages if the decommit failed. */
 static void page_home(heap *h, page *pg)
 {
-    segment_of(pg)->lent--;
-    int kept = load_relaxed(&pg->lend) == LEND_HOME_KEPT;
-    store_relaxed(&pg->lend, (uint8_t)LEND_NONE);
-    if (kept) {
-        pg->state = PAGE_FREE;
+    if (load_relaxed(&pg->lend) == LEND_HOME_KEPT) {
+        page_unlend(pg, PAGE_FREE);
         list_append(&h->free_pages, pg);
         h->free_count++;
         return;
     }
-    pg->state = PAGE_COLD;
+    page_unlend(pg, PAGE_COLD);
     list_push_front(&h->cold_pages, pg);
 }
 
@@ -757,9 +756,7 @@ static void page_retire(heap *h, page *pg, int in_list)
             large_cache_expire();
             return;
         }
-        segment_of(pg)->lent--; /* a fork holds the pool: a free page of h's, as any other */
-        store_relaxed(&pg->lend, (uint8_t)LEND_NONE);
-        pg->state = PAGE_FREE;
+        page_unlend(pg, PAGE_FREE); /* a fork holds the pool: a free page of h's, as any other */
     }
     /* The clock whenever this retire takes h past the pages it keeps: trim_at measures the delay of
      * every waiting page from it (a 0 there would make every delay look long over). */

@@ -3240,7 +3240,7 @@ static int borrow_visit(void *arg, void *block, size_t usable, int kind)
     return 0;
 }
 
-static void borrow_visit_job(void *arg)
+__attribute__((unused)) static void borrow_visit_job(void *arg)
 {
     struct lend *l = arg;
     l->seen = l->strays = 0;
@@ -3440,7 +3440,7 @@ TEST(blocks_in_lent_pages_outlive_their_thread)
 #endif
 }
 
-static void stale_free_job(void *arg) { shard_free(arg); }
+__attribute__((unused)) static void stale_free_job(void *arg) { shard_free(arg); }
 
 /* A pointer into a page lent to the pool is no block: its free and realloc reach the error hook, from the
  * lender's thread (whose segment holds the page) and from another, and the pool's pages serve as before. */
