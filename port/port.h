@@ -131,6 +131,12 @@ typedef struct port_capabilities {
      * (src/small.c: carve_reach). Without it: the writes fault the pages in. */
     void (*populate)(void *addr, size_t size);
 
+    /* How many of the pages of [addr, addr+size) (page-aligned, committed) are resident now (Linux:
+     * mincore): SIZE_MAX when it cannot tell. The core asks it of the last 2 MB of a large block left
+     * on small pages, at the block's free, to learn whether the program uses its large blocks to their
+     * ends (src/large.c: earned tails). Without it: every block's last 2 MB may be a large page. */
+    size_t (*resident_pages)(void *addr, size_t size);
+
     /* The most address space the process may hold, bytes; SIZE_MAX when unlimited (Linux: RLIMIT_AS or
      * RLIMIT_DATA, the lower). Read for the rare decisions that depend on it (large blocks' address
      * headroom). Without it: unlimited. */

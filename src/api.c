@@ -91,7 +91,7 @@ static inline int kind_large(unsigned kind) { return kind == SEG_LARGE || kind =
 /* Large blocks need no heap, but the process's start-up (the fork hooks) comes first all the same, and
  * a thread's first allocation makes its heap, which keeps its spare (large.c). Without one (no memory
  * for it, or a thread past its exit hook, whose heap is only lent) the block comes from the cache. */
-static void *large_any(size_t size, size_t align, int zero)
+static void large_heap(void)
 {
     heap_started();
     if (unlikely(heap_mine() == NULL)) {
@@ -100,6 +100,11 @@ static void *large_any(size_t size, size_t align, int zero)
         if (h != NULL && lent)
             heap_retire(h);
     }
+}
+
+static void *large_any(size_t size, size_t align, int zero)
+{
+    large_heap();
     return large_alloc_aligned(size, align, zero);
 }
 
@@ -367,7 +372,11 @@ static __attribute__((noinline)) void *realloc_move(void *p, unsigned kind, size
         if (target > limit)
             target = limit;
     }
-    q = API(malloc)(target);
+    q = NULL;
+    if (target > size && size > SHARD_MEDIUM_MAX && !kind_large(kind)) /* grows: large.c's earned tails */
+        large_heap(), q = large_alloc_grown(target);
+    if (q == NULL)
+        q = API(malloc)(target);
     if (q == NULL && target != size)
         q = API(malloc)(size); /* short of memory: without the headroom it may still fit */
     if (q == NULL)

@@ -14,7 +14,8 @@
  *   ...           committed up to start + committed, then address space only up to start + span
  *
  * What a block needs is committed, and where the platform gives large pages up to the next 2 MB from the
- * header (commit_end, below), so that the block's last 2 MB can be one too.
+ * header (commit_end, below), so that the block's last 2 MB can be one too (a fresh block's once the
+ * program's blocks have earned it: earned tails, below).
  *
  * The span is the reservation: what the block needs and as much again as headroom (at most 1 GB of
  * it), rounded to 64 KB, or to 2 MB where the platform gives large pages (span_for): a 1.1 MB block
@@ -198,7 +199,9 @@ static inline uint64_t mark_freed(const large_header *h) { (void)h; return LARGE
 #define LAYOUT_PIECE ((size_t)64)  /* a near block cut from the one below it (split_off): they may join again */
 #define LAYOUT_GROWN ((size_t)128) /* a near block that grew by realloc: not split when taken again */
 #define LAYOUT_SPLIT ((size_t)256) /* a near block a piece was cut from (split_off): no spare, it may join */
-_Static_assert(LAYOUT_ALIGN_SHIFT + 6 <= 12 && LAYOUT_SPLIT < 4096, "the layout's flags fit below the page-sized span");
+#define LAYOUT_PROBE ((size_t)512) /* a fresh near block whose last 2 MB was left on small pages to be read
+                                    * at its free (earned tails, below); never kept through reuse */
+_Static_assert(LAYOUT_ALIGN_SHIFT + 6 <= 12 && LAYOUT_PROBE < 4096, "the layout's flags fit below the page-sized span");
 
 static size_t span_of(const large_header *h) { return h->layout & ~(PORT_PAGE - 1); }
 static int is_far(const large_header *h) { return (h->layout & LAYOUT_FAR) != 0; }
@@ -298,7 +301,8 @@ static size_t coloured_aligned(heap *me, size_t align)
 static size_t need_of(size_t size, size_t offset) { return round_up(size + offset, PORT_PAGE); }
 
 /* How much headroom a new reservation gets (see the file comment). */
-enum headroom { HEADROOM_NONE, HEADROOM_FRESH, HEADROOM_GROWN };
+enum headroom { HEADROOM_NONE, HEADROOM_FRESH, HEADROOM_GROWN,
+                HEADROOM_MOVED }; /* a fresh block for a smaller one that grows (large_alloc_grown) */
 
 /* The largest need asked for since lower_high (below); 0 after it. Read by every allocation, written
  * rarely: a line of its own, away from the live counts that other threads' allocations write, since a
@@ -326,7 +330,7 @@ static size_t span_for(size_t need, enum headroom headroom)
     if (headroom == HEADROOM_NONE || os_address_space_limit() != SIZE_MAX)
         return least;
     size_t asked = load_relaxed(&asked_high.need), room_for = need;
-    if (headroom == HEADROOM_FRESH && asked > need)
+    if ((headroom == HEADROOM_FRESH || headroom == HEADROOM_MOVED) && asked > need)
         room_for = asked < 4 * need ? asked : 4 * need;
     size_t extra = room_for < SHARD_LARGE_HEADROOM_MAX ? room_for : SHARD_LARGE_HEADROOM_MAX;
     size_t span = need + extra;
@@ -361,6 +365,56 @@ static size_t commit_end(size_t need, size_t span, int exact, int fresh)
         return need;
     size_t end = round_up(need, LARGE_PAGE);
     return end <= span && !(fresh && end - need > LARGE_PAGE - LARGE_PAGE / 4) ? end : need;
+}
+
+/* Earned tails. A fresh block's last 2 MB (all of a block of 1-2 MB) is a large page only while the
+ * program's fresh blocks have lately been used to their ends: a large page is resident whole from its
+ * first touch, and a program whose blocks of 1-2 MB are used at their first kilobytes (bench/shapes.c's
+ * large-heads: an engine's arrays and buffers sized for the largest case) had 2 MB resident and cleared
+ * for each, 128 MB at 8 threads against jemalloc's 6, in 1.3-1.8 times its time
+ * (bench/results/2026-12-07-earned-tails.md). Until then such a block is committed to its need, its
+ * last 2 MB on small pages, and marked a probe (LAYOUT_PROBE); its free counts the pages resident there
+ * (port_caps.resident_pages: mincore, one system call), and half or more of them make the program's
+ * tails dense (tails_dense), less makes them sparse again. While they are dense, fresh tails are large
+ * pages but for every TAIL_PROBE_EVERYth, a probe again, so that a program that changes its ways is
+ * seen to. A dense probe whose tail is half its block or more goes back to the OS, not to a spare or the
+ * cache: its tail would stay on small pages for as long as its reservation lasts, and serve the next
+ * requests so (bench/shapes.c's turnover, whose 1-2 MB blocks are written whole, kept its first blocks
+ * through the whole run: 1.05-1.08 of the time, 1.01-1.03 with this). A block that a realloc moves into
+ * the large range (large_alloc_grown) grows and is no probe: strings, whose buffers grow by realloc,
+ * took 1.07 of the time when they were. Nor is a block once resized (what its tail holds then says
+ * nothing of a fresh block's). Where the port cannot count, or with SHARDMM_EARNED_TAILS=0, tails are
+ * large pages as commit_end says. */
+#define TAIL_PROBE_EVERY 8u
+static int tails_dense;     /* atomic, relaxed: the last probe found at least half of its tail resident */
+static unsigned tails_seen; /* atomic, relaxed: fresh tails while dense, for the probes among them */
+
+/* Whether a fresh block's last 2 MB, which commit_end would make a large page, may be one: 0 for a
+ * probe. */
+static int tail_earned(void)
+{
+    if (!options_values.earned_tails || !os_counts_resident())
+        return 1;
+    return load_relaxed(&tails_dense) && fetch_add_relaxed(&tails_seen, 1u) % TAIL_PROBE_EVERY != 0;
+}
+
+static int probe_of(const large_header *h) { return !is_far(h) && (h->layout & LAYOUT_PROBE) != 0; }
+
+/* The last 2 MB of a block's committed memory, or less: what a probe left on small pages. */
+static size_t tail_of(const large_header *h) { return h->committed - ((h->committed - 1) & ~(LARGE_PAGE - 1)); }
+
+/* A probe's free: the pages resident in its tail decide whether the program's tails are dense, and the
+ * block is a probe no more. 1 when dense. */
+static int tail_read(large_header *h)
+{
+    size_t tail = tail_of(h);
+    store_relaxed(&h->layout, h->layout & ~LAYOUT_PROBE);
+    size_t resident = os_resident_pages((uint8_t *)h + h->committed - tail, tail);
+    if (resident == SIZE_MAX)
+        return 0;
+    int dense = 2 * resident * PORT_PAGE >= tail;
+    store_relaxed(&tails_dense, dense);
+    return dense;
 }
 
 /* Atomic: large blocks have no owner to count them. */
@@ -405,7 +459,10 @@ static large_header *reserve_block(size_t need, size_t offset, size_t commit_fro
         return NULL;
     if (SHARD_LARGE_PAGES)
         os_hint_large_pages(h, span);
-    size_t end = commit_end(need, span, exact, headroom == HEADROOM_FRESH);
+    size_t end = commit_end(need, span, exact, headroom == HEADROOM_FRESH || headroom == HEADROOM_MOVED);
+    size_t probe = headroom == HEADROOM_FRESH && end > need && !tail_earned() ? LAYOUT_PROBE : 0;
+    if (probe != 0)
+        end = need;
     if (end > commit_from && os_commit((uint8_t *)h + commit_from, end - commit_from) != 0) {
         os_release(h, span, 0);
         return NULL;
@@ -417,7 +474,7 @@ static large_header *reserve_block(size_t need, size_t offset, size_t commit_fro
     if (commit_from == 0) {
         h->size = need - offset;
         h->committed = end;
-        h->layout = layout_of(span, offset);
+        h->layout = layout_of(span, offset) | probe;
     }
     *span_out = span;
     return h;
@@ -1292,6 +1349,14 @@ void *large_alloc_aligned(size_t size, size_t align, int zero)
     return p != NULL ? p : large_alloc_in(NULL, size, align, zero);
 }
 
+void *large_alloc_grown(size_t size)
+{
+    void *p = spare_alloc(size, 0);
+    if (p != NULL || size > LARGE_SIZE_MAX)
+        return p;
+    return near_alloc(size, coloured(heap_mine(), LARGE_HEADER), 0, HEADROOM_MOVED, NULL);
+}
+
 void *large_alloc_in(heap *owner, size_t size, size_t align, int zero)
 {
     if (size > LARGE_SIZE_MAX)
@@ -1352,12 +1417,14 @@ int large_free(void *p)
         fetch_add_relaxed(&owner->large_bytes, -h->size);
         heap_uncharge(owner, h->committed);
     }
-    heap *me = is_far(h) ? NULL : heap_mine();
+    /* Never cached: a far block (see the file comment), a dense probe that is mostly tail (earned tails). */
+    int away = is_far(h) || (probe_of(h) && tail_read(h) && 2 * tail_of(h) >= h->committed);
+    heap *me = away ? NULL : heap_mine();
     if (me != NULL && spare_put(me, h) == 0)
         return 0; /* still counted live: the spare's */
     count_live((size_t)-1, -h->size, -h->committed);
-    if (is_far(h))
-        release_block(h); /* never cached (see the file comment) */
+    if (away)
+        release_block(h);
     else
         cache_put(h);
     return 0;
@@ -1406,6 +1473,8 @@ void *large_resize_in_place(void *p, size_t size)
     if (h == NULL || size <= SHARD_MEDIUM_MAX || size > LARGE_SIZE_MAX)
         return NULL;
     large_cache_expire(); /* a cache access, as the seed counts them: the age is checked */
+    if (probe_of(h))
+        store_relaxed(&h->layout, h->layout & ~LAYOUT_PROBE); /* earned tails: no probe now */
     size_t offset = offset_of(h), need = need_of(size, offset), committed = h->committed, was = h->size;
     heap *owner = owner_of(h);
     int absorbed = need > span_of(h) && owner == NULL && absorb_above(h, need);

@@ -14,6 +14,9 @@ void *large_alloc_aligned(size_t size, size_t align, int zero);
 /* The same for a created heap (NULL: no heap), whose limit counts the block's committed memory. */
 struct heap;
 void *large_alloc_in(struct heap *owner, size_t size, size_t align, int zero);
+/* large_alloc for a smaller block that grows past SHARD_MEDIUM_MAX (realloc), which the copy fills at
+ * once: a block that grows, whose last 2 MB needs no probe (large.c: earned tails). */
+void *large_alloc_grown(size_t size);
 /* Free every live large block of a created heap, as large_free would (its destroy or reset). */
 void large_release_owned(struct heap *owner);
 /* Whether p is a live large block of that heap. */

@@ -29,6 +29,7 @@ options options_values = {
     .large_cache_bytes = SHARD_LARGE_CACHE_BYTES,
     .large_spares = 1,
     .large_colours = 1,
+    .earned_tails = 1,
     .lend_pages = 1,
     .huge_pages = SHARD_HUGE_PAGES,
     .quarantine_bytes = SHARD_QUARANTINE_BYTES,
@@ -53,6 +54,7 @@ static void set_large_cache(uint64_t v)
 }
 static void set_large_spares(uint64_t v) { options_values.large_spares = (uint32_t)v; }
 static void set_large_colours(uint64_t v) { options_values.large_colours = (uint32_t)v; }
+static void set_earned_tails(uint64_t v) { options_values.earned_tails = (uint32_t)v; }
 static void set_lend_pages(uint64_t v) { options_values.lend_pages = (uint32_t)v; }
 static void set_quarantine(uint64_t v) { options_values.quarantine_bytes = (size_t)v << MB_SHIFT; }
 static void set_huge_pages(uint64_t v) { options_values.huge_pages = (uint32_t)v; }
@@ -71,6 +73,7 @@ static const struct spec {
     {"LARGE_CACHE_MB", LARGE_CACHE_MB_MAX, set_large_cache, "a decimal number of megabytes up to 67108864"},
     {"LARGE_SPARES", 1, set_large_spares, "0 or 1"},
     {"LARGE_COLOURS", 1, set_large_colours, "0 or 1"},
+    {"EARNED_TAILS", 1, set_earned_tails, "0 or 1"},
     {"LEND_PAGES", 1, set_lend_pages, "0 or 1"},
     {"QUARANTINE_MB", LARGE_CACHE_MB_MAX, set_quarantine, "a decimal number of megabytes up to 67108864"},
     {"HUGE_PAGES", SHARD_HUGE_PAGES_ALL, set_huge_pages, "0, 1 or 2"},

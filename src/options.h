@@ -30,6 +30,9 @@ typedef struct options {
                                       for its next large allocation (large.c's spare); 1 by default */
     uint32_t large_colours;        /* SHARDMM_LARGE_COLOURS: large blocks start at one of 64 cache lines of
                                       their first page (large.c's colours); 1 by default */
+    uint32_t earned_tails;         /* SHARDMM_EARNED_TAILS: a fresh large block's last 2 MB is a large page
+                                      only while the program's lately were used to their ends (large.c's
+                                      earned tails); 1 by default, 0: always */
     uint32_t lend_pages;           /* SHARDMM_LEND_PAGES: a thread heap lends the free small pages it holds
                                       beyond SHARD_LEND_AFTER to the other heaps (small.h, lent pages); 1 by
                                       default */

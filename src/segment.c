@@ -139,6 +139,13 @@ void os_hint_large_pages(void *addr, size_t size)
         port_caps.hint_large_pages(addr, size);
 }
 
+size_t os_resident_pages(void *addr, size_t size)
+{
+    return port_caps.resident_pages != NULL ? port_caps.resident_pages(addr, size) : SIZE_MAX;
+}
+
+int os_counts_resident(void) { return port_caps.resident_pages != NULL; }
+
 size_t os_address_space_limit(void)
 {
     return port_caps.address_space_limit != NULL ? port_caps.address_space_limit() : SIZE_MAX;

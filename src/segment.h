@@ -265,6 +265,8 @@ int os_can_release_part(void);
 
 /* The optional capabilities of port_caps, each with what the core does without it (port.h). */
 void os_hint_large_pages(void *addr, size_t size); /* nothing */
+size_t os_resident_pages(void *addr, size_t size); /* SIZE_MAX: cannot tell */
+int os_counts_resident(void);                      /* whether port_caps.resident_pages is there */
 size_t os_address_space_limit(void);               /* SIZE_MAX */
 uint64_t os_clock_ms(void);                        /* a count of the calls, from 1 */
 uint32_t os_thread_id(void);                       /* 1, for every thread */

@@ -125,8 +125,9 @@ static size_t round_up(size_t n, size_t to)
     return (n + to - 1) / to * to;
 }
 
-/* What a fresh large block of usable size u commits (test_large.c's rules): its need (u and the header,
- * whole pages), up to the next 2 MB boundary when that fills at least a quarter of its last 2 MB. */
+/* What a fresh large block of usable size u commits (test_large.c's rules, with SHARDMM_EARNED_TAILS=0 as
+ * tests/run runs this file): its need (u and the header, whole pages), up to the next 2 MB boundary when
+ * that fills at least a quarter of its last 2 MB. */
 static size_t fresh_commit(size_t u)
 {
     size_t need = round_up(u + LARGE_HEADER, 4096), end = round_up(need, HUGE_PAGE);

@@ -57,6 +57,10 @@
  *   k through realloc in place and moves. tests/run runs every test above with SHARDMM_LARGE_COLOURS=0
  *   and the colours' own tests (the end of this file) without it; the tests of exact addresses and
  *   sizes skip when colours are on.
+ * - With SHARDMM_EARNED_TAILS=0, as above. By default (Linux) a fresh block whose F would reach past
+ *   need commits need while the fresh blocks freed lately were not used to their ends, and one in eight
+ *   of them does so when they were (the earned tails' test says how it is seen). tests/run runs the
+ *   tests above with SHARDMM_EARNED_TAILS=0 and the earned tails' own test without it.
  * - calloc of a large size is zero over the whole usable size, also on a dirty cached block.
  * - A double free, an interior pointer, realloc and usable_size of them reach the error hook and change
  *   nothing; a double-freed block comes back from the cache once. Impossible sizes give NULL and leave
@@ -1352,6 +1356,118 @@ TEST(a_fresh_block_that_fills_less_than_a_quarter_of_its_last_2mb_leaves_it_on_s
         }
     cache_undrain(&d);
     check_allocator("after the fresh blocks' last 2 MB");
+#endif
+}
+
+/* Earned tails (src/large.c; SHARDMM_EARNED_TAILS, on by default, Linux): a fresh block's last 2 MB, all
+ * of a block of 1-2 MB, is a large page only while the fresh blocks freed lately had at least half of
+ * theirs resident; until then, and for one fresh block in eight after, the block commits its need and
+ * its last 2 MB stays on small pages, to be looked at when it is freed. Blocks of 1.5 MB used at their
+ * first 8 KB, eight at a time: after one set, every fresh one holds those pages resident and a couple
+ * more, not 2 MB (on b477873 every one held 512 pages); one block written whole and freed makes seven of
+ * the next eight fresh ones commit their 2 MB and hold a large page from their first write, the eighth
+ * its need; once those are freed, blocks are left on small pages again. A block that a realloc moves
+ * into the large range is a block that grows: it commits its 2 MB whatever the last blocks did. */
+#if SHARD_RULES && defined(__linux__)
+#define TAIL_BLOCKS 8
+static void tails_set(unsigned char **p, size_t n, size_t used, uint64_t seed, size_t *commits, long *resident)
+{
+    for (int i = 0; i < TAIL_BLOCKS; i++) {
+        shard_stats a, b;
+        shard_get_stats(&a);
+        p[i] = shard_malloc(n);
+        shard_get_stats(&b);
+        CHECK(p[i] != NULL);
+        if (p[i] == NULL)
+            continue;
+        commits[i] = b.committed - a.committed;
+        fill64(p[i], used, seed + (uint64_t)i);
+        int first;
+        resident[i] = resident_pages((unsigned char *)((uintptr_t)p[i] & ~(uintptr_t)(LARGE_GRANULE - 1)), HUGE_PAGE,
+                                     &first);
+    }
+}
+
+static void tails_free(unsigned char **p, size_t used, uint64_t seed)
+{
+    for (int i = 0; i < TAIL_BLOCKS; i++)
+        if (p[i] != NULL) {
+            CHECK_BLOCK(p[i], used, seed + (uint64_t)i, "block %d of a set", i);
+            shard_free(p[i]);
+        }
+    shard_collect(); /* no spare nor cached block: the next set is fresh */
+}
+#endif
+
+TEST(earned_tails_leave_a_fresh_block_on_small_pages_until_the_blocks_freed_were_used_to_their_ends)
+{
+#if !SHARD_RULES || !defined(__linux__)
+    SKIP_TEST();
+#else
+    const char *v = getenv("SHARDMM_EARNED_TAILS");
+    if (!huge_pages_on() || (v != NULL && strcmp(v, "0") == 0))
+        SKIP_TEST();
+    const size_t n = MB + MB / 2, used = 8 * KB, small_most = 4; /* the header's page, 8 KB and a colour's */
+    unsigned char *p[TAIL_BLOCKS];
+    size_t commits[TAIL_BLOCKS];
+    long resident[TAIL_BLOCKS];
+    drained d;
+    cache_drain(&d);
+    shard_collect();
+    tails_set(p, n, used, 0x7a11, commits, resident); /* one of them at least is looked at */
+    tails_free(p, used, 0x7a11);
+    tails_set(p, n, used, 0x7a21, commits, resident);
+    for (int i = 0; i < TAIL_BLOCKS; i++)
+        CHECKF(resident[i] >= 2 && resident[i] <= (long)small_most && commits[i] < HUGE_PAGE,
+               "a fresh block of 1.5 MB used at its first 8 KB, after blocks so used: %ld pages resident in its 2 MB "
+               "(at most %zu expected), %zu bytes committed", resident[i], small_most, commits[i]);
+    tails_free(p, used, 0x7a21);
+
+    unsigned char *whole = shard_malloc(n);
+    CHECK(whole != NULL);
+    if (whole != NULL) {
+        fill64(whole, n, 0x7a31);
+        CHECK_BLOCK(whole, n, 0x7a31, "a fresh block written whole");
+        shard_free(whole);
+    }
+    shard_collect();
+    tails_set(p, n, used, 0x7a41, commits, resident);
+    int large = 0, small = 0, huge = 0;
+    for (int i = 0; i < TAIL_BLOCKS; i++) {
+        large += commits[i] >= HUGE_PAGE;
+        small += commits[i] < HUGE_PAGE && resident[i] <= (long)small_most;
+        huge += resident[i] == 512;
+    }
+    CHECKF(large == TAIL_BLOCKS - 1 && small == 1 && huge >= 1,
+           "after a block written whole: %d of %d fresh blocks committed their 2 MB (%d with a large page), %d their "
+           "need only, on small pages (7, at least 1 and 1 expected)", large, TAIL_BLOCKS, huge, small);
+    tails_free(p, used, 0x7a41);
+    tails_set(p, n, used, 0x7a51, commits, resident);
+    for (int i = 0; i < TAIL_BLOCKS; i++)
+        CHECKF(resident[i] <= (long)small_most && commits[i] < HUGE_PAGE,
+               "a fresh block after a set used at its start again: %ld pages resident, %zu bytes committed", resident[i],
+               commits[i]);
+    tails_free(p, used, 0x7a51);
+
+    unsigned char *grown = shard_malloc(900 * KB);
+    CHECK(grown != NULL);
+    if (grown != NULL) {
+        fill64(grown, 900 * KB, 0x7a61);
+        unsigned char *q = shard_realloc(grown, n);
+        CHECK(q != NULL);
+        if (q != NULL) {
+            int first;
+            unsigned char *granule = (unsigned char *)((uintptr_t)q & ~(uintptr_t)(LARGE_GRANULE - 1));
+            long in = resident_pages(granule, HUGE_PAGE, &first);
+            CHECKF(in == 512, "a block of 900 KB moved by realloc to 1.5 MB: %ld pages resident in its 2 MB (a large "
+                   "page expected)", in);
+            CHECK_BLOCK(q, 900 * KB, 0x7a61, "a block moved into the large range");
+            grown = q;
+        }
+        shard_free(grown);
+    }
+    cache_undrain(&d);
+    check_allocator("after the earned tails");
 #endif
 }
 
