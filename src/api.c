@@ -373,8 +373,10 @@ static __attribute__((noinline)) void *realloc_move(void *p, unsigned kind, size
             target = limit;
     }
     q = NULL;
-    if (target > size && size > SHARD_MEDIUM_MAX && !kind_large(kind)) /* grows: large.c's earned tails */
-        large_heap(), q = large_alloc_grown(target);
+    if (target > size && size > SHARD_MEDIUM_MAX && !kind_large(kind)) { /* grows: large.c's earned tails */
+        large_heap();
+        q = large_alloc_grown(target);
+    }
     if (q == NULL)
         q = API(malloc)(target);
     if (q == NULL && target != size)

@@ -1282,11 +1282,16 @@ static void free_push(heap *h, page *pg, block *b)
         class_append(h, pg);
 }
 
-void small_free_guest(heap *h, page *pg, block *b)
+/* The index of b among the items carved in pg, a guest's page (whose item_bound stays 0), or -1. */
+static long guest_item(const page *pg, const block *b)
 {
     uint32_t off = (uint32_t)((uintptr_t)b & (PAGE_SIZE - 1)); /* an item's (tested first): below the carved */
-    if (unlikely(!small_valid_foreign(pg, b) || off >= (uint32_t)pg->carved * pg->block_size ||
-                 page_used(pg) == pg->sole)) {
+    return small_valid_foreign(pg, b) && off < (uint32_t)pg->carved * pg->block_size ? (long)(off / pg->block_size) : -1;
+}
+
+void small_free_guest(heap *h, page *pg, block *b)
+{
+    if (unlikely(guest_item(pg, b) < 0 || page_used(pg) == pg->sole)) {
         error_invalid_pointer(SHARD_ERROR_INVALID_FREE, b); /* not an item out: also a second free of the
                                                             * page's last one */
         return;
@@ -1883,7 +1888,7 @@ static long item_index(const page *pg, const block *b)
     if (off >= (uintptr_t)page_span(pg) * PAGE_SIZE)
         return -1;
     if (pg->state == PAGE_LENT) /* a guest's page (a page of its own): item_bound stays 0 */
-        return off % pg->block_size == 0 && off / pg->block_size < pg->carved ? (long)(off / pg->block_size) : -1;
+        return guest_item(pg, b);
     if (!page_has_item(pg + (off >> PAGE_SHIFT), b))
         return -1;
     return (long)((off >> PAGE_SHIFT) * class_capacity[pg->cls] + (off & (PAGE_SIZE - 1)) / pg->block_size);
