@@ -901,15 +901,16 @@ static int page_commit_cold(heap *h, page *pg)
     return 0;
 }
 
-/* The free and cold pages at the end of pg's group of SHARD_RUN_PAGES pages (small.h: runs), how many
- * (up to the whole group; page 0 is never one), and in *start the first of them. */
-static unsigned run_open_end(page *pg, page **start)
+/* The free pages, and with cold_too the cold ones, at the end of pg's group of SHARD_RUN_PAGES pages
+ * (small.h: runs), how many (up to the whole group; page 0 is never one), and in *start the first of
+ * them. */
+static unsigned run_open_end(page *pg, page **start, int cold_too)
 {
     size_t first = ((uintptr_t)pg & SEGMENT_MASK) / PAGE_DESC_SIZE & ~(size_t)(SHARD_RUN_PAGES - 1);
     page *g = (page *)((uintptr_t)segment_of(pg) + first * PAGE_DESC_SIZE);
     unsigned n = 0;
     while (n < SHARD_RUN_PAGES - (first == 0) && (g[SHARD_RUN_PAGES - 1 - n].state == PAGE_FREE ||
-                                                  g[SHARD_RUN_PAGES - 1 - n].state == PAGE_COLD))
+                                                  (cold_too && g[SHARD_RUN_PAGES - 1 - n].state == PAGE_COLD)))
         n++;
     *start = g + (SHARD_RUN_PAGES - n);
     return n;
@@ -923,28 +924,33 @@ static unsigned run_open_end(page *pg, page **start)
  * least: among the groups of h's last RUN_LOOK free pages, the one with the most free pages there (they
  * are resident: committing cold ones instead took test-stress 2 times the faults and 15 MB more), then
  * the longest end; else among those of its first RUN_LOOK cold pages the longest end (so that the pages
- * runs leave serve too); else, for a heap with neither, a new segment's first whole group. */
+ * runs leave serve too); else, for a heap with neither, a new segment's first whole group. While the
+ * pool holds pages that other heaps lent (small.h), only free pages make a run, and without two at a
+ * group's end the class takes a page of its own, h's or the pool's: at rptest@8 the runs committed
+ * 330-430 cold pages (21-27 MB) while the pool held pages, which then went home unused
+ * (bench/results/2026-12-07-warm-runs.md). */
 static page *run_acquire(heap *h, unsigned *span)
 {
     page *best = NULL, *start;
     unsigned most = 0, score = 0, n = 0;
+    int cold_too = h->created || load_relaxed(&pool_count) == 0; /* a created heap takes no lent page */
     /* score: 2 a free page, 1 a page; a whole group of free pages (3 * SHARD_RUN_PAGES) ends the look */
     for (page *pg = h->free_pages.last; pg != NULL && score < 3 * SHARD_RUN_PAGES && n < RUN_LOOK; pg = pg->prev, n++) {
-        unsigned k = run_open_end(pg, &start), free = 0;
+        unsigned k = run_open_end(pg, &start, cold_too), free = 0;
         for (unsigned j = 0; j < k; j++)
             free += start[j].state == PAGE_FREE;
         if (k >= 2 && 2 * free + k > score)
             best = start, most = k, score = 2 * free + k;
     }
     n = 0;
-    if (best == NULL)
+    if (best == NULL && cold_too)
         for (page *pg = h->cold_pages.first; pg != NULL && most < SHARD_RUN_PAGES && n < RUN_LOOK; pg = pg->next, n++) {
-            unsigned k = run_open_end(pg, &start);
+            unsigned k = run_open_end(pg, &start, 1);
             if (k >= 2 && k > most)
                 best = start, most = k;
         }
-    if (best == NULL && h->free_pages.last == NULL && h->cold_pages.first == NULL && segment_new(h) == 0)
-        most = run_open_end((page *)((uint8_t *)h->segments + SHARD_RUN_PAGES * PAGE_DESC_SIZE), &best);
+    if (best == NULL && cold_too && h->free_pages.last == NULL && h->cold_pages.first == NULL && segment_new(h) == 0)
+        most = run_open_end((page *)((uint8_t *)h->segments + SHARD_RUN_PAGES * PAGE_DESC_SIZE), &best, 1);
     if (best == NULL)
         return NULL; /* a page of its own, then: a heap with free or cold pages makes no segment for a run */
     for (unsigned j = 0; j < most; j++) {
@@ -1194,11 +1200,8 @@ static __attribute__((noinline)) page *class_page_new(heap *h, unsigned cls)
         return &small_empty_page;
     small_trim(h);
     unsigned span = 1; /* run_acquire sets it when it gives a run */
-    /* A run of h's free or cold pages, unless h has no free page and the pool has one: a run leaves
-     * the pool's pages to go home while it commits pages of its own (small.h, lent pages). */
-    page *pg = class_span(cls) > 1 && (h->free_pages.last != NULL || load_relaxed(&pool_count) == 0)
-                   ? run_acquire(h, &span)
-                   : NULL;
+    /* A run of h's free or cold pages; while the pool has pages, of h's free ones alone (run_acquire). */
+    page *pg = class_span(cls) > 1 ? run_acquire(h, &span) : NULL;
     if (pg == NULL)
         pg = page_acquire(h);
     if (pg == NULL)

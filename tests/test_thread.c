@@ -3334,6 +3334,89 @@ TEST(pages_one_thread_emptied_serve_another_before_new_memory)
 #endif
 }
 
+#if SHARD_RULES
+#define WARM_RUN_SIZE ((size_t)12 * 1024) /* 5 to a page: a class that runs serve (src/small.h) */
+#define WARM_RUN_BLOCKS 40                /* 8 pages' worth */
+
+struct warm_run {
+    struct blk own[2 * LEND_PER_PAGE];    /* two pages of the borrower's, the first one freed */
+    struct blk r[WARM_RUN_BLOCKS];
+};
+
+/* The borrower fills two pages of 1 KB blocks and empties the first: one free page of its own. */
+__attribute__((unused)) static void warm_run_free_page_job(void *arg)
+{
+    struct warm_run *w = arg;
+    for (size_t i = 0; i < 2 * LEND_PER_PAGE; i++)
+        blk_alloc(&w->own[i], LEND_SIZE, 0x4e000 + i);
+    for (size_t i = 0; i < LEND_PER_PAGE; i++) {
+        blk_check(&w->own[i], "1024-byte block of the borrower");
+        blk_free(&w->own[i]);
+    }
+}
+
+__attribute__((unused)) static void warm_run_alloc_job(void *arg)
+{
+    struct warm_run *w = arg;
+    for (size_t i = 0; i < WARM_RUN_BLOCKS; i++)
+        blk_alloc(&w->r[i], WARM_RUN_SIZE, 0x4f000 + i);
+}
+
+__attribute__((unused)) static void warm_run_free_job(void *arg)
+{
+    struct warm_run *w = arg;
+    for (size_t i = 0; i < WARM_RUN_BLOCKS; i++) {
+        blk_check(&w->r[i], "12 KB block of a class of runs");
+        blk_free(&w->r[i]);
+    }
+    for (size_t i = LEND_PER_PAGE; i < 2 * LEND_PER_PAGE; i++) {
+        blk_check(&w->own[i], "1024-byte block of the borrower");
+        blk_free(&w->own[i]);
+    }
+    check_allocator("after the blocks of a class of runs were freed");
+}
+#endif
+
+/* A class served by runs of pages takes, while the pool holds pages other heaps lent, the free pages of
+ * its heap and the pool's, one by one, and commits none: a run is made of free pages alone then. Fails
+ * where a run also takes cold pages: the borrower, which holds one free page, committed runs of them
+ * beside the 31 pages lent. */
+TEST(a_class_of_runs_takes_lent_pages_before_it_commits_cold_ones)
+{
+#if !SHARD_RULES || defined(TEST_HARDENED) /* the hardened build lends no page, and has no runs */
+    SKIP_TEST();
+#else
+    static struct lend l;
+    static struct warm_run w;
+    struct holders h;
+    struct agent lender, borrower;
+    memset(&l, 0, sizeof l);
+    memset(&w, 0, sizeof w);
+    shard_collect(); /* every page lent before goes home */
+    hold_waiting_heaps(&h);
+    agent_start(&lender);
+    agent_do(&lender, lend_fill_job, &l);
+    agent_start(&borrower);
+    agent_do(&borrower, warm_run_free_page_job, &w); /* commits afresh: the lender lends */
+    agent_do(&lender, lend_free_job, &l);
+    shard_stats s0 = stats_now();
+    agent_do(&borrower, warm_run_alloc_job, &w);
+    shard_stats s1 = stats_now();
+    CHECKF(s1.committed <= s0.committed && s1.small_pages_decommitted == s0.small_pages_decommitted,
+           "%d blocks of 12 KB beside %d pages lent: committed %zu -> %zu, pages not committed %zu -> %zu",
+           WARM_RUN_BLOCKS, LEND_LENT, s0.committed, s1.committed, s0.small_pages_decommitted,
+           s1.small_pages_decommitted);
+    CHECKF(s1.small_pages_used >= s0.small_pages_used + WARM_RUN_BLOCKS / 5, "pages in use %zu -> %zu",
+           s0.small_pages_used, s1.small_pages_used);
+    agent_do(&borrower, warm_run_free_job, &w);
+    agent_do(&borrower, check_allocator_job, "in the borrower after its blocks in lent pages went");
+    agent_stop(&borrower);
+    agent_stop(&lender);
+    release_holders(&h);
+    check_allocator("after the blocks of a class of runs went");
+#endif
+}
+
 /* Pages lent and taken by no one go back to the system after the delay, at any thread's slow path (the
  * lender's thread does nothing), and the lender's segments go when it ends. Fails where free pages wait in
  * their heap: an idle lender's stay committed. */
