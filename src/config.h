@@ -134,17 +134,6 @@
 #define SHARD_LOOSE_SKIP_MAX 32
 #endif
 
-/* A running thread heap gives a segment to the orphans early (small.h) once this many of its 63 pages are
- * out of their class lists as full, untouched by its own frees, and every other one serves a class (its
- * class's current page, mostly): a thread that filled memory and went quiet (larson's main thread, which
- * fills the windows and waits) left those pages to wait for it, while the threads that freed its blocks
- * made pages of their own; with the segment and its class pages adopted, they allocate into the slots
- * their frees open. larson@2's peak: 17.8 to 14.2 MB (bench/results/2026-12-03-early-give.md). 63: only
- * full segments go. */
-#ifndef SHARD_GIVE_FULL_PAGES
-#define SHARD_GIVE_FULL_PAGES 47
-#endif
-
 /* Free pages of orphan segments (small.h) kept committed, at most, for any thread heap: those around
  * the live blocks of threads that ended without a reserve. */
 #ifndef SHARD_ORPHAN_PAGES
@@ -277,9 +266,6 @@
 #define SHARD_LARGE_EXCESS_MIN ((size_t)16 << 20)
 #endif
 
-#if SHARD_GIVE_FULL_PAGES < 1 || SHARD_GIVE_FULL_PAGES > 63
-#error "SHARD_GIVE_FULL_PAGES counts pages of a segment's 63"
-#endif
 #if SHARD_RESERVE_HEAPS < 0 || SHARD_SPARE_SEGMENTS < 0 || SHARD_ORPHAN_PAGES < 0 || SHARD_RECLAIM_MIN < 1 || \
     SHARD_CARVE_BYTES < 1 || SHARD_CARVE_MIN < 1 || \
     SHARD_KEEP_FREE_PAGES < 0 || SHARD_SWEEP_PAGES < 1 || SHARD_GATHER_ITEMS < 1 || \

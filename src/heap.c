@@ -734,7 +734,7 @@ heap *heap_new(uint32_t thread)
 static void take_over(heap *h)
 {
     set_owner(h, os_thread_id()); /* before its queues are taken in: frees from now on leave them to us */
-    h->segments_made = h->arenas_made = h->early_back = h->gave_early_at = 0; /* its growth is the new thread's */
+    h->segments_made = h->arenas_made = 0; /* its growth is the new thread's */
     h->loose_skip = 0;
     store_relaxed(&h->thread_done, 0u);
     drop_reserve(h);                /* the reserve is this thread's now */
@@ -844,9 +844,8 @@ heap *heap_claim_unowned(heap *want)
 int heap_check(heap *h)
 {
     int problems = 0;
-    size_t segments = 0, entered = 0, all_cold = 0, taken_early = 0;
+    size_t segments = 0, entered = 0, all_cold = 0;
     for (segment *s = h->segments; s != NULL; s = s->next, segments++) {
-        taken_early += s->taken_early == 1; /* 2: its own, taken back, not held */
         problems += insist(s->owner == h && segmap_kind((uintptr_t)s) == SEG_SMALL,
                            "heap: a segment with a wrong owner or map entry:", s);
         uint32_t slot = (uint32_t)(uintptr_t)s >> SEGMENT_SHIFT;
@@ -867,8 +866,6 @@ int heap_check(heap *h)
         problems += insist(s->full_pages == full, "heap: a segment's count of full pages is wrong:", s);
         problems += insist(s->lent == lent, "heap: a segment's count of lent pages is wrong:", s);
     }
-    problems += insist(taken_early == h->early_held, "heap: segments taken as given early, against its mark:",
-                       taken_early);
     /* Every own-segment entry is one of these segments (entry 0 holds 1), each at most once. */
     size_t entries = 0;
     for (size_t i = 1; i < HEAP_OWN_SLOTS; i++)

@@ -82,15 +82,6 @@ typedef struct heap {
      * SHARD_SEGMENT_COLOURS (config.h; small.c's page_in_turn): heaps made one after another, for threads
      * that start together, hand out their first pages at different offsets. */
     uint32_t colour;
-    /* 1 once it took back a segment it gave the orphans early (small.c's give_full_segment): its thread
-     * frees what it made, so it gives none early again. Reset with the two above. */
-    uint32_t early_back;
-    /* 1 while it holds a segment another heap gave early, which it took (small.c's adopt_orphan): it takes
-     * no second one meanwhile. */
-    uint32_t early_held;
-    /* segments_made when it last gave a segment early: it takes one back only after it made a segment
-     * since (small.c's adopt_orphan). Reset with segments_made. */
-    uint32_t gave_early_at;
     /* A thread heap's pages that went full last, the one of its page-full count `fulls` at index
      * fulls % SHARD_LOOSE_AFTER: a page still full when its entry comes round again goes loose
      * (small.h). Entries are cleared when their segment leaves the heap; others may be out of date.

@@ -63,14 +63,9 @@ typedef struct segment {
     uint64_t secret;                /* hardened builds: the key of its free lists (small.h); else 0 */
     uint32_t committed_whole;       /* 1: the platform committed all of it at its reservation (segment_commit);
                                      * written at creation only */
-    uint8_t given_early;            /* small: given to the orphans with pages that serve a class (small.c's
-                                     * give_full_segment); written under the orphans' lock */
-    uint8_t taken_early;            /* small: its owner took it from the orphans as given early, and gives it
-                                     * early no more: 1 another heap's, 2 its own (small.c's adopt_orphan);
-                                     * the owner's */
     uint8_t lent;                   /* small: its pages lent (small.h), in the pool or to a guest heap; kept
                                      * by its owner, which neither moves nor releases it while any are */
-    uint8_t pad_line0[1];
+    uint8_t pad_line0[3];
     /* line 1, which the owner's slow paths write: not the line of the owner word and the secret, which
      * other threads' frees read */
     uint32_t full_pages;            /* small: its pages out of their class lists as full (small.c) */

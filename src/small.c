@@ -378,17 +378,14 @@ static void own_entry_leave(heap *h, const segment *s)
         }
 }
 
-/* s, taken out of h's list, leaves h for another heap or the OS: its own-segment entry goes, h's
- * full_ring forgets its pages, and h no longer holds it as a segment given early. */
+/* s, taken out of h's list, leaves h for another heap or the OS: its own-segment entry goes, and h's
+ * full_ring forgets its pages. */
 static void segment_leave(heap *h, segment *s)
 {
     own_entry_leave(h, s);
     for (unsigned i = 0; i < SHARD_LOOSE_AFTER; i++)
         if (h->full_ring[i] != NULL && segment_of(h->full_ring[i]) == s)
             h->full_ring[i] = NULL;
-    if (s->taken_early == 1)
-        h->early_held = 0;
-    s->taken_early = 0;
 }
 
 /* s becomes one of h's segments: first in its list, which other threads walk for the statistics (the
@@ -396,7 +393,6 @@ static void segment_leave(heap *h, segment *s)
  * table, where the fast paths of free and realloc find it. */
 static void segment_enter(heap *h, segment *s)
 {
-    s->given_early = 0; /* a giver sets its own after the move */
     store_relaxed(&s->next, h->segments);
     store_release(&h->segments, s);
     heap_own_segment(h, s);
@@ -1077,27 +1073,7 @@ static void page_gone(heap *h, page *pg)
 /* ---- allocation and free ------------------------------------------------------------------------- */
 
 static int adopt_orphan(heap *h);
-static void give_full_segment(heap *h, segment *s, int early);
-
-/* Whether s may go to the orphans early (config.h's SHARD_GIVE_FULL_PAGES): every page of it serves a
- * class (none free, none cold) and its owner has freed nothing into its full pages since they went full
- * (every item out, or the page loose), as a thread that filled memory and stopped: one that frees what it
- * made would take the segment back at once and meanwhile make new pages for the classes it gave. Frees
- * by other threads do not count: they are what the segment waits for. */
-static int segment_quiet(const segment *s)
-{
-    for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
-        const page *pg = (const page *)((const uint8_t *)s + i * PAGE_DESC_SIZE);
-        if (pg->state == PAGE_TAIL)
-            continue; /* its head tells */
-        if (pg->state != PAGE_IN_USE)
-            return 0;
-        if (pg->full && pg->used + pg->full_out != pg->capacity &&
-            HOLD_STATE(load_relaxed(&pg->hold)) != HOLD_LOOSE)
-            return 0;
-    }
-    return 1;
-}
+static void give_full_segment(heap *h, segment *s);
 
 /* The items of thread-free word w, just exchanged out of pg, go to the front of pg's local_free. */
 static void take_items(page *pg, uint64_t w)
@@ -1192,8 +1168,7 @@ static void sweep_lazy(heap *h)
 static __attribute__((noinline)) page *class_page_new(heap *h, unsigned cls)
 {
     /* Without a free page of its own, h takes an orphan segment's free pages, and its pages in use,
-     * which may serve this class (twice at most: h has a free page after it, or holds a segment given
-     * early). */
+     * which may serve this class (once: h has a free page after it). */
     if (h->free_pages.last == NULL)
         sweep_lazy(h);
     if (h->free_pages.last == NULL && adopt_orphan(h) == 0)
@@ -1250,9 +1225,7 @@ void *small_alloc_slow(heap *h, unsigned cls)
             full_ring_push(h, pg);
         segment *s = segment_of(pg);
         if (s->full_pages == SEGMENT_PAGES - 1)
-            give_full_segment(h, s, 0);
-        else if (s->full_pages >= SHARD_GIVE_FULL_PAGES && !h->early_back && !s->taken_early && segment_quiet(s))
-            give_full_segment(h, s, 1); /* not one taken early: that would only pass it on (adopt_orphan) */
+            give_full_segment(h, s);
     }
     block *b = page_pop(pg);
     debug_check_page(pg, "page inconsistent after the allocation slow path");
@@ -1590,9 +1563,6 @@ static spinlock orphan_lock;
 /* orphans.free_count as of the last change, for adopt_orphan's look before it takes the lock (the
  * count itself is written without atomics, under the lock). */
 static uint32_t orphan_free_pages;
-/* 1 when a segment given early may wait in the orphans (set under the lock by its giver, cleared by the
- * adopter's walk that finds none), for the same look. */
-static uint32_t orphan_early;
 
 int small_is_orphans(const heap *h) { return h == &orphans; }
 
@@ -1662,29 +1632,17 @@ void small_orphan_give(heap *h)
         heap_arm_reserve_due(os_clock_ms() + options_values.reserve_delay_ms);
 }
 
-/* s leaves h, a thread heap whose thread runs, for the orphans, as it is: every page of it full, or
- * `early`, SHARD_GIVE_FULL_PAGES of them full and the rest serving a class (they leave h's class lists
- * for the orphans'). Its pages serve no allocation of h until h takes it back, and the items that other
- * threads free there come back to whichever heap takes the segment. */
-static void give_full_segment(heap *h, segment *s, int early)
+/* s leaves h, a thread heap whose thread runs, for the orphans, as it is: every page of it full. Its
+ * pages serve no allocation of h until h takes it back, and the items that other threads free there
+ * come back to whichever heap takes the segment. */
+static void give_full_segment(heap *h, segment *s)
 {
     if (h->created || s->lent != 0)
         return; /* a created heap keeps what is charged to it; lent pages tie s to h (small.h) */
-    if (early) /* the orphans' pages are not lazy: a free into one queues it there (small.h) */
-        for (unsigned i = 1; i < SEGMENT_PAGES; i++) {
-            page *pg = (page *)((uint8_t *)s + i * PAGE_DESC_SIZE);
-            if (pg->state == PAGE_IN_USE)
-                (void)page_take_lazy(h, pg, 0);
-        }
     if (!spin_lock_unless_fork(&orphan_lock))
         return; /* a fork's lock: h keeps s */
     h->forwards = 1; /* before the owner word changes */
     segment_move(h, &orphans, s);
-    if (early) {
-        s->given_early = 1;
-        store_relaxed(&orphan_early, 1u);
-        h->gave_early_at = h->segments_made;
-    }
     debug_check_heap(&orphans, "the orphans inconsistent after a heap gave a full segment");
     orphan_unlock();
 }
@@ -1697,7 +1655,6 @@ int small_take_given(heap *h, segment *s)
     if (taken) {
         if (load_relaxed(&orphans.delayed) != NULL)
             small_drain_delayed(&orphans, 0); /* what others freed into its pages comes with them */
-        h->early_back |= s->given_early; /* a thread that frees what it made: none early again */
         segment_move(&orphans, h, s);
         debug_check_heap(&orphans, "the orphans inconsistent after a heap took back a segment");
     }
@@ -1705,66 +1662,22 @@ int small_take_given(heap *h, segment *s)
     return taken ? 0 : -1;
 }
 
-/* A segment given early, or NULL: another heap's when `others`, else h's own when `own`; the hint goes
- * when none is left (under the lock). */
-static segment *early_orphan(const heap *h, int others, int own)
-{
-    segment *mine = NULL;
-    int any = 0;
-    for (segment *s = orphans.segments; s != NULL; s = s->next)
-        if (s->given_early) {
-            if (s->given_by != h && others)
-                return s;
-            if (s->given_by == h && mine == NULL)
-                mine = s;
-            any = 1;
-        }
-    if (!any)
-        store_relaxed(&orphan_early, 0u);
-    return own ? mine : NULL;
-}
-
 /* For h, which has no free page: the segment of the orphans' most recently freed page becomes h's, with
- * its free pages and its pages in use; else a segment a running heap gave early (not h: it would take
- * back what it just gave), whose class pages serve h from then on, and the frees of its blocks with
- * them; else h's own segment given early, when h has no cold page either and made a segment since its
- * last early give: 0, or -1 when there is none.
- * A heap holds one segment given early at a time: one brings pages of many classes, and a heap that took
- * them one after another left none to the heaps that started later (larson at 8 threads: the first worker
- * took all five of the main thread's, and 120 of their pages, emptied by the others' frees, stood free in
- * its heap while the others carved pages of their own).
- * A heap that needs still more memory after an early give is filling it, not a thread that filled
- * memory and stopped (segment_quiet), and the free items of the class pages that went with its segment
- * come before a new segment: each early give took about ten such pages from xmllint's classes, which
- * carved others meanwhile, and 53 segments given early took 295 thousand free items with them, six
- * segments more in all (bench/results/2026-12-04-early-back.md). The segment made since is the margin:
- * a heap gives a segment early when the last of its pages are in use, often with no page left, and the
- * one made then lets a thread that stops soon after (larson's main) leave it given. Taken back, it goes
- * early no more (taken_early 2), and is not one held (which would keep h from taking the next back
- * until this one went full).
- * What other threads freed into the orphans is taken in first: it may empty pages of a segment whose
- * free pages went back to the OS (an expired reserve's) or of a full segment a running heap gave, and a
- * heap that took a new page instead would leave those pages waiting for the next trim. */
+ * its free pages and its pages in use: 0, or -1 when there is none. What other threads freed into the
+ * orphans is taken in first: it may empty pages of a segment whose free pages went back to the OS (an
+ * expired reserve's) or of a full segment a running heap gave, and a heap that took a new page instead
+ * would leave those pages waiting for the next trim. */
 static int adopt_orphan(heap *h)
 {
-    int others = !h->early_held, own = h->cold_pages.first == NULL && h->segments_made != h->gave_early_at;
     if (h->created ||
-        (load_relaxed(&orphan_free_pages) == 0 && load_relaxed(&orphans.delayed) == NULL &&
-         (load_relaxed(&orphan_early) == 0 || (!others && !own))) ||
+        (load_relaxed(&orphan_free_pages) == 0 && load_relaxed(&orphans.delayed) == NULL) ||
         !spin_lock_unless_fork(&orphan_lock))
         return -1;
     if (load_relaxed(&orphans.delayed) != NULL)
         small_drain_delayed(&orphans, 0); /* what other threads freed into it, before its pages move */
     segment *s = orphans.free_pages.last != NULL ? segment_of(orphans.free_pages.last) : NULL;
-    uint8_t early = 0; /* 1: another heap's segment given early, 2: h's own */
-    if (s == NULL && load_relaxed(&orphan_early) != 0 && (s = early_orphan(h, others, own)) != NULL)
-        early = s->given_by == h ? 2 : 1;
-    if (s != NULL) {
+    if (s != NULL)
         segment_move(&orphans, h, s);
-        s->taken_early = early;
-        if (early == 1)
-            h->early_held = 1;
-    }
     debug_check_heap(&orphans, "the orphans inconsistent after a heap took a segment");
     orphan_unlock();
     return s != NULL ? 0 : -1;

@@ -2517,325 +2517,86 @@ TEST(a_thread_takes_back_the_full_segment_it_gave_at_its_first_free_into_it)
 #endif
 }
 
-/* A running thread's heap gives the orphans a segment whose pages are mostly full and the rest its
- * classes' current pages (SHARD_GIVE_FULL_PAGES, config.h): a thread that filled memory and went quiet,
- * as larson's main thread, would keep them from the threads that free its blocks. The heap that needs a
- * page next takes the segment with those class pages and allocates from them. */
-#define EARLY_CLASSES 16 /* one block each, a page each; 47 pages of 16384-byte blocks fill the rest */
+/* A running thread's segment whose pages are full but for its classes' current pages stays its own: the
+ * class pages go on serving it. (The heap once gave such a segment to the orphans early, class pages and
+ * all, for larson's main thread; the thread made new pages for those classes meanwhile, and larson@8's
+ * warm-up took every segment back: bench/results/2026-12-07-no-early-give.md.) Fails where the segment
+ * goes: the orphans gain it, and the next blocks of those classes take new pages. */
+#define QUIET_CLASSES 16 /* one block each, a page each; 16384-byte blocks fill the other 47 */
 
 #if SHARD_RULES
-static const size_t early_size[EARLY_CLASSES] = {16, 32, 64, 80, 96, 112, 128, 160,
+static const size_t quiet_size[QUIET_CLASSES] = {16, 32, 64, 80, 96, 112, 128, 160,
                                                  192, 224, 256, 320, 384, 448, 512, 640};
 
-struct early_filler {
-    struct agent agent;
-    struct blk small[EARLY_CLASSES];
-    struct blk big[FULL_SEGMENT_MOST];
-    size_t count;       /* 16384-byte blocks made */
-    size_t given_at;    /* the 16384-byte block whose allocation gave a segment away, 0 for none */
-    uintptr_t segment;  /* the segment given */
-    shard_stats before; /* at the start */
+struct quiet_filler {
+    struct blk small[2 * QUIET_CLASSES];
+    struct blk big[FULL_SEGMENT_BLOCKS];
+    shard_stats before, filled, after; /* at the start, after the segment filled, after the second blocks */
 };
 
-/* The small blocks first, then 16384-byte blocks until the orphans gain a segment (or FULL_SEGMENT_MOST). */
-static void early_filler_job(void *arg)
+/* A block of each class, then the 16384-byte blocks that fill the rest of the segment's pages. */
+static void quiet_fill_job(void *arg)
 {
-    struct early_filler *f = arg;
+    struct quiet_filler *f = arg;
     f->before = stats_now();
-    for (size_t i = 0; i < EARLY_CLASSES; i++)
-        if (!blk_alloc(&f->small[i], early_size[i], 0x7700 + i))
+    for (size_t i = 0; i < QUIET_CLASSES; i++)
+        if (!blk_alloc(&f->small[i], quiet_size[i], 0x7700 + i))
             return;
-    while (f->count < FULL_SEGMENT_MOST && f->given_at == 0) {
-        if (!blk_alloc(&f->big[f->count], 16384, 0x7800 + f->count))
+    for (size_t i = 0; i < FULL_SEGMENT_BLOCKS; i++) /* enough for 63 pages: some may lie in the next segment */
+        if (!blk_alloc(&f->big[i], 16384, 0x7800 + i))
             return;
-        f->count++;
-        shard_stats now = stats_now();
-        if (now.orphan_segments == f->before.orphan_segments + 1) {
-            f->given_at = f->count;
-            f->segment = segment_base(f->small[0].p);
-        }
-    }
+    f->filled = stats_now();
+    for (size_t i = 0; i < QUIET_CLASSES; i++)
+        if (!blk_alloc(&f->small[QUIET_CLASSES + i], quiet_size[i], 0x7900 + i))
+            return;
+    f->after = stats_now();
 }
 
-static void early_filler_free_job(void *arg)
+static void quiet_free_job(void *arg)
 {
-    struct early_filler *f = arg;
-    for (size_t i = 0; i < EARLY_CLASSES; i++)
+    struct quiet_filler *f = arg;
+    for (size_t i = 0; i < 2 * QUIET_CLASSES; i++)
         if (f->small[i].p != NULL) {
-            blk_check(&f->small[i], "small block of the thread that gave its segment early");
+            blk_check(&f->small[i], "small block of a thread whose segment filled");
             blk_free(&f->small[i]);
         }
-    for (size_t i = 0; i < f->count; i++)
+    for (size_t i = 0; i < FULL_SEGMENT_BLOCKS; i++)
         if (f->big[i].p != NULL) {
-            blk_check(&f->big[i], "16384-byte block of the thread that gave its segment early");
+            blk_check(&f->big[i], "16384-byte block of a thread whose segment filled");
             blk_free(&f->big[i]);
         }
 }
-
-static void early_alloc_job(void *arg) { blk_alloc(arg, early_size[EARLY_CLASSES - 1], 0x7a00); }
-
-static void early_free_job(void *arg)
-{
-    blk_check(arg, "block from the class page of a segment another thread gave");
-    blk_free(arg);
-}
 #endif
 
-TEST(a_running_thread_gives_a_mostly_full_segment_and_its_class_pages_to_the_heap_that_needs_a_page)
+TEST(a_running_threads_segment_full_but_for_its_class_pages_stays_its_own)
 {
 #if !SHARD_RULES
     SKIP_TEST();
 #else
     struct scene s;
     scene_begin(&s);
-    static struct early_filler f;
+    static struct quiet_filler f;
     memset(&f, 0, sizeof f);
-    struct agent a; /* a heap of its own, no free page */
-    struct blk got = {0};
-    if (agent_start(&a))
-        agent_do(&a, small_op_job, NULL);
-    if (agent_start(&f.agent)) {
-        agent_do(&f.agent, early_filler_job, &f);
-        size_t in_segment = 0;
-        for (size_t i = 0; i < EARLY_CLASSES; i++)
-            in_segment += f.small[i].p != NULL && segment_base(f.small[i].p) == f.segment;
-        for (size_t i = 0; i < f.count; i++)
-            in_segment += f.big[i].p != NULL && segment_base(f.big[i].p) == f.segment;
-        CHECKF(f.given_at != 0 && f.given_at <= FULL_SEGMENT_BLOCKS && in_segment >= EARLY_CLASSES + 4 * 40,
-               "a thread made %zu small blocks of as many classes, then %zu of 16384 bytes: it gave %s segment "
-               "to the orphans, holding %zu of its blocks (its first segment expected, once the 16384-byte "
-               "blocks left it: by the %dth, with its %d small blocks and 160 or more of the others)",
-               (size_t)EARLY_CLASSES, f.count, f.given_at != 0 ? "a" : "no", in_segment, FULL_SEGMENT_BLOCKS,
-               EARLY_CLASSES);
-        if (f.given_at != 0 && a.running) {
-            shard_stats before = stats_now();
-            agent_do(&a, early_alloc_job, &got);
-            shard_stats after = stats_now();
-            check_took_orphan(&before, &after, got.p, f.segment,
-                              "another thread's block of a class whose page the given segment holds");
-            check_allocator("after a thread took a segment another gave with its class pages");
-            agent_do(&a, early_free_job, &got);
-        }
-        agent_do(&f.agent, early_filler_free_job, &f);
-        check_allocator("after the thread that gave its segment early freed its blocks");
-        agent_stop(&f.agent);
-    }
-    if (a.running)
+    struct agent a;
+    if (agent_start(&a)) {
+        agent_do(&a, quiet_fill_job, &f);
+        size_t together = 0;
+        for (size_t i = 0; i < QUIET_CLASSES; i++)
+            together += f.small[i].p != NULL && f.small[QUIET_CLASSES + i].p != NULL &&
+                        segment_base(f.small[QUIET_CLASSES + i].p) == segment_base(f.small[i].p);
+        CHECKF(f.filled.orphan_segments == f.before.orphan_segments &&
+                   f.after.orphan_segments == f.before.orphan_segments,
+               "a thread made a block of each of %d classes and filled the rest of their segment with 16384-byte "
+               "blocks: orphan segments %zu -> %zu -> %zu (none given expected)", QUIET_CLASSES,
+               f.before.orphan_segments, f.filled.orphan_segments, f.after.orphan_segments);
+        CHECKF(together == QUIET_CLASSES && f.after.small_pages_used == f.filled.small_pages_used,
+               "a second block of each class: %zu of %d beside the first, pages in use %zu -> %zu (the class "
+               "pages serve them)", together, QUIET_CLASSES, f.filled.small_pages_used, f.after.small_pages_used);
+        check_allocator("after a thread filled a segment but for its class pages");
+        agent_do(&a, quiet_free_job, &f);
+        check_allocator("after the thread freed the blocks of its filled segment");
         agent_stop(&a);
-    scene_end(&s);
-#endif
-}
-
-#if SHARD_RULES
-static void kb_free_job(void *arg)
-{
-    blk_check(arg, "1024-byte block of a thread that holds a segment given early");
-    blk_free(arg);
-}
-
-/* The thread that fills a segment until it gives it early; whether it did (the test failed if not). */
-static int early_give(struct early_filler *f)
-{
-    memset(f, 0, sizeof *f);
-    if (!agent_start(&f->agent))
-        return 0;
-    agent_do(&f->agent, early_filler_job, f);
-    CHECKF(f->given_at != 0, "a thread made %zu blocks of 16384 bytes and gave no segment early", f->count);
-    return f->given_at != 0;
-}
-#endif
-
-/* A heap takes one segment given early at a time: with one, it has pages of many classes, and a second
- * would leave a heap that starts later with none (larson's first worker took all of the main thread's).
- * Thread A takes the segment thread F1 gave; F2 then gives one, and A, needing a page of a class neither
- * holds, commits it rather than take F2's; thread C, which needs a page too, takes it. */
-TEST(a_heap_that_holds_a_segment_given_early_leaves_the_next_to_another_heap)
-{
-#if !SHARD_RULES
-    SKIP_TEST();
-#else
-    struct scene s;
-    scene_begin(&s);
-    static struct early_filler f1, f2;
-    struct agent a, c; /* heaps of their own, no free page */
-    struct blk got = {0}, kb = {0}, got_c = {0};
-    if (!agent_start(&a) || !agent_start(&c)) {
-        CHECKF(0, "no agent thread");
-        scene_end(&s);
-        return;
     }
-    agent_do(&a, small_op_job, NULL);
-    agent_do(&c, small_op_job, NULL);
-    if (early_give(&f1)) {
-        shard_stats before = stats_now();
-        agent_do(&a, early_alloc_job, &got);
-        shard_stats after = stats_now();
-        check_took_orphan(&before, &after, got.p, f1.segment, "thread A's block of a class F1's segment holds");
-    }
-    if (f1.given_at != 0 && early_give(&f2)) {
-        shard_stats before = stats_now();
-        agent_do(&a, adopter_kb_job, &kb);
-        shard_stats after = stats_now();
-        CHECKF(after.orphan_segments == before.orphan_segments && kb.p != NULL && segment_base(kb.p) != f2.segment,
-               "thread A, holding F1's segment, needed a 1024-byte page: orphan segments %+lld (none expected), "
-               "its block %s F2's segment",
-               delta(before.orphan_segments, after.orphan_segments),
-               kb.p != NULL && segment_base(kb.p) == f2.segment ? "in" : "outside");
-        before = stats_now();
-        agent_do(&c, early_alloc_job, &got_c);
-        after = stats_now();
-        check_took_orphan(&before, &after, got_c.p, f2.segment, "thread C's block of a class F2's segment holds");
-        check_allocator("after two threads took a segment given early each");
-    }
-    agent_do(&a, early_free_job, &got);
-    agent_do(&a, kb_free_job, &kb);
-    agent_do(&c, early_free_job, &got_c);
-    struct early_filler *fillers[] = {&f1, &f2};
-    for (int i = 0; i < 2; i++)
-        if (fillers[i]->agent.running) {
-            agent_do(&fillers[i]->agent, early_filler_free_job, fillers[i]);
-            agent_stop(&fillers[i]->agent);
-        }
-    check_allocator("after the threads that gave segments early freed their blocks");
-    agent_stop(&a);
-    agent_stop(&c);
-    scene_end(&s);
-#endif
-}
-
-/* A thread that gave a segment early and goes on filling memory takes that segment back when it runs out
- * of pages, before it makes a new one: it has not stopped, and the free items of the class pages that
- * went with the segment come first (xmllint, which fills memory and frees little, made six segments more
- * while 53 of its segments waited in the orphans with about ten such pages each). F gives its segment
- * early, then makes enough 16384-byte blocks to fill its next segment, and a block of each of its small
- * blocks' classes then lies in the segment it gave, whose pages serve those classes again. */
-#define EARLY_REFILL_BLOCKS (FULL_SEGMENT_BLOCKS + 8)
-
-#if SHARD_RULES
-struct early_refill {
-    struct early_filler *f;
-    struct blk again[EARLY_CLASSES];
-};
-
-static void early_refill_job(void *arg)
-{
-    struct early_refill *r = arg;
-    struct early_filler *f = r->f;
-    for (size_t end = f->count + EARLY_REFILL_BLOCKS; f->count < end && f->count < FULL_SEGMENT_MOST; f->count++)
-        if (!blk_alloc(&f->big[f->count], 16384, 0x7800 + f->count))
-            return;
-    for (size_t i = 0; i < EARLY_CLASSES; i++)
-        blk_alloc(&r->again[i], early_size[i], 0x7b00 + i);
-}
-
-static void early_refill_free_job(void *arg)
-{
-    struct early_refill *r = arg;
-    for (size_t i = 0; i < EARLY_CLASSES; i++)
-        if (r->again[i].p != NULL) {
-            blk_check(&r->again[i], "small block made after the segment came back");
-            blk_free(&r->again[i]);
-        }
-}
-#endif
-
-TEST(a_thread_that_goes_on_filling_takes_back_its_segment_given_early_before_a_new_one)
-{
-#if !SHARD_RULES
-    SKIP_TEST();
-#else
-    struct scene s;
-    scene_begin(&s);
-    static struct early_filler f;
-    static struct early_refill r;
-    memset(&r, 0, sizeof r);
-    r.f = &f;
-    if (early_give(&f)) {
-        shard_stats given = stats_now();
-        agent_do(&f.agent, early_refill_job, &r);
-        shard_stats after = stats_now();
-        size_t there = 0;
-        for (size_t i = 0; i < EARLY_CLASSES; i++)
-            there += r.again[i].p != NULL && segment_base(r.again[i].p) == f.segment;
-        CHECKF(there == EARLY_CLASSES,
-               "a thread gave its segment early, then made %d blocks of 16384 bytes (orphan segments %+lld): "
-               "%zu of its next %d blocks, one of each class whose page went with the segment, lie there (all "
-               "expected: the segment back, its pages serving those classes)",
-               EARLY_REFILL_BLOCKS, delta(given.orphan_segments, after.orphan_segments), there, EARLY_CLASSES);
-        check_allocator("after a thread took back the segment it gave early");
-        agent_do(&f.agent, early_refill_free_job, &r);
-        agent_do(&f.agent, early_filler_free_job, &f);
-        check_allocator("after the thread that took back its segment freed its blocks");
-        agent_stop(&f.agent);
-    }
-    scene_end(&s);
-#endif
-}
-
-/* A heap that took a segment given early keeps it: when the class pages that came with it fill, the
- * segment is as full and as quiet as when its giver gave it, but giving it again would only pass it on
- * (larson at 8 threads: taken back and forth, four of them ended in one heap). Thread A takes F1's
- * segment and fills its page of 640-byte blocks (102 of them) and more: the orphans gain nothing. */
-#define EARLY_KEEP_BLOCKS 110
-
-#if SHARD_RULES
-static struct blk early_keep[EARLY_KEEP_BLOCKS];
-
-static void early_keep_job(void *unused)
-{
-    (void)unused;
-    for (size_t i = 0; i < EARLY_KEEP_BLOCKS; i++)
-        if (!blk_alloc(&early_keep[i], early_size[EARLY_CLASSES - 1], 0x7c00 + i))
-            return;
-}
-
-static void early_keep_free_job(void *unused)
-{
-    (void)unused;
-    for (size_t i = 0; i < EARLY_KEEP_BLOCKS; i++)
-        if (early_keep[i].p != NULL) {
-            blk_check(&early_keep[i], "640-byte block of a thread that took a segment given early");
-            blk_free(&early_keep[i]);
-        }
-}
-#endif
-
-TEST(a_heap_that_took_a_segment_given_early_does_not_give_it_early_again)
-{
-#if !SHARD_RULES
-    SKIP_TEST();
-#else
-    struct scene s;
-    scene_begin(&s);
-    static struct early_filler f1;
-    struct agent a; /* a heap of its own, no free page */
-    memset(early_keep, 0, sizeof early_keep);
-    if (!agent_start(&a)) {
-        CHECKF(0, "no agent thread");
-        scene_end(&s);
-        return;
-    }
-    agent_do(&a, small_op_job, NULL);
-    if (early_give(&f1)) {
-        shard_stats before = stats_now();
-        agent_do(&a, early_keep_job, NULL);
-        shard_stats after = stats_now();
-        size_t in_segment = 0;
-        for (size_t i = 0; i < EARLY_KEEP_BLOCKS; i++)
-            in_segment += early_keep[i].p != NULL && segment_base(early_keep[i].p) == f1.segment;
-        CHECKF(delta(before.orphan_segments, after.orphan_segments) == -1 && in_segment >= 100,
-               "thread A made %d blocks of 640 bytes, %zu of them in F1's segment (100 or more expected): "
-               "orphan segments %+lld (-1 expected: it took the segment and kept it)",
-               EARLY_KEEP_BLOCKS, in_segment, delta(before.orphan_segments, after.orphan_segments));
-        check_allocator("after a thread filled a class page of a segment given early");
-    }
-    agent_do(&a, early_keep_free_job, NULL);
-    if (f1.agent.running) {
-        agent_do(&f1.agent, early_filler_free_job, &f1);
-        agent_stop(&f1.agent);
-    }
-    check_allocator("after the thread that gave its segment early freed its blocks");
-    agent_stop(&a);
     scene_end(&s);
 #endif
 }
@@ -2951,9 +2712,9 @@ struct loose_filler {
     struct blk again[LOOSE_GONE * LOOSE_PER_PAGE];
     void *twice; /* a block of a page that went back, freed already: the owner frees it again */
     /* In each of the first two segments the 1024-byte pages reach, blocks of LOOSE_ANCHORS classes of
-     * their own, each its class's page, so that at most 46 pages of a segment go full: a segment with 47
-     * (config.h's SHARD_GIVE_FULL_PAGES) and no free or cold page leaves its heap for the orphans
-     * (small.c's give_full_segment), and its pages with it. */
+     * their own, each its class's page, so that at most 46 pages of a segment go full: a segment whose
+     * every page is full leaves its heap for the orphans (small.c's give_full_segment), and its pages
+     * with it. */
     struct blk anchor[2 * LOOSE_ANCHORS];
 };
 
