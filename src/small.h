@@ -120,8 +120,9 @@
  * descriptors; and a heap that fills a segment with runs fills it all, so that the segment can go full),
  * resident free pages first; a heap that has free or cold pages makes no segment for a run, its class
  * takes a page of its own then (run_acquire), and so it does while the pool holds lent pages and the heap
- * has no two free ones at a group's end: a run commits no cold page then. Retired, a run's pages are free pages of their own again.
- * Runs never go loose, and the hardened build has none (its links must lead within a 64 KB page).
+ * has no two free ones at a group's end: a run commits no cold page then. Retired, a run's pages are free
+ * pages of their own again. Runs never go loose, and the hardened build has none (its links must lead
+ * within a 64 KB page).
  *
  * The descriptor is laid out by cache lines: the first line holds what the owner reads and writes on
  * every operation, the second what other threads write, so a foreign free does not take the owner's
