@@ -3030,8 +3030,9 @@ static void check_allocator_job(void *arg) { check_allocator(arg); }
 
 /* A lender that filled and emptied LEND_PAGES pages and a borrower, both new heaps (the waiting ones are
  * held); the pool holds nothing from before. A heap lends while another needs pages: the borrower's
- * first allocation, a page committed afresh, comes before the lender's frees. */
-static void lend_begin(struct lend *l, struct holders *h, struct agent *lender, struct agent *borrower)
+ * first job (`first`), whose allocation commits a page afresh, comes before the lender's frees. */
+static void lend_begin(struct lend *l, struct holders *h, struct agent *lender, struct agent *borrower,
+                       void (*first)(void *), void *arg)
 {
     memset(l, 0, sizeof *l);
     shard_collect(); /* every page lent before goes home */
@@ -3039,7 +3040,7 @@ static void lend_begin(struct lend *l, struct holders *h, struct agent *lender, 
     agent_start(lender);
     agent_do(lender, lend_fill_job, l);
     agent_start(borrower);
-    agent_do(borrower, small_op_job, NULL);
+    agent_do(borrower, first, arg);
     agent_do(lender, lend_free_job, l);
 }
 
@@ -3061,7 +3062,7 @@ TEST(pages_one_thread_emptied_serve_another_before_new_memory)
     static struct lend l;
     struct holders h;
     struct agent lender, borrower;
-    lend_begin(&l, &h, &lender, &borrower);
+    lend_begin(&l, &h, &lender, &borrower, small_op_job, NULL);
     shard_stats s0 = stats_now();
     agent_do(&borrower, borrow_job, &l);
     shard_stats s1 = stats_now();
@@ -3151,15 +3152,8 @@ TEST(a_class_of_runs_takes_lent_pages_before_it_commits_cold_ones)
     static struct warm_run w;
     struct holders h;
     struct agent lender, borrower;
-    memset(&l, 0, sizeof l);
     memset(&w, 0, sizeof w);
-    shard_collect(); /* every page lent before goes home */
-    hold_waiting_heaps(&h);
-    agent_start(&lender);
-    agent_do(&lender, lend_fill_job, &l);
-    agent_start(&borrower);
-    agent_do(&borrower, warm_run_free_page_job, &w); /* commits afresh: the lender lends */
-    agent_do(&lender, lend_free_job, &l);
+    lend_begin(&l, &h, &lender, &borrower, warm_run_free_page_job, &w); /* with a free page of its own */
     shard_stats s0 = stats_now();
     agent_do(&borrower, warm_run_alloc_job, &w);
     shard_stats s1 = stats_now();
@@ -3192,7 +3186,7 @@ TEST(pages_lent_and_not_taken_go_back_to_the_system_after_the_delay)
     medium_op(); /* this thread's arena, which a collect keeps, is there before the count */
     shard_collect();
     shard_stats sb = stats_now();
-    lend_begin(&l, &h, &lender, &wanter);
+    lend_begin(&l, &h, &lender, &wanter, small_op_job, NULL);
     shard_stats s0 = stats_now();
     sleep_ms(PAST_THE_DELAY_MS);
     medium_op(); /* a slow path of this thread: the trims that are due */
@@ -3262,7 +3256,7 @@ TEST(blocks_in_lent_pages_outlive_their_thread)
     struct agent lender, borrower, freer;
     shard_collect();
     shard_stats sb = stats_now();
-    lend_begin(&l, &h, &lender, &borrower);
+    lend_begin(&l, &h, &lender, &borrower, small_op_job, NULL);
     agent_do(&borrower, borrow_job, &l);
     agent_stop(&borrower); /* its heap waits, holding blocks in pages of the lender's segments */
     check_allocator("with a waiting heap that holds lent pages");
