@@ -567,6 +567,10 @@ static uint32_t pool_count;
  * grows while the others stay level, keeps its free pages as before. Pages that wait in the pool for
  * the delay untaken end the demand (small_pool_expire). A relaxed word; a stale value costs a lend. */
 static heap *pool_wanted;
+/* No heap lends before this os_clock_ms(): a thread ended lately whose heap kept segments that guests tie
+ * to it, neither spare nor released, and threads that come and go live on spare segments
+ * (docs/design.md, thread heaps and their lifecycle). A relaxed word. */
+static uint64_t lend_paused_until;
 
 static void page_queue(heap *owner, page *pg);
 
@@ -616,7 +620,8 @@ static int page_lends(heap *h, const page *pg)
     if (SHARD_LEND_AFTER == 0 || SHARD_HARDENED || h->free_count < SHARD_LEND_AFTER || page_span(pg) != 1)
         return 0;
     heap *wanted = load_relaxed(&pool_wanted);
-    return wanted != NULL && wanted != h && options_values.lend_pages && !h->created && h == heap_mine();
+    return wanted != NULL && wanted != h && options_values.lend_pages && !h->created && h == heap_mine() &&
+           (int64_t)(os_clock_ms() - load_relaxed(&lend_paused_until)) >= 0;
 }
 
 /* The pool's most recently lent page for h (a thread heap, on its thread), or NULL: one of h's own
@@ -662,10 +667,22 @@ void small_pool_reclaim(heap *h)
     spin_unlock(&pool_lock);
 }
 
+void small_pool_leave(heap *h)
+{
+    small_pool_reclaim(h);
+    for (const segment *s = h->segments; s != NULL; s = s->next)
+        if (s->lent != 0) { /* a guest's page: the segment stays h's (small.h) */
+            store_relaxed(&lend_paused_until, os_clock_ms() + options_values.decommit_delay_ms);
+            return;
+        }
+}
+
 uint64_t small_pool_expire(uint64_t now)
 {
-    if (now == UINT64_MAX)
+    if (now == UINT64_MAX) { /* every lent page goes home: the demand ends, and so does a pause */
         store_relaxed(&pool_wanted, (heap *)NULL);
+        store_relaxed(&lend_paused_until, 0u);
+    }
     if (load_relaxed(&pool_count) == 0 || !spin_lock_unless_fork(&pool_lock))
         return 0;
     page *home = NULL;

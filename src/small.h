@@ -101,7 +101,8 @@
  * in the pool for the decommit delay is decommitted and goes home (LEND_HOME): queued on its segment
  * owner's `delayed` list, whose drain makes it a cold page. A heap whose thread ends, or that collects,
  * first takes its own pages out of the pool, so that its segments may go; one with pages lent is not
- * moved (to the orphans, the spare segments) nor released. A created heap neither lends nor takes: its
+ * moved (to the orphans, the spare segments) nor released, and when a thread's end leaves one so, no heap
+ * lends for the decommit delay (small.c: lend_paused_until). A created heap neither lends nor takes: its
  * memory is charged to it; nor does the hardened build, whose link checks are item tests
  * (SHARDMM_LEND_PAGES=0 turns lending off).
  *
@@ -555,10 +556,12 @@ void small_orphan_lock_for_fork(int take);
 /* The pool of lent pages (the top):
  *   small_pool_expire: pages that waited there for the decommit delay (all of them with now UINT64_MAX)
  *     are decommitted and go home; when the next one is due, or 0.
- *   small_pool_reclaim: h's own pages in the pool become its free pages again (its thread ends, a collect).
+ *   small_pool_reclaim: h's own pages in the pool become its free pages again (a collect);
+ *   small_pool_leave: the same as h's thread ends, and lending pauses if guests tie a segment to h.
  *   small_pool_lock_for_fork: as small_orphan_lock_for_fork. */
 uint64_t small_pool_expire(uint64_t now);
 void small_pool_reclaim(struct heap *h);
+void small_pool_leave(struct heap *h);
 void small_pool_lock_for_fork(int take);
 /* Report h's live small blocks to v, page by page: the items carved but on none of the page's three free
  * lists. Only for the calling thread's heap or one that no thread uses (the walk takes it from the stack

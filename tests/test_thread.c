@@ -3278,6 +3278,70 @@ TEST(blocks_in_lent_pages_outlive_their_thread)
 #endif
 }
 
+#if SHARD_RULES
+static struct blk fresh_class_block; /* a 2 KB block: a class the borrower had no page of */
+
+__attribute__((unused)) static void fresh_class_job(void *unused)
+{
+    (void)unused;
+    blk_alloc(&fresh_class_block, 2048, 0x4a000);
+}
+
+__attribute__((unused)) static void fresh_class_free_job(void *unused)
+{
+    (void)unused;
+    blk_check(&fresh_class_block, "2 KB block of the borrower");
+    blk_free(&fresh_class_block);
+}
+
+/* The borrower's blocks of l->b[]: checked and freed, all of them. */
+__attribute__((unused)) static void borrow_free_job(void *arg)
+{
+    struct lend *l = arg;
+    for (l->part = 0; l->part < 3; l->part++)
+        borrow_free_part_job(l);
+}
+#endif
+
+/* A thread ends while another heap uses pages of its segment as guests: the segment stays with its heap,
+ * neither spare nor released, so no heap lends for the decommit delay (src/small.c, lend_paused_until): a
+ * second lender's free pages stay its own, and a heap that needs pages commits them. Fails where lending
+ * goes on: the borrower's second 24 pages came from the second lender, and it committed none. */
+TEST(no_heap_lends_for_the_delay_after_a_thread_ends_whose_segment_guests_tie)
+{
+#if !SHARD_RULES || defined(TEST_HARDENED) /* the hardened build lends no page */
+    SKIP_TEST();
+#else
+    static struct lend l, l2;
+    struct holders h;
+    struct agent lender, borrower, lender2;
+    memset(&l2, 0, sizeof l2);
+    lend_begin(&l, &h, &lender, &borrower, small_op_job, NULL);
+    agent_do(&borrower, borrow_job, &l); /* 24 of the lender's pages, as guests */
+    agent_start(&lender2);
+    agent_do(&lender2, lend_fill_job, &l2);
+    agent_stop(&lender); /* its segment stays its heap's: the borrower uses pages of it */
+    agent_do(&borrower, fresh_class_job, NULL); /* a page afresh: the other heaps would lend */
+    agent_do(&lender2, lend_free_job, &l2);
+    shard_stats s0 = stats_now();
+    agent_do(&borrower, borrow_job, &l2);
+    shard_stats s1 = stats_now();
+    /* the pages of the first lender that the second took as guests come back to the pool: 7 at most */
+    CHECKF(s1.committed >= s0.committed + (size_t)(LEND_TAKEN - 8) * PAGE_BYTES,
+           "committed %zu -> %zu for the borrower's %d pages after a thread ended whose segment it uses: "
+           "another heap lent its pages", s0.committed, s1.committed, LEND_TAKEN);
+    agent_do(&borrower, borrow_free_job, &l2);
+    agent_do(&borrower, borrow_free_job, &l);
+    agent_do(&borrower, fresh_class_free_job, NULL);
+    agent_do(&borrower, check_allocator_job, "in the borrower after the lending pause");
+    agent_stop(&borrower);
+    agent_stop(&lender2);
+    release_holders(&h);
+    shard_collect();
+    check_allocator("after the lending pause");
+#endif
+}
+
 __attribute__((unused)) static void stale_free_job(void *arg) { shard_free(arg); }
 
 /* A pointer into a page lent to the pool is no block: its free and realloc reach the error hook, from the
