@@ -416,7 +416,7 @@ static void retire(heap *h)
     /* First its empty segments and arenas become spare ones, committed, for whichever heap needs one
      * next (segment.h); what stays is in segments that still hold live blocks. */
     trim_to(h, UINT32_MAX, UINT32_MAX, 1); /* the queues taken in, the class pages kept retired */
-    small_pool_leave(h); /* its pages lent to the pool: its own free pages, so that its segments may go */
+    small_pool_leave(h); /* its pages in the pool: its own free pages again, so that its segments may go */
     spare_empty(h);
     if (counted(__atomic_fetch_add(&reserves_held, 1u, __ATOMIC_RELAXED)) < SHARD_RESERVE_HEAPS) {
         h->reserve_held = 1;
