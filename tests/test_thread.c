@@ -3326,8 +3326,8 @@ TEST(no_heap_lends_for_the_delay_after_a_thread_ends_whose_segment_guests_tie)
     shard_stats s0 = stats_now();
     agent_do(&borrower, borrow_job, &l2);
     shard_stats s1 = stats_now();
-    /* the pages of the first lender that the second took as guests come back to the pool: 7 at most */
-    CHECKF(s1.committed >= s0.committed + (size_t)(LEND_TAKEN - 8) * PAGE_BYTES,
+    /* the pages of the first lender that the second took as guests come back to the pool (7), and a margin */
+    CHECKF(s1.committed >= s0.committed + (size_t)(LEND_TAKEN - (LEND_LENT - LEND_TAKEN) - 1) * PAGE_BYTES,
            "committed %zu -> %zu for the borrower's %d pages after a thread ended whose segment it uses: "
            "another heap lent its pages", s0.committed, s1.committed, LEND_TAKEN);
     agent_do(&borrower, borrow_free_job, &l2);
@@ -3375,8 +3375,7 @@ TEST(a_free_into_a_lent_page_that_holds_no_block_reaches_the_error_hook)
     CHECK_HOOK(SHARD_ERROR_INVALID_FREE, stale, "free of a pointer into a lent page, by its segment's owner");
     shard_set_error_hook(old, NULL);
     agent_do(&borrower, borrow_job, &l);
-    for (l.part = 0; l.part < 3; l.part++)
-        agent_do(&borrower, borrow_free_part_job, &l);
+    agent_do(&borrower, borrow_free_job, &l);
     agent_do(&borrower, check_allocator_job, "in the borrower after the error hook's calls");
     agent_stop(&borrower);
     agent_stop(&lender);
